@@ -1,0 +1,42 @@
+"""Command line: `asynchicache serve | bench ... | cache ...`.
+
+Sub-commands import their layer lazily so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
+    print("asynchicache serve: the server is not built yet (see issue 5).")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.bench_cmd == "micro":
+        from asynchicache.bench.micro import main as micro_main
+
+        return micro_main(rest)
+    raise SystemExit(f"unknown bench command {args.bench_cmd!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asynchicache", description="Hierarchical asynchronous prompt KV cache and server."
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible server", add_help=False)
+    serve.set_defaults(func=_cmd_serve)
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench.add_argument("bench_cmd", choices=["micro"], help="which benchmark")
+    bench.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    return int(args.func(args, rest) or 0)

@@ -1,0 +1,125 @@
+"""POSIX shared-memory segments that any process can map by name.
+
+We map `/dev/shm/<name>` with `mmap` ourselves instead of using
+`multiprocessing.shared_memory`: on CPython 3.11 an *attached* SharedMemory is
+registered with the resource tracker, which unlinks the segment when the
+attaching process exits and so destroys the owner's pool.
+
+Segment names carry the owner's pid (`asynchicache-<pid>-<token>`), so a
+segment left by a crashed owner can be recognised and removed on the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+SHM_DIR = Path("/dev/shm")
+SEGMENT_PREFIX = "asynchicache-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owner_pid(name: str) -> int | None:
+    """The pid encoded in a segment name, or None when the name is not ours."""
+    if not name.startswith(SEGMENT_PREFIX):
+        return None
+    parts = name[len(SEGMENT_PREFIX) :].split("-")
+    return int(parts[0]) if parts and parts[0].isdigit() else None
+
+
+def remove_stale_segments(shm_dir: Path = SHM_DIR) -> list[str]:
+    """Unlink segments whose owner process is gone; returns the names removed."""
+    removed = []
+    for path in shm_dir.glob(SEGMENT_PREFIX + "*"):
+        pid = owner_pid(path.name)
+        if pid is None or _pid_alive(pid):
+            continue
+        try:
+            path.unlink()
+            removed.append(path.name)
+            log.info("removed stale shared-memory segment %s (owner pid %d gone)", path.name, pid)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def list_segments(shm_dir: Path = SHM_DIR) -> list[str]:
+    return sorted(p.name for p in shm_dir.glob(SEGMENT_PREFIX + "*"))
+
+
+@dataclass
+class SharedSegment:
+    """A named, fixed-size shared-memory mapping.
+
+    The creator owns the segment (unlinks it on `close(unlink=True)`); any other
+    process attaches with `SharedSegment.attach(name)` and only unmaps on close.
+    """
+
+    name: str
+    size: int
+    owner: bool
+    _mmap: mmap.mmap
+
+    @classmethod
+    def create(cls, size: int, tag: str = "pool", shm_dir: Path = SHM_DIR) -> SharedSegment:
+        if size <= 0:
+            raise ValueError(f"shared segment size must be positive, got {size}")
+        remove_stale_segments(shm_dir)
+        name = f"{SEGMENT_PREFIX}{os.getpid()}-{tag}-{secrets.token_hex(4)}"
+        path = shm_dir / name
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        return cls(name=name, size=size, owner=True, _mmap=mapped)
+
+    @classmethod
+    def attach(cls, name: str, shm_dir: Path = SHM_DIR) -> SharedSegment:
+        path = shm_dir / name
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        return cls(name=name, size=size, owner=False, _mmap=mapped)
+
+    @property
+    def buffer(self) -> memoryview:
+        return memoryview(self._mmap)
+
+    def as_array(self) -> np.ndarray:
+        """A zero-copy uint8 view of the whole segment."""
+        return np.frombuffer(self._mmap, dtype=np.uint8)
+
+    def close(self) -> None:
+        """Unmap; the owner also unlinks. Views made from the segment must be dropped first."""
+        try:
+            self._mmap.close()
+        except BufferError:
+            # A numpy/torch view is still alive; the mapping goes when it does.
+            log.debug("segment %s still has live views; leaving the mapping to GC", self.name)
+        if self.owner:
+            (SHM_DIR / self.name).unlink(missing_ok=True)
