@@ -1,0 +1,122 @@
+"""The storage interfaces: what a backend (disk, Redis) does, and what the cache sees.
+
+Two levels:
+
+* `StorageBackend` is synchronous and lives in the cache service process (or
+  its thread). It moves whole pages between its medium and slots of the L2
+  shared-memory pool, without extra copies.
+* `StorageTier` is the asynchronous, engine-side view (implemented by
+  `storage.client.StorageClient`): the hierarchy submits loads and stores as
+  tickets and learns of their completion through a non-blocking `poll()`.
+
+Page identity is the chained page hash of `cache.keys` (16 bytes). Only full
+pages are stored. A page is stored with its token ids so that files and values
+are self-describing and verifiable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PageRef:
+    """One page to store: its chained hash, its tokens, and the L2 slot holding its bytes."""
+
+    page_hash: bytes
+    tokens: tuple[int, ...]
+    slot: int
+
+
+@dataclass
+class BackendStats:
+    """Counters every backend keeps (also exported as metrics)."""
+
+    pages: int = 0
+    bytes_used: int = 0
+    capacity_bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+    pages_read: int = 0
+    pages_written: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    corrupt_detected: int = 0
+    evictions: int = 0
+    store_failures: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class StorageBackend(Protocol):
+    """A synchronous page store. `slots` index the L2 pool as `[slots, page_bytes]` uint8."""
+
+    def exists(self, hashes: Sequence[bytes]) -> int:
+        """How many pages of the chain `hashes` are present, counting from the start."""
+        ...
+
+    def get(self, hashes: Sequence[bytes], slots: Sequence[int], pool: np.ndarray) -> int:
+        """Read pages into `pool[slots[i]]`; returns how many leading pages were verified."""
+        ...
+
+    def put(self, pages: Sequence[PageRef], pool: np.ndarray) -> int:
+        """Write pages from `pool[page.slot]`; returns how many were stored."""
+        ...
+
+    def delete(self, hashes: Sequence[bytes]) -> int: ...
+
+    def clear(self) -> int: ...
+
+    def stats(self) -> BackendStats: ...
+
+    def close(self) -> None: ...
+
+
+class TicketKind(StrEnum):
+    LOAD = "load"
+    STORE = "store"
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished storage ticket, as `StorageTier.poll()` reports it.
+
+    For a load, `pages_ok` is the number of leading pages that were read into
+    their L2 slots and verified; the rest must be recomputed. For a store it is
+    the number of pages persisted. `error` explains a failure (timeout, service
+    down, corrupt page) and is None on full success.
+    """
+
+    ticket: int
+    kind: TicketKind
+    pages_ok: int
+    pages_requested: int
+    error: str | None = None
+
+
+class StorageTier(Protocol):
+    """The hierarchy's asynchronous view of L3/L4. Nothing here may block for I/O."""
+
+    def exists(self, hashes: Sequence[bytes]) -> int:
+        """Leading pages available below L2 (index lookup, bounded time; 0 when unreachable)."""
+        ...
+
+    def submit_load(self, hashes: Sequence[bytes], slots: Sequence[int]) -> int:
+        """Start reading pages into L2 `slots`; returns a ticket id at once."""
+        ...
+
+    def submit_store(self, pages: Sequence[PageRef]) -> int:
+        """Start writing pages from their L2 slots; the slots must stay untouched until done."""
+        ...
+
+    def cancel(self, ticket: int) -> None: ...
+
+    def poll(self) -> list[Completion]:
+        """Tickets finished since the last call. Never blocks."""
+        ...
+
+    def close(self) -> None: ...
