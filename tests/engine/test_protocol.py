@@ -1,0 +1,34 @@
+import pytest
+
+from asynchicache.engine.protocol import (
+    AbortRequest,
+    CachedTokens,
+    GenerateRequest,
+    SamplingParams,
+    TokenOutput,
+    decode,
+    encode,
+)
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        GenerateRequest("r1", (1, 2, 3), SamplingParams(max_tokens=4, stop=("\n",)), "salt"),
+        AbortRequest("r2"),
+        TokenOutput("r3", (5,), True, "stop", 3, 1, CachedTokens(16, 32, 48, 0)),
+    ],
+)
+def test_round_trip(msg: object) -> None:
+    assert decode(encode(msg)) == msg
+
+
+@pytest.mark.parametrize("data", [b"", b"\xc1", b"\x93\x01\x02\x03", encode({"__t": "Nope"})])
+def test_garbage_is_a_clean_error(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode(data)
+
+
+def test_sampling_validation_names_the_field() -> None:
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
