@@ -83,9 +83,40 @@ class TokenOutput:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class AdminRequest:
+    """A cache admin call answered with an `AdminReply` of the same `req_id`.
+
+    `op` is one of "stats" (counters per tier), "lookup" (tokens of
+    `token_ids` each tier holds, without touching LRU), "clear" (drop every
+    unlocked cached page in every tier), "health".
+    """
+
+    req_id: str
+    op: str
+    token_ids: tuple[int, ...] = ()
+    cache_salt: str = ""
+
+
+@dataclass(frozen=True)
+class AdminReply:
+    req_id: str
+    ok: bool
+    payload: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
-    for cls in (SamplingParams, GenerateRequest, AbortRequest, CachedTokens, TokenOutput)
+    for cls in (
+        SamplingParams,
+        GenerateRequest,
+        AbortRequest,
+        CachedTokens,
+        TokenOutput,
+        AdminRequest,
+        AdminReply,
+    )
 }
 
 

@@ -2,6 +2,8 @@ import pytest
 
 from asynchicache.engine.protocol import (
     AbortRequest,
+    AdminReply,
+    AdminRequest,
     CachedTokens,
     GenerateRequest,
     SamplingParams,
@@ -16,6 +18,8 @@ from asynchicache.engine.protocol import (
     [
         GenerateRequest("r1", (1, 2, 3), SamplingParams(max_tokens=4, stop=("\n",)), "salt"),
         AbortRequest("r2"),
+        AdminRequest("a1", "lookup", (1, 2), "t"),
+        AdminReply("a1", True, {"device": 16, "nested": {"x": [1, 2]}}),
         TokenOutput("r3", (5,), True, "stop", 3, 1, CachedTokens(16, 32, 48, 0)),
     ],
 )
