@@ -93,3 +93,29 @@ class CacheConfig:
     @property
     def host_enabled(self) -> bool:
         return self.enable_prefix_cache and self.enable_host_cache and self.host_cache_gb > 0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The model and how the scheduler batches it."""
+
+    model: str | None = None  # HF folder or GGUF file; None = the embedded SmolLM2
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_running_requests: int = 32
+    chunked_prefill_size: int = 512
+    max_prefill_tokens: int = 2048
+    max_model_len: int | None = None  # None = the model's own context length
+    # Loads below this many tokens are not worth a round trip to a lower tier.
+    min_load_tokens: int = 32
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        _positive("--max-running-requests", self.max_running_requests)
+        _positive("--chunked-prefill-size", self.chunked_prefill_size)
+        _positive("--max-prefill-tokens", self.max_prefill_tokens)
+        _non_negative("--min-load-tokens", self.min_load_tokens)
+        if self.max_model_len is not None:
+            _positive("--max-model-len", self.max_model_len)
