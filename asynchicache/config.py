@@ -119,3 +119,29 @@ class EngineConfig:
         _non_negative("--min-load-tokens", self.min_load_tokens)
         if self.max_model_len is not None:
             _positive("--max-model-len", self.max_model_len)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP front end: where it listens, who may call it, how long it waits."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # None = no authentication
+    log_level: str = "info"
+    served_model_name: str | None = None  # None = the loaded model's own name
+    startup_timeout_s: float = 600.0  # model load + first health answer
+    shutdown_timeout_s: float = 15.0  # per child, before SIGKILL
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"--port must be in 1..65535, got {self.port}")
+        if self.log_level not in ("debug", "info", "warning", "error", "critical"):
+            raise ValueError(
+                f"--log-level must be debug, info, warning, error or critical, "
+                f"got {self.log_level!r}"
+            )
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("--api-key must not be empty")
+        _positive("--startup-timeout", self.startup_timeout_s)
+        _positive("--shutdown-timeout", self.shutdown_timeout_s)
