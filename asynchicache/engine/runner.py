@@ -1,0 +1,173 @@
+"""Runs the model over a batch of sequences whose KV lives in a paged pool.
+
+`ForwardBatch` gives, per sequence, the new token ids, how many of its tokens
+are already in the pool (`start`: a cached prefix or earlier chunks) and its
+page table. A batch may mix prefill chunks at any `start` and single-token
+decodes. The runner flattens all new tokens into one `[T]` batch, builds the
+attention metadata once, and returns float32 logits for the last new token of
+each sequence only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from asynchicache.engine.models.attention import (
+    AttentionMetadata,
+    DecodeGroup,
+    PagedAttention,
+    PrefillSpan,
+)
+from asynchicache.engine.models.llama import LlamaForCausalLM
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """Per sequence: new tokens, tokens already in the pool, and pages covering both."""
+
+    token_ids: Sequence[Sequence[int]]
+    starts: Sequence[int]
+    page_tables: Sequence[Sequence[int]]
+
+    def __post_init__(self) -> None:
+        if not (len(self.token_ids) == len(self.starts) == len(self.page_tables)):
+            raise ValueError(
+                f"ForwardBatch: {len(self.token_ids)} token lists, {len(self.starts)} starts, "
+                f"{len(self.page_tables)} page tables; they must match"
+            )
+        if not self.token_ids:
+            raise ValueError("ForwardBatch: no sequences")
+        for i, (ids, start) in enumerate(zip(self.token_ids, self.starts, strict=True)):
+            if len(ids) == 0:
+                raise ValueError(f"ForwardBatch: sequence {i} has no new tokens")
+            if start < 0:
+                raise ValueError(f"ForwardBatch: sequence {i} has start {start} < 0")
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(ids) for ids in self.token_ids)
+
+
+class ModelRunner:
+    """Owns nothing but a view of the KV pool; the model and pool come from outside.
+
+    kv_pool: [num_pages, num_layers, 2, page_size, num_kv_heads, head_dim], in the
+    model's dtype and on its device; index 0 of the `2` axis is K, 1 is V.
+    """
+
+    def __init__(self, model: LlamaForCausalLM, kv_pool: torch.Tensor, page_size: int) -> None:
+        config = model.config
+        expected = (config.num_layers, 2, page_size, config.num_kv_heads, config.head_dim)
+        if kv_pool.dim() != 6 or tuple(kv_pool.shape[1:]) != expected:
+            raise ValueError(
+                f"kv_pool shape {tuple(kv_pool.shape)} does not fit the model: expected "
+                f"[num_pages, {', '.join(map(str, expected))}]"
+            )
+        weight = model.embed_tokens.weight
+        if kv_pool.dtype != weight.dtype or kv_pool.device != weight.device:
+            raise ValueError(
+                f"kv_pool is {kv_pool.dtype} on {kv_pool.device}; the model is "
+                f"{weight.dtype} on {weight.device}"
+            )
+        self.model = model
+        self.kv_pool = kv_pool
+        self.page_size = page_size
+        self.num_pages = kv_pool.shape[0]
+        self.device = weight.device
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits [num_seqs, vocab] (float32) for each sequence's last new token."""
+        plan = _BatchPlan(batch, self.page_size, self.num_pages)
+        meta = plan.metadata(self.device)
+        attn = PagedAttention(self.kv_pool, meta, self.model.config.sliding_windows)
+        input_ids = self._tensor(plan.input_ids)
+        positions = self._tensor(plan.positions)
+        logit_rows = self._tensor(plan.last_rows)
+        return self.model(input_ids, positions, attn, logit_rows)
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device, non_blocking=True)
+
+
+class _BatchPlan:
+    """The flattened batch, computed on the host with numpy before one copy each."""
+
+    def __init__(self, batch: ForwardBatch, page_size: int, num_pages: int) -> None:
+        self.batch = batch
+        self.page_size = page_size
+        lengths = np.array([len(ids) for ids in batch.token_ids], dtype=np.int64)
+        self.ends = np.cumsum(lengths)  # [seqs]
+        self.begins = self.ends - lengths
+        self.last_rows = self.ends - 1
+        self.input_ids = np.fromiter(
+            (t for ids in batch.token_ids for t in ids), dtype=np.int64, count=int(self.ends[-1])
+        )
+        self.tables = [self._table(i, num_pages) for i in range(batch.num_seqs)]
+        self.positions = np.concatenate([
+            np.arange(s, s + n, dtype=np.int64)
+            for s, n in zip(batch.starts, lengths, strict=True)
+        ])
+
+    def _table(self, i: int, num_pages: int) -> np.ndarray:
+        """Sequence i's page ids covering [0, start + new), validated."""
+        total = self.batch.starts[i] + len(self.batch.token_ids[i])
+        needed = -(-total // self.page_size)
+        table = np.asarray(self.batch.page_tables[i][:needed], dtype=np.int64)
+        if len(table) < needed:
+            raise ValueError(
+                f"sequence {i} needs {needed} pages for {total} tokens; its page table has "
+                f"{len(self.batch.page_tables[i])}"
+            )
+        if table.min() < 0 or table.max() >= num_pages:
+            raise ValueError(f"sequence {i} has a page id outside [0, {num_pages})")
+        return table
+
+    def metadata(self, device: torch.device) -> AttentionMetadata:
+        write_pages = np.concatenate([
+            table[np.arange(s, s + len(ids)) // self.page_size]
+            for table, s, ids in zip(self.tables, self.batch.starts, self.batch.token_ids,
+                                     strict=True)
+        ])
+        return AttentionMetadata(
+            write_pages=torch.from_numpy(write_pages).to(device),
+            write_offsets=torch.from_numpy(self.positions % self.page_size).to(device),
+            prefills=self._prefills(device),
+            decode=self._decode(device),
+        )
+
+    def _prefills(self, device: torch.device) -> tuple[PrefillSpan, ...]:
+        return tuple(
+            PrefillSpan(
+                int(self.begins[i]), int(self.ends[i]), self.batch.starts[i],
+                torch.from_numpy(self.tables[i]).to(device),
+            )
+            for i in range(self.batch.num_seqs)
+            if len(self.batch.token_ids[i]) > 1
+        )
+
+    def _decode(self, device: torch.device) -> DecodeGroup | None:
+        seqs = [i for i in range(self.batch.num_seqs) if len(self.batch.token_ids[i]) == 1]
+        if not seqs:
+            return None
+        max_pages = max(len(self.tables[i]) for i in seqs)
+        page_ids = np.zeros((len(seqs), max_pages), dtype=np.int64)  # padding: page 0, masked
+        for row, i in enumerate(seqs):
+            page_ids[row, : len(self.tables[i])] = self.tables[i]
+        rows = self.begins[seqs]
+        lengths = np.array([self.batch.starts[i] + 1 for i in seqs], dtype=np.int64)
+        return DecodeGroup(
+            rows=torch.from_numpy(rows).to(device),
+            page_ids=torch.from_numpy(page_ids.reshape(-1)).to(device),
+            lengths=torch.from_numpy(lengths).to(device),
+            max_pages=max_pages,
+            contiguous=len(seqs) == self.batch.num_seqs,
+        )
