@@ -141,11 +141,10 @@ def _load_gguf(path: Path, dtype: str, device: str) -> LoadedModel:
 def _build(config: ModelConfig, dtype: str, device: str) -> LlamaForCausalLM:
     """An uninitialised model of `config` on `device` (weights are loaded next)."""
     arch = get_architecture(config.arch)
-    with torch.device("meta"):
-        model = arch.model_class(config)
-    model = model.to(dtype=DTYPES[dtype]).to_empty(device=device)
-    model.rotary.reset_buffers()  # float32, computed, not loaded
-    return model.eval().requires_grad_(False)
+    with torch.device(device):
+        model = arch.model_class(config).to(dtype=DTYPES[dtype])
+    model.rotary.reset_buffers()  # stays float32: computed, not loaded
+    return model.eval()
 
 
 def fingerprint(config: ModelConfig, files: list[Path]) -> str:

@@ -1,0 +1,128 @@
+"""Choosing the next token per request, and deciding when a request stops.
+
+`sample` handles a batch whose rows have different settings: greedy rows take
+the argmax, the others are tempered, top-k and top-p filtered (vectorized over
+the batch) and drawn with their request's own `torch.Generator`, so a seeded
+request gives the same tokens whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from enum import StrEnum
+
+import torch
+
+from asynchicache.engine.protocol import SamplingParams
+
+
+def request_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator:
+    """A per-request generator: seeded when asked, otherwise from OS entropy.
+
+    (An unseeded `torch.Generator` starts from a fixed default seed, which would
+    make every unseeded request draw the same numbers.)
+    """
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def sample(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> list[int]:
+    """logits [n, vocab] float -> one token id per row.
+
+    A row whose generator is None draws from torch's global generator.
+    """
+    if logits.shape[0] != len(params) or len(params) != len(generators):
+        raise ValueError(
+            f"sample: {logits.shape[0]} logit rows, {len(params)} params, "
+            f"{len(generators)} generators"
+        )
+    tokens = logits.argmax(dim=-1)  # [n]
+    random_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if random_rows:
+        rows = torch.tensor(random_rows, device=logits.device)
+        probs = _filtered_probs(logits.index_select(0, rows), [params[i] for i in random_rows])
+        for j, i in enumerate(random_rows):
+            drawn = torch.multinomial(probs[j], 1, generator=generators[i])
+            tokens[i] = drawn[0]
+    return tokens.tolist()
+
+
+def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """[m, vocab] logits -> probabilities after temperature, top-k and top-p."""
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
+    scaled = logits.float() / temperature  # [m, vocab]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)  # [m, vocab]
+    vocab = logits.shape[-1]
+    top_k = torch.tensor([p.top_k or vocab for p in params], device=device)[:, None]
+    ranks = torch.arange(vocab, device=device)[None, :]  # [1, vocab]
+    sorted_logits = sorted_logits.masked_fill(ranks >= top_k, float("-inf"))
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
+    # Keep a token when the mass strictly before it is below top_p (the first always stays).
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    probs = torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # an eos/stop token or a stop string
+    LENGTH = "length"  # max_tokens reached
+
+
+class StopChecker:
+    """When one request stops: stop tokens, stop strings and max_tokens.
+
+    The scheduler calls `on_token` after each sampled token, and `on_text` with
+    the request's decoded output so far (stop strings may span tokens).
+    """
+
+    def __init__(self, params: SamplingParams, eos_token_ids: Iterable[int]) -> None:
+        self.params = params
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= set(eos_token_ids)
+        self.stop_token_ids = frozenset(stop_ids)
+        self.stop_strings = tuple(s for s in params.stop if s)
+
+    def on_token(self, token_id: int, num_generated: int) -> FinishReason | None:
+        """num_generated counts this token."""
+        if token_id in self.stop_token_ids:
+            return FinishReason.STOP
+        if num_generated >= self.params.max_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def find_stop(self, text: str, new_chars: int | None = None) -> int | None:
+        """Index in `text` where the earliest stop string begins, or None.
+
+        `new_chars`: only the last new_chars characters are new since the last
+        call, so only matches that end inside them are searched for.
+        """
+        best = None
+        for stop in self.stop_strings:
+            begin = 0 if new_chars is None else max(0, len(text) - new_chars - len(stop) + 1)
+            index = text.find(stop, begin)
+            if index >= 0 and (best is None or index < best):
+                best = index
+        return best
+
+    def holdback(self, text: str) -> int:
+        """Characters at the end of `text` that may begin a stop string (hold them back
+        when streaming, until the next tokens settle it)."""
+        longest = 0
+        for stop in self.stop_strings:
+            for size in range(min(len(stop) - 1, len(text)), longest, -1):
+                if text.endswith(stop[:size]):
+                    longest = size
+                    break
+        return longest

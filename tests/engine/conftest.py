@@ -1,0 +1,106 @@
+"""Session fixtures for the model side: tiny random checkpoints and the SmolLM2 GGUF.
+
+Each tiny checkpoint is a real Hugging Face folder (config.json, safetensors,
+tokenizer files) written by transformers with random weights, once per session.
+The reference models and tokenizers come from transformers itself.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from asynchicache.engine.loader import LoadedModel, default_model_path, load_model
+
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """One tiny architecture to build: a transformers config class and its extras."""
+
+    config_class: str
+    extra: dict[str, Any]
+
+
+TINY_SPECS = {
+    "llama3-rope-tied": TinySpec("LlamaConfig", {"rope_parameters": LLAMA3_ROPE,
+                                                 "tie_word_embeddings": True}),
+    "llama-untied-bias": TinySpec("LlamaConfig", {"tie_word_embeddings": False,
+                                                  "attention_bias": True, "mlp_bias": True}),
+    "mistral-window": TinySpec("MistralConfig", {"sliding_window": 16,
+                                                 "tie_word_embeddings": False}),
+    "qwen2": TinySpec("Qwen2Config", {"tie_word_embeddings": True}),
+    "qwen3": TinySpec("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": False}),
+}
+
+
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+    """Non-trivial values everywhere (HF zeroes biases and sets norms to one)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen) * 0.1
+            param.copy_(1.0 + noise if "norm" in name else noise)
+
+
+@pytest.fixture(scope="session")
+def smollm_gguf() -> Path:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def hf_gguf_tokenizer(smollm_gguf: Path) -> Any:
+    """transformers' own tokenizer for the SmolLM2 GGUF (the reference)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm_gguf.parent), gguf_file=smollm_gguf.name)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_dir(hf_gguf_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference tokenizer saved as a Hugging Face folder (tokenizer.json etc.)."""
+    folder = tmp_path_factory.mktemp("hf-tokenizer")
+    hf_gguf_tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(
+    hf_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """name -> HF folder with random weights, for every entry of TINY_SPECS."""
+    import transformers
+
+    folders = {}
+    for seed, (name, spec) in enumerate(TINY_SPECS.items()):
+        config = getattr(transformers, spec.config_class)(**TINY, **spec.extra)
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        _randomize(model, seed)
+        folder = tmp_path_factory.mktemp(name)
+        model.save_pretrained(str(folder))
+        for item in hf_tokenizer_dir.iterdir():
+            shutil.copy(item, folder / item.name)
+        folders[name] = folder
+    return folders
+
+
+@pytest.fixture(scope="session")
+def smollm() -> LoadedModel:
+    return load_model(None)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_checkpoints: dict[str, Path]) -> LoadedModel:
+    return load_model(tiny_checkpoints["llama3-rope-tied"])

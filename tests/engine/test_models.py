@@ -1,0 +1,83 @@
+"""Our model's logits against Hugging Face transformers on the same weights.
+
+Each tiny architecture is prefilled for part of a prompt and then fed the rest
+one token at a time (teacher forcing), so both the prefill and the decode paths
+are compared, position by position, with transformers' full forward.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import TINY_SPECS
+from engine_helpers import make_pool
+
+from asynchicache.engine.loader import LoadedModel, load_model
+from asynchicache.engine.runner import ForwardBatch, ModelRunner
+
+PAGE = 8
+
+
+def our_logits(loaded: LoadedModel, prompt: list[int], prefill: int) -> torch.Tensor:
+    """[len(prompt) - prefill + 1, vocab]: logits after prompt[:prefill], then per token."""
+    runner = ModelRunner(loaded.model, make_pool(loaded, 16, PAGE), PAGE)
+    table = [9, 3, 12, 0, 7, 15, 1, 4, 11, 2]  # scattered on purpose
+    rows = [runner.forward(ForwardBatch([prompt[:prefill]], [0], [table]))[0]]
+    for pos in range(prefill, len(prompt)):
+        rows.append(runner.forward(ForwardBatch([[prompt[pos]]], [pos], [table]))[0])
+    return torch.stack(rows)
+
+
+def hf_logits(hf_model: Any, prompt: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return hf_model(torch.tensor([prompt])).logits[0].float()  # [len, vocab]
+
+
+def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    """Within float32 noise relative to the logits' scale."""
+    scale = ref.abs().max().item()
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-4 * max(scale, 1.0))
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+@pytest.mark.parametrize("name", list(TINY_SPECS))
+def test_tiny_architecture_matches_transformers(
+    name: str, tiny_checkpoints: dict[str, Path]
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_checkpoints[name]
+    loaded = load_model(folder)
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    prompt = torch.randint(0, 1024, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    ref = hf_logits(hf, prompt)[29:]  # positions 29..39
+    ours = our_logits(loaded, prompt, prefill=30)
+    assert_logits_close(ours, ref)
+
+
+def test_tiny_configs_cover_each_feature(tiny_checkpoints: dict[str, Path]) -> None:
+    configs = {name: load_model(path).config for name, path in tiny_checkpoints.items()}
+    assert configs["llama3-rope-tied"].rope.rope_type == "llama3"
+    assert configs["llama3-rope-tied"].tie_embeddings
+    assert configs["llama-untied-bias"].o_bias and configs["llama-untied-bias"].mlp_bias
+    assert not configs["llama-untied-bias"].tie_embeddings
+    assert configs["mistral-window"].sliding_windows == (16, 16)
+    assert configs["qwen2"].qkv_bias and not configs["qwen2"].o_bias
+    assert configs["qwen3"].qk_norm and configs["qwen3"].head_dim == 32
+
+
+def test_smollm2_gguf_matches_transformers(smollm: LoadedModel, smollm_gguf: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(smollm_gguf.parent), gguf_file=smollm_gguf.name, dtype=torch.float32
+    ).eval()
+    text = "The history of Paris spans more than two thousand years; in 1889 the Eiffel Tower"
+    prompt = smollm.tokenizer.encode(text)
+    assert 15 <= len(prompt) <= 40
+    ref = hf_logits(hf, prompt)[len(prompt) - 6 :]
+    ours = our_logits(smollm, prompt, prefill=len(prompt) - 5)
+    assert_logits_close(ours, ref)
