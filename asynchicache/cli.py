@@ -10,8 +10,9 @@ import sys
 
 
 def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
-    print("asynchicache serve: the server is not built yet (see issue 5).")
-    return 0
+    from asynchicache.server.options import main as serve_main
+
+    return serve_main(rest)
 
 
 def _cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:

@@ -1,0 +1,142 @@
+"""The FastAPI app: OpenAI-compatible endpoints, health, metrics and cache admin.
+
+    POST /v1/completions          POST /v1/chat/completions      GET /v1/models
+    GET  /health                  GET  /metrics
+    GET  /cache/stats             POST /cache/lookup             POST /cache/clear
+
+With an API key configured, every endpoint but `/health` wants
+`Authorization: Bearer <key>`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from asynchicache.server import completions
+from asynchicache.server.context import AppContext
+from asynchicache.server.engine_client import EngineUnavailable
+from asynchicache.server.errors import APIError, install_error_handlers
+from asynchicache.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    LookupRequest,
+    ModelCard,
+    ModelList,
+)
+
+log = logging.getLogger(__name__)
+
+PUBLIC_PATHS = frozenset({"/health"})
+STATS_TIMEOUT_S = 5.0
+
+
+class APIKeyMiddleware:
+    """Rejects requests without the right bearer token (plain ASGI: streams pass untouched)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        err = APIError(401, "Incorrect or missing API key; send 'Authorization: Bearer <key>'.",
+                       code="invalid_api_key")  # fmt: skip
+        await err.response()(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+        return False
+
+
+async def _admin(ctx: AppContext, op: str, **kwargs: Any) -> dict[str, Any]:
+    try:
+        reply = await ctx.client.admin(op, timeout_s=STATS_TIMEOUT_S, **kwargs)
+    except EngineUnavailable as exc:
+        raise APIError(503, str(exc), type_="service_unavailable") from exc
+    if not reply.ok:
+        raise APIError(500, f"cache {op} failed: {reply.error}", type_="server_error")
+    return reply.payload
+
+
+def _lookup_ids(ctx: AppContext, body: LookupRequest) -> list[int]:
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "send exactly one of 'prompt' and 'messages'", param="prompt")
+    if body.messages is not None:
+        chat = ChatCompletionRequest(messages=body.messages)
+        return completions.build_chat(ctx, chat).prompt_token_ids  # type: ignore[return-value]
+    if isinstance(body.prompt, str):
+        return ctx.tokenizer.encode(body.prompt, add_special_tokens=False)
+    return list(body.prompt or [])
+
+
+def _routes(app: FastAPI, ctx: AppContext) -> None:
+    @app.post("/v1/completions")
+    async def create_completion(body: CompletionRequest, request: Request) -> Response:
+        return await completions.completions(ctx, request, body)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+        return await completions.chat_completions(ctx, request, body)
+
+    @app.get("/v1/models")
+    async def list_models() -> ModelList:
+        card = ModelCard(
+            id=ctx.model.name, created=ctx.model.created, max_model_len=ctx.model.max_model_len
+        )
+        return ModelList(data=[card])
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            reply = await ctx.client.admin("health", timeout_s=STATS_TIMEOUT_S)
+        except EngineUnavailable as exc:
+            return JSONResponse({"status": "unavailable", "reason": str(exc)}, status_code=503)
+        status = 200 if reply.ok else 503
+        return JSONResponse({"status": "ok" if reply.ok else "unhealthy"}, status_code=status)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        try:
+            payload = await _admin(ctx, "stats")
+        except APIError as exc:
+            log.warning("metrics scrape without engine stats: %s", exc.message)
+            payload = None
+        return Response(ctx.metrics.render(payload), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/cache/stats")
+    async def cache_stats() -> dict[str, Any]:
+        return await _admin(ctx, "stats")
+
+    @app.post("/cache/lookup")
+    async def cache_lookup(body: LookupRequest) -> dict[str, Any]:
+        ids = _lookup_ids(ctx, body)
+        payload = await _admin(
+            ctx, "lookup", token_ids=tuple(ids), cache_salt=body.cache_salt or ""
+        )
+        return {"prompt_tokens": len(ids), "cached_tokens_by_tier": payload}
+
+    @app.post("/cache/clear")
+    async def cache_clear() -> dict[str, Any]:
+        return await _admin(ctx, "clear")
+
+
+def create_app(ctx: AppContext) -> FastAPI:
+    """The app for one engine; the launcher runs it under uvicorn."""
+    app = FastAPI(title="asynchicache", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    _routes(app, ctx)
+    if ctx.api_key is not None:
+        app.add_middleware(APIKeyMiddleware, api_key=ctx.api_key)
+    return app

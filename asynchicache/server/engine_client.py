@@ -1,0 +1,220 @@
+"""The HTTP process's asyncio ZeroMQ client to the engine process.
+
+One PUSH socket carries requests to the engine, one PULL socket brings back
+`TokenOutput`s and `AdminReply`s; a single reader task routes each output to
+the queue of its request id and each admin reply to the future of its call.
+The engine binds both sockets; this side connects, so either may start first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from asynchicache.engine.protocol import (
+    AbortRequest,
+    AdminReply,
+    AdminRequest,
+    GenerateRequest,
+    TokenOutput,
+    decode,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+# After an abort, how long to wait for the engine's final output (it carries the
+# cached-token counts) before answering without it.
+ABORT_GRACE_S = 2.0
+
+
+def engine_input_addr(run_dir: Path) -> str:
+    return f"ipc://{run_dir / 'engine-in'}"
+
+
+def engine_output_addr(run_dir: Path) -> str:
+    return f"ipc://{run_dir / 'engine-out'}"
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine did not answer in time, or has gone away."""
+
+
+class EngineClient:
+    """Submit requests, stream their outputs, and make admin calls.
+
+    Create and use it inside one running event loop; `start()` before use.
+    """
+
+    def __init__(self, input_addr: str, output_addr: str) -> None:
+        self._input_addr = input_addr
+        self._output_addr = output_addr
+        self._ctx = zmq.asyncio.Context()
+        self._push: zmq.asyncio.Socket | None = None
+        self._pull: zmq.asyncio.Socket | None = None
+        self._streams: dict[str, asyncio.Queue[TokenOutput]] = {}
+        self._admin: dict[str, asyncio.Future[AdminReply]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._dead: str | None = None
+
+    @classmethod
+    def for_run_dir(cls, run_dir: Path) -> EngineClient:
+        return cls(engine_input_addr(run_dir), engine_output_addr(run_dir))
+
+    async def start(self) -> None:
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, 0)  # never drop a request or an abort
+        self._push.connect(self._input_addr)
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, 0)
+        self._pull.connect(self._output_addr)
+        self._reader = asyncio.create_task(self._read_loop(), name="engine-reader")
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        self.fail_all("the server is shutting down")
+        for sock in (self._push, self._pull):
+            if sock is not None:
+                sock.close(linger=0)
+        self._ctx.term()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._streams)
+
+    # ------------------------------------------------------------------ reader
+    async def _read_loop(self) -> None:
+        assert self._pull is not None
+        while True:
+            raw = await self._pull.recv()
+            try:
+                msg = decode(raw)
+            except ValueError as exc:
+                log.warning("dropping a malformed engine message: %s", exc)
+                continue
+            self._route(msg)
+
+    def _route(self, msg: object) -> None:
+        if isinstance(msg, TokenOutput):
+            queue = self._streams.get(msg.rid)
+            if queue is not None:
+                queue.put_nowait(msg)
+        elif isinstance(msg, AdminReply):
+            fut = self._admin.pop(msg.req_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        else:
+            log.warning("dropping an unexpected engine message %s", type(msg).__name__)
+
+    def fail_all(self, reason: str) -> None:
+        """End every open stream and admin call with an error (the engine is gone)."""
+        self._dead = reason
+        for rid, queue in list(self._streams.items()):
+            queue.put_nowait(TokenOutput(rid, (), True, "error", error=reason))
+        for fut in self._admin.values():
+            if not fut.done():
+                fut.set_exception(EngineUnavailable(reason))
+        self._admin.clear()
+
+    # -------------------------------------------------------------- generation
+    async def _send(self, msg: object) -> None:
+        if self._push is None:
+            raise EngineUnavailable("the engine client is not started")
+        await self._push.send(encode(msg))
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenOutput]:
+        """Yield the engine's outputs for `req` until the finished one.
+
+        If the consumer stops early (client disconnected, stop string hit), the
+        request is aborted so that the engine frees its pages.
+        """
+        if self._dead is not None:
+            raise EngineUnavailable(self._dead)
+        queue: asyncio.Queue[TokenOutput] = asyncio.Queue()
+        self._streams[req.rid] = queue
+        finished = False
+        try:
+            await self._send(req)
+            while not finished:
+                out = await queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            # `abort()` removes the queue once it has the final output: no second abort.
+            if not finished and self._streams.get(req.rid) is queue:
+                await self._abort_quietly(req.rid)
+            if self._streams.get(req.rid) is queue:
+                del self._streams[req.rid]
+
+    async def abort(self, rid: str) -> TokenOutput | None:
+        """Abort `rid` and return the engine's final output for it, if it comes in time."""
+        queue = self._streams.get(rid)
+        await self._send(AbortRequest(rid))
+        if queue is None:
+            return None
+        try:
+            async with asyncio.timeout(ABORT_GRACE_S):
+                while True:
+                    out = await queue.get()
+                    if out.finished:
+                        return out
+        except TimeoutError:
+            return None
+        finally:
+            self._streams.pop(rid, None)
+
+    async def _abort_quietly(self, rid: str) -> None:
+        # Runs in a finally that may itself be unwinding a cancellation: shield the
+        # send so the abort reaches the engine even then.
+        try:
+            await asyncio.shield(self._send(AbortRequest(rid)))
+        except (asyncio.CancelledError, EngineUnavailable, zmq.ZMQError):
+            log.debug("abort of %s not sent", rid)
+
+    # ------------------------------------------------------------------- admin
+    async def admin(
+        self,
+        op: str,
+        token_ids: tuple[int, ...] = (),
+        cache_salt: str = "",
+        timeout_s: float = 10.0,
+    ) -> AdminReply:
+        if self._dead is not None:
+            raise EngineUnavailable(self._dead)
+        req_id = uuid.uuid4().hex
+        fut: asyncio.Future[AdminReply] = asyncio.get_running_loop().create_future()
+        self._admin[req_id] = fut
+        try:
+            await self._send(AdminRequest(req_id, op, token_ids, cache_salt))
+            async with asyncio.timeout(timeout_s):
+                return await fut
+        except TimeoutError as exc:
+            raise EngineUnavailable(f"the engine did not answer {op!r} in {timeout_s}s") from exc
+        finally:
+            self._admin.pop(req_id, None)
+
+    async def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> dict[str, object]:
+        """Ask for "health" until the engine answers (it answers once the model is loaded)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise EngineUnavailable(f"the engine was not healthy within {timeout_s}s")
+            try:
+                reply = await self.admin("health", timeout_s=min(poll_s, left))
+            except EngineUnavailable:
+                if self._dead is not None:
+                    raise
+                continue
+            if reply.ok:
+                return reply.payload

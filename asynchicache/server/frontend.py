@@ -1,0 +1,59 @@
+"""What the HTTP process knows of the model: its tokenizer and shape, without the weights.
+
+The engine process loads the weights; the HTTP process only tokenizes and
+detokenizes, so it reads the tokenizer and the model config from the same
+files (GGUF metadata or a Hugging Face folder) in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from asynchicache.engine.loader import DTYPES, default_model_path
+from asynchicache.engine.models.config import ModelConfig
+from asynchicache.engine.models.gguf import GGUFFile
+from asynchicache.engine.models.registry import get_architecture
+from asynchicache.engine.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Frontend:
+    tokenizer: Tokenizer
+    config: ModelConfig
+
+    def max_model_len(self, limit: int | None) -> int:
+        """The context length the engine enforces (`--max-model-len` caps the model's)."""
+        return min(limit or self.config.max_position, self.config.max_position)
+
+    def kv_bytes_per_token(self, dtype: str) -> int:
+        """Bytes of K and V per token over all layers (sizes the host tier from a token count)."""
+        c = self.config
+        itemsize = DTYPES[dtype].itemsize
+        return c.num_layers * 2 * c.num_kv_heads * c.head_dim * itemsize
+
+
+def _resolve(model: str | None) -> Path:
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ggufs[0]
+    if not path.exists():
+        raise FileNotFoundError(f"--model {path} does not exist")
+    return path
+
+
+def load_frontend(model: str | None) -> Frontend:
+    """Tokenizer and config of `model` (a HF folder, a GGUF file, or None for the default)."""
+    path = _resolve(model)
+    if path.is_file():
+        gguf = GGUFFile(path)
+        return Frontend(Tokenizer.from_gguf(gguf.vocab()), gguf.model_config())
+    raw = json.loads((path / "config.json").read_text())
+    names = raw.get("architectures") or []
+    if not names:
+        raise ValueError(f"{path}/config.json names no architecture")
+    config = get_architecture(names[0]).model_config(raw)
+    return Frontend(Tokenizer.from_hf_folder(path), config)

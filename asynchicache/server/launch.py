@@ -1,0 +1,199 @@
+"""The launcher: HTTP server in this process, engine and cache service as children.
+
+    asynchicache: http           (this process) FastAPI + uvicorn, tokenize/detokenize
+    asynchicache: engine         scheduler, model, radix tree, L1, L1<->L2 copies
+    asynchicache: cache-service  L3 disk / L4 remote, reading and writing L2 pages
+
+Start order: cache service, engine, then HTTP once the engine answers
+"health". The launcher owns SIGINT/SIGTERM: it stops accepting requests, then
+stops the engine (which hands its last stores to the service), then the cache
+service (which finishes its writes), then removes the private runtime folder,
+any shared-memory segment a dead child left, and temp files of killed writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from setproctitle import setproctitle
+
+from asynchicache.config import CacheConfig, EngineConfig, ServerConfig
+from asynchicache.engine.process import EngineProcessConfig, run_engine
+from asynchicache.server.context import AppContext, ModelInfo
+from asynchicache.server.engine_client import (
+    EngineClient,
+    EngineUnavailable,
+    engine_input_addr,
+    engine_output_addr,
+)
+from asynchicache.server.frontend import Frontend, load_frontend
+from asynchicache.server.http import StopSignal, bind_socket, serve_http
+from asynchicache.server.supervisor import ChildSpec, Supervisor
+from asynchicache.storage.shm import remove_stale_segments
+
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything `asynchicache serve` was asked for."""
+
+    server: ServerConfig
+    engine: EngineConfig
+    cache: CacheConfig
+    # The seed's --hiradix_cache_token_num: the host tier's size in tokens,
+    # turned into bytes once the model's KV size per token is known.
+    host_cache_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.host_cache_tokens is not None and self.host_cache_tokens <= 0:
+            raise ValueError(
+                f"--hiradix_cache_token_num must be positive, got {self.host_cache_tokens}"
+            )
+
+
+def make_run_dir() -> Path:
+    """A private (0700) folder for the IPC sockets of this server instance."""
+    base = Path(tempfile.gettempdir())
+    return Path(tempfile.mkdtemp(prefix="asynchicache-", dir=base))
+
+
+def sized_cache(config: LaunchConfig, frontend: Frontend) -> CacheConfig:
+    """The cache config with the host tier sized from a token count, when one was given."""
+    if config.host_cache_tokens is None:
+        return config.cache
+    per_token = frontend.kv_bytes_per_token(config.engine.dtype)
+    gb = config.host_cache_tokens * per_token / 1e9
+    return replace(config.cache, host_cache_gb=gb, enable_host_cache=True)
+
+
+def _service_spec(cache: CacheConfig, run_dir: Path, log_level: str) -> ChildSpec | None:
+    """The cache service child, when a tier below L2 is configured."""
+    return None
+
+
+def _engine_spec(
+    config: LaunchConfig, cache: CacheConfig, run_dir: Path, storage_addr: str | None
+) -> ChildSpec:
+    proc_config = EngineProcessConfig(
+        engine=config.engine,
+        cache=cache,
+        input_addr=engine_input_addr(run_dir),
+        output_addr=engine_output_addr(run_dir),
+        storage_addr=storage_addr,
+        log_level=config.server.log_level,
+    )
+    return ChildSpec("engine", run_engine, proc_config)
+
+
+async def _watch(supervisor: Supervisor, stop: StopSignal, client: EngineClient | None) -> None:
+    while not stop.event.is_set():
+        dead = supervisor.check()
+        if dead is not None:
+            log.error("%s died (exit code %s); shutting down",
+                      dead, supervisor.children[dead].exitcode)  # fmt: skip
+            if client is not None:
+                client.fail_all(f"the {dead} process died")
+            stop.set(f"{dead} died", exit_code=1)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.event.wait(), WATCH_INTERVAL_S)
+
+
+async def _wait_healthy(client: EngineClient, stop: StopSignal, timeout_s: float) -> dict | None:
+    health = asyncio.create_task(client.wait_healthy(timeout_s))
+    waiter = asyncio.create_task(stop.event.wait())
+    await asyncio.wait({health, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if not health.done():
+        health.cancel()
+        return None
+    try:
+        return health.result()
+    except EngineUnavailable as exc:
+        stop.set(f"the engine did not start: {exc}", exit_code=1)
+        return None
+
+
+def _install_signals(stop: StopSignal) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set, f"signal {signal.Signals(sig).name}")
+
+
+async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: Supervisor) -> int:
+    stop = StopSignal(asyncio.Event())
+    _install_signals(stop)
+    frontend = await asyncio.to_thread(load_frontend, config.engine.model)
+    cache = sized_cache(config, frontend)
+    service = _service_spec(cache, run_dir, config.server.log_level)
+    if service is not None:
+        sup.start(service)
+    sup.start(_engine_spec(config, cache, run_dir, None if service is None else service.arg.addr))
+    client = EngineClient.for_run_dir(run_dir)
+    await client.start()
+    watcher = asyncio.create_task(_watch(sup, stop, client))
+    try:
+        health = await _wait_healthy(client, stop, config.server.startup_timeout_s)
+        if health is not None:
+            ctx = AppContext(
+                client=client,
+                tokenizer=frontend.tokenizer,
+                model=ModelInfo(
+                    name=config.server.served_model_name or str(health.get("model", "model")),
+                    max_model_len=frontend.max_model_len(config.engine.max_model_len),
+                    vocab_size=frontend.config.vocab_size,
+                    created=int(time.time()),
+                ),
+                api_key=config.server.api_key,
+            )
+            host, port = sock.getsockname()[:2]
+            log.info("asynchicache ready: http://%s:%d (model %s)", host, port, ctx.model.name)
+            await serve_http(ctx, config.server, sock, stop)
+    finally:
+        stop.set("shutting down")
+        watcher.cancel()
+        await client.close()
+    log.info("stopping: %s", stop.reason)
+    return stop.exit_code
+
+
+def _remove_temp_files(disk_dir: Path | None, pids: list[int]) -> None:
+    """Temp files of writers that were killed mid-write (named `.tmp-<page>-<pid>-<rand>`)."""
+    if disk_dir is None or not disk_dir.is_dir():
+        return
+    wanted = {str(pid) for pid in pids}
+    for path in disk_dir.rglob(".tmp-*"):
+        parts = path.name.rsplit("-", 2)
+        if len(parts) == 3 and parts[1] in wanted:
+            path.unlink(missing_ok=True)
+            log.info("removed the half-written %s of a stopped writer", path)
+
+
+def launch(config: LaunchConfig) -> int:
+    """Run the server until SIGINT/SIGTERM; returns the process exit code."""
+    setproctitle("asynchicache: http")
+    sock = bind_socket(config.server.host, config.server.port)
+    run_dir = make_run_dir()
+    remove_stale_segments()
+    sup = Supervisor()
+    try:
+        return asyncio.run(_serve(config, sock, run_dir, sup))
+    finally:
+        pids = sup.stop_all(config.server.shutdown_timeout_s)
+        sock.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        remove_stale_segments()
+        _remove_temp_files(config.cache.disk_cache_dir, pids)
+        log.info("stopped")

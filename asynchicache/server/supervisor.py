@@ -1,0 +1,145 @@
+"""Child processes of the server: start, watch, restart, and stop them without leftovers.
+
+Each child is a `multiprocessing` spawn-context process that runs `_child_main`:
+it names itself (`asynchicache: <role>`), leaves the terminal's process group
+(so Ctrl-C reaches only the launcher, which stops children in order), and asks
+the kernel to SIGTERM it if the launcher dies (no orphans, even after kill -9).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGTERM this process when its parent exits (Linux prctl; best effort elsewhere)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        log.debug("prctl(PR_SET_PDEATHSIG) unavailable")
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _child_main(role: str, parent_pid: int, target: Callable[[Any], None], arg: Any) -> None:
+    """Entry point of every child (module level, so the spawn context can import it)."""
+    from setproctitle import setproctitle
+
+    os.setpgrp()
+    _die_with_parent(parent_pid)
+    setproctitle(f"asynchicache: {role}")
+    target(arg)
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """How to (re)start one child: `target(arg)` runs in the new process."""
+
+    role: str
+    target: Callable[[Any], None]
+    arg: Any
+    restart: bool = False  # restart it when it dies (the cache service)
+    max_restarts: int = 5
+
+
+class Child:
+    """One supervised process."""
+
+    def __init__(self, spec: ChildSpec) -> None:
+        self.spec = spec
+        self.process: BaseProcess | None = None
+        self.restarts = 0
+        self.not_before = 0.0  # monotonic time of the earliest restart (crash-loop backoff)
+        self.pids: list[int] = []  # every pid this child ever had (for cleanup)
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        proc = ctx.Process(
+            target=_child_main,
+            args=(self.spec.role, os.getpid(), self.spec.target, self.spec.arg),
+            name=f"asynchicache-{self.spec.role}",
+            daemon=False,
+        )
+        proc.start()
+        self.process = proc
+        assert proc.pid is not None
+        self.pids.append(proc.pid)
+        log.info("started %s (pid %d)", self.spec.role, proc.pid)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        return None if self.process is None else self.process.exitcode
+
+    def stop(self, timeout_s: float) -> None:
+        """SIGTERM, wait up to `timeout_s`, then SIGKILL."""
+        proc = self.process
+        if proc is None or proc.exitcode is not None:
+            return
+        proc.terminate()
+        proc.join(timeout_s)
+        if proc.exitcode is None:
+            log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing it",
+                        self.spec.role, proc.pid, timeout_s)  # fmt: skip
+            proc.kill()
+            proc.join(5.0)
+        log.info("%s stopped (exit code %s)", self.spec.role, proc.exitcode)
+
+
+class Supervisor:
+    """Starts children in order, restarts those marked `restart`, stops them in reverse."""
+
+    def __init__(self) -> None:
+        self.children: dict[str, Child] = {}
+        self.stopping = False
+
+    def start(self, spec: ChildSpec) -> Child:
+        child = Child(spec)
+        self.children[spec.role] = child
+        child.start()
+        return child
+
+    def check(self) -> str | None:
+        """Restart what may be restarted; returns the role of a dead child that may not."""
+        if self.stopping:
+            return None
+        for role, child in self.children.items():
+            if child.alive:
+                continue
+            if not child.spec.restart or child.restarts >= child.spec.max_restarts:
+                return role
+            now = time.monotonic()
+            if child.not_before == 0.0:
+                child.not_before = now + min(0.2 * 2**child.restarts, 5.0)  # crash-loop backoff
+            if now < child.not_before:
+                continue
+            child.restarts += 1
+            child.not_before = 0.0
+            log.error("%s died (exit code %s); restart %d of %d",
+                      role, child.exitcode, child.restarts, child.spec.max_restarts)  # fmt: skip
+            child.start()
+        return None
+
+    def stop_all(self, timeout_s: float) -> list[int]:
+        """Stop children, last started first; returns every pid they ever had."""
+        self.stopping = True
+        for child in reversed(list(self.children.values())):
+            child.stop(timeout_s)
+        return [pid for child in self.children.values() for pid in child.pids]

@@ -1,0 +1,44 @@
+"""Fixtures for the HTTP layer: the real tokenizer, a fake engine process, a live server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from server_helpers import API_KEY, ThreadServer
+
+from asynchicache.server.frontend import Frontend, load_frontend
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
+def frontend() -> Frontend:
+    return load_frontend(None)
+
+
+@pytest.fixture(scope="module")
+def fake_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    run_dir = tmp_path_factory.mktemp("run")
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent.parent)}
+    proc = subprocess.Popen([sys.executable, str(HERE / "fake_engine.py"), str(run_dir)], env=env)
+    try:
+        yield run_dir
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def server(fake_engine: Path, frontend: Frontend) -> Iterator[ThreadServer]:
+    srv = ThreadServer(fake_engine, frontend, API_KEY)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.close()

@@ -1,0 +1,150 @@
+"""A stand-in engine process speaking the real wire protocol, for HTTP-layer tests.
+
+    python tests/server/fake_engine.py <run_dir>
+
+It binds the same IPC sockets as `engine.process.run_engine` and "generates"
+by echoing the prompt's tokens back one per step, then an end-of-sequence
+token. Behaviour the tests steer:
+
+* `seed == SLOW_SEED` makes a request emit a token only every `SLOW_DELAY_S`.
+* every aborted request id is appended to `<run_dir>/aborts.txt`.
+* `cached.device` is the longest page-aligned prefix shared with an earlier prompt.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from asynchicache.engine.protocol import (
+    AbortRequest,
+    AdminReply,
+    AdminRequest,
+    CachedTokens,
+    GenerateRequest,
+    TokenOutput,
+    decode,
+    encode,
+)
+
+PAGE = 16
+EOS = 2
+SLOW_SEED = 424242
+SLOW_DELAY_S = 0.2
+FAST_DELAY_S = 0.002
+
+
+@dataclass
+class _Job:
+    req: GenerateRequest
+    cached: CachedTokens
+    emitted: int = 0
+    next_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def delay(self) -> float:
+        return SLOW_DELAY_S if self.req.sampling.seed == SLOW_SEED else FAST_DELAY_S
+
+
+class FakeEngine:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.jobs: dict[str, _Job] = {}
+        self.seen: list[tuple[int, ...]] = []
+        self.hit_tokens = 0
+        ctx = zmq.Context()
+        self.pull = ctx.socket(zmq.PULL)
+        self.pull.bind(f"ipc://{run_dir / 'engine-in'}")
+        self.push = ctx.socket(zmq.PUSH)
+        self.push.bind(f"ipc://{run_dir / 'engine-out'}")
+
+    def _cached(self, prompt: tuple[int, ...]) -> int:
+        best = 0
+        for old in self.seen:
+            n = 0
+            for a, b in zip(old, prompt, strict=False):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        return min(best, len(prompt) - 1) // PAGE * PAGE
+
+    def handle(self, msg: object) -> None:
+        if isinstance(msg, GenerateRequest):
+            cached = CachedTokens(device=self._cached(msg.prompt_token_ids))
+            self.hit_tokens += cached.device
+            self.seen.append(msg.prompt_token_ids)
+            self.jobs[msg.rid] = _Job(msg, cached)
+        elif isinstance(msg, AbortRequest):
+            with (self.run_dir / "aborts.txt").open("a") as f:
+                f.write(msg.rid + "\n")
+            job = self.jobs.pop(msg.rid, None)
+            if job is not None:
+                self._send(self._out(job, (), "abort"))
+        elif isinstance(msg, AdminRequest):
+            self._send(AdminReply(msg.req_id, True, self.admin(msg)))
+
+    def admin(self, msg: AdminRequest) -> dict:
+        if msg.op == "health":
+            return {"ok": True, "model": "fake-model"}
+        if msg.op == "stats":
+            return {
+                "cache": {
+                    "hit_tokens": {"device": self.hit_tokens, "host": 0, "disk": 0, "remote": 0},
+                    "tiers": {"device": {"used_pages": len(self.seen), "capacity_pages": 64}},
+                    "transfers": {"l1_to_l2": {"bytes": 4096 * len(self.seen), "count": 1}},
+                },
+                "queues": {"waiting": 0, "running": len(self.jobs)},
+            }
+        if msg.op == "lookup":
+            return {"device": self._cached(msg.token_ids), "host": 0, "disk": 0, "remote": 0}
+        if msg.op == "clear":
+            n, self.seen = len(self.seen), []
+            return {"cleared": n}
+        raise ValueError(msg.op)
+
+    def _out(self, job: _Job, tokens: tuple[int, ...], reason: str | None) -> TokenOutput:
+        n = len(job.req.prompt_token_ids)
+        return TokenOutput(
+            job.req.rid, tokens, reason is not None, reason, n, job.emitted, job.cached
+        )
+
+    def step(self) -> None:
+        now = time.monotonic()
+        for rid, job in list(self.jobs.items()):
+            if now < job.next_at:
+                continue
+            job.next_at = now + job.delay
+            prompt = job.req.prompt_token_ids
+            token = prompt[job.emitted] if job.emitted < len(prompt) else EOS
+            job.emitted += 1
+            reason = None
+            if token == EOS:
+                reason = "stop"
+            elif job.emitted >= job.req.sampling.max_tokens:
+                reason = "length"
+            self._send(self._out(job, (token,), reason))
+            if reason is not None:
+                del self.jobs[rid]
+
+    def _send(self, msg: object) -> None:
+        self.push.send(encode(msg))
+
+    def run(self) -> None:
+        while True:
+            if self.pull.poll(1 if self.jobs else 50):
+                while True:
+                    try:
+                        raw = self.pull.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self.handle(decode(raw))
+            self.step()
+
+
+if __name__ == "__main__":
+    FakeEngine(Path(sys.argv[1])).run()

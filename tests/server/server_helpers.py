@@ -1,0 +1,64 @@
+"""A live HTTP server for tests: the real app under uvicorn, in a thread, on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from asynchicache.config import ServerConfig
+from asynchicache.server.context import AppContext, ModelInfo
+from asynchicache.server.engine_client import EngineClient
+from asynchicache.server.frontend import Frontend
+from asynchicache.server.http import StopSignal, bind_socket, serve_http
+
+API_KEY = "test-key"
+FAKE_CONTEXT = 256
+
+
+class ThreadServer:
+    """The real app under uvicorn on a free port, in a thread, talking to an engine over IPC."""
+
+    def __init__(self, run_dir: Path, frontend: Frontend, api_key: str | None) -> None:
+        self.run_dir = run_dir
+        self.frontend = frontend
+        self.api_key = api_key
+        self.sock = bind_socket("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: StopSignal | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = StopSignal(asyncio.Event())
+        client = EngineClient.for_run_dir(self.run_dir)
+        await client.start()
+        model = ModelInfo("fake-model", FAKE_CONTEXT, self.frontend.config.vocab_size)
+        ctx = AppContext(client, self.frontend.tokenizer, model, api_key=self.api_key)
+        try:
+            await serve_http(ctx, ServerConfig(log_level="warning"), self.sock, self._stop)
+        finally:
+            await client.close()
+
+    def start(self) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("the test server did not become healthy")
+
+    def close(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set, "test done")
+        self._thread.join(15)
+        self.sock.close()
