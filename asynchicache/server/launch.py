@@ -21,12 +21,12 @@ import signal
 import socket
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from setproctitle import setproctitle
 
-from asynchicache.config import CacheConfig, EngineConfig, ServerConfig
+from asynchicache.config import CacheConfig
 from asynchicache.engine.process import EngineProcessConfig, run_engine
 from asynchicache.server.context import AppContext, ModelInfo
 from asynchicache.server.engine_client import (
@@ -37,30 +37,13 @@ from asynchicache.server.engine_client import (
 )
 from asynchicache.server.frontend import Frontend, load_frontend
 from asynchicache.server.http import StopSignal, bind_socket, serve_http
+from asynchicache.server.options import LaunchConfig
 from asynchicache.server.supervisor import ChildSpec, Supervisor
 from asynchicache.storage.shm import remove_stale_segments
 
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.5
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """Everything `asynchicache serve` was asked for."""
-
-    server: ServerConfig
-    engine: EngineConfig
-    cache: CacheConfig
-    # The seed's --hiradix_cache_token_num: the host tier's size in tokens,
-    # turned into bytes once the model's KV size per token is known.
-    host_cache_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.host_cache_tokens is not None and self.host_cache_tokens <= 0:
-            raise ValueError(
-                f"--hiradix_cache_token_num must be positive, got {self.host_cache_tokens}"
-            )
 
 
 def make_run_dir() -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from asynchicache.config import (
@@ -23,6 +24,24 @@ from asynchicache.config import (
 )
 
 API_KEY_ENV = "ASYNCHICACHE_API_KEY"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything `asynchicache serve` was asked for."""
+
+    server: ServerConfig
+    engine: EngineConfig
+    cache: CacheConfig
+    # The seed's --hiradix_cache_token_num: the host tier's size in tokens,
+    # turned into bytes once the model's KV size per token is known.
+    host_cache_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.host_cache_tokens is not None and self.host_cache_tokens <= 0:
+            raise ValueError(
+                f"--hiradix_cache_token_num must be positive, got {self.host_cache_tokens}"
+            )
 
 
 def _add_server(p: argparse.ArgumentParser) -> None:
@@ -233,9 +252,7 @@ def _cache(args: argparse.Namespace) -> CacheConfig:
     )
 
 
-def to_config(args: argparse.Namespace):  # -> LaunchConfig (imported lazily: it pulls in torch)
-    from asynchicache.server.launch import LaunchConfig
-
+def to_config(args: argparse.Namespace) -> LaunchConfig:
     server = ServerConfig(
         host=args.host,
         port=args.port,

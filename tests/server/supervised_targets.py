@@ -1,0 +1,39 @@
+"""Child process bodies for the supervisor tests (importable by the spawn context)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+from asynchicache.server.supervisor import ChildSpec, Supervisor
+
+
+def sleep_forever(pid_file: Path) -> None:
+    with pid_file.open("a") as f:
+        import os
+
+        f.write(f"{os.getpid()}\n")
+    while True:
+        time.sleep(0.1)
+
+
+def ignore_sigterm(pid_file: Path) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sleep_forever(pid_file)
+
+
+def orphan_maker(pid_file: Path) -> None:
+    """A parent that starts a child and then dies without cleaning up (kill -9 style)."""
+    sup = Supervisor()
+    sup.start(ChildSpec("engine", sleep_forever, pid_file))
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("child started", flush=True)
+    time.sleep(3600)
+
+
+if __name__ == "__main__":
+    orphan_maker(Path(sys.argv[1]))

@@ -1,0 +1,99 @@
+"""`asynchicache serve` flags: defaults, field mapping, the seed's aliases, bad values."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asynchicache.config import PrefetchPolicy, WritePolicy, default_disk_cache_dir
+from asynchicache.server.options import build_parser, to_config
+
+
+def _config(*argv: str):  # -> LaunchConfig
+    return to_config(build_parser().parse_args(["--device", "cpu", *argv]))
+
+
+def test_defaults() -> None:
+    cfg = _config()
+    assert (cfg.server.host, cfg.server.port, cfg.server.api_key) == ("127.0.0.1", 8000, None)
+    assert cfg.engine.model is None and cfg.engine.device == "cpu"
+    assert cfg.cache.disk_cache_dir == default_disk_cache_dir()
+    assert cfg.cache.host_enabled and cfg.cache.disk_enabled
+    assert cfg.host_cache_tokens is None
+
+
+def test_flags_map_to_fields(tmp_path: Path) -> None:
+    cfg = _config(
+        "--port", "9001", "--api-key", "k", "--dtype", "bfloat16", "--page-size", "32",
+        "--device-cache-tokens", "4096", "--host-cache-gb", "0.5", "--disk-cache-dir",
+        str(tmp_path), "--disk-cache-gb", "3", "--write-policy", "write_back",
+        "--prefetch-policy", "timeout", "--disk-admit-hits", "2", "--disk-admit-tokens", "512",
+        "--remote-url", "redis://127.0.0.1:6379/0", "--max-running-requests", "4",
+        "--chunked-prefill-size", "256", "--log-level", "debug",
+    )  # fmt: skip
+    assert cfg.server.port == 9001 and cfg.server.api_key == "k"
+    assert cfg.server.log_level == "debug"
+    assert cfg.engine.dtype == "bfloat16" and cfg.engine.max_running_requests == 4
+    assert cfg.engine.chunked_prefill_size == 256
+    c = cfg.cache
+    assert (c.page_size, c.device_cache_tokens, c.host_cache_gb) == (32, 4096, 0.5)
+    assert (c.disk_cache_dir, c.disk_cache_gb) == (tmp_path, 3)
+    assert c.write_policy is WritePolicy.WRITE_BACK
+    assert c.prefetch_policy is PrefetchPolicy.TIMEOUT
+    assert (c.disk_admit_hits, c.disk_admit_tokens) == (2, 512)
+    assert c.remote_url == "redis://127.0.0.1:6379/0"
+
+
+def test_tiers_can_be_switched_off() -> None:
+    cfg = _config("--no-disk-cache", "--no-host-cache")
+    assert cfg.cache.disk_cache_dir is None and not cfg.cache.disk_enabled
+    assert not cfg.cache.host_enabled
+    assert not _config("--no-prefix-cache").cache.enable_prefix_cache
+
+
+def test_seed_aliases() -> None:
+    cfg = _config("--no-host-cache", "--use_hiradix_cache", "--hiradix_cache_token_num", "65536")
+    assert cfg.cache.enable_host_cache and cfg.host_cache_tokens == 65536
+    gpu = to_config(build_parser().parse_args(["--hiradix_cache_gpu"]))
+    assert gpu.engine.device == "cuda"
+    with pytest.raises(ValueError, match="hiradix_cache_gpu"):
+        _config("--hiradix_cache_gpu")  # contradicts --device cpu
+
+
+def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASYNCHICACHE_API_KEY", "from-env")
+    assert _config().server.api_key == "from-env"
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--port", "0"], "--port"),
+        (["--page-size", "0"], "--page-size"),
+        (["--device-cache-tokens", "8", "--page-size", "16"], "--device-cache-tokens"),
+        (["--max-running-requests", "0"], "--max-running-requests"),
+        (["--hiradix_cache_token_num", "-5"], "--hiradix_cache_token_num"),
+        (["--dtype", "int3"], "--dtype"),
+        (["--write-policy", "sometimes"], "--write-policy"),
+    ],
+)
+def test_bad_values_exit_with_a_message_naming_the_flag(argv: list[str], flag: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "asynchicache", "serve", "--device", "cpu", *argv],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert flag in proc.stderr
+
+
+def test_help_explains_every_flag() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "asynchicache", "serve", "--help"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    for flag in ("--model", "--disk-cache-dir", "--use_hiradix_cache", "--hiradix_cache_gpu",
+                 "--hiradix_cache_token_num", "--remote-url", "--api-key"):  # fmt: skip
+        assert flag in out

@@ -1,0 +1,104 @@
+"""Child processes: titled, restarted when allowed, stopped for good, never orphaned."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from supervised_targets import ignore_sigterm, sleep_forever
+
+from asynchicache.server.supervisor import ChildSpec, Supervisor
+
+HERE = Path(__file__).resolve().parent
+
+
+def _pids(pid_file: Path, n: int, timeout: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pid_file.exists():
+            pids = [int(x) for x in pid_file.read_text().split()]
+            if len(pids) >= n:
+                return pids
+        time.sleep(0.05)
+    raise AssertionError(f"expected {n} pids in {pid_file}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purposes.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def _wait_dead(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_restart_title_and_stop(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    sup = Supervisor()
+    sup.start(ChildSpec("cache-service", sleep_forever, pid_file, restart=True))
+    (first,) = _pids(pid_file, 1)
+    cmdline = Path(f"/proc/{first}/cmdline").read_bytes().replace(b"\0", b" ")
+    assert b"asynchicache: cache-service" in cmdline
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while len(_pids(pid_file, 1)) < 2 and time.monotonic() < deadline:
+        assert sup.check() is None  # restartable: never reported as fatal
+        time.sleep(0.05)
+    second = _pids(pid_file, 2)[1]
+    assert second != first and sup.children["cache-service"].restarts == 1
+    pids = sup.stop_all(timeout_s=5)
+    assert set(pids) == {first, second}
+    assert _wait_dead(second)
+
+
+def test_a_child_that_may_not_restart_is_reported(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    sup = Supervisor()
+    sup.start(ChildSpec("engine", sleep_forever, pid_file))
+    (pid,) = _pids(pid_file, 1)
+    os.kill(pid, signal.SIGKILL)
+    sup.children["engine"].process.join(5)  # type: ignore[union-attr]
+    assert sup.check() == "engine"
+    sup.stop_all(timeout_s=1)
+
+
+def test_sigterm_ignored_means_sigkill(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    sup = Supervisor()
+    sup.start(ChildSpec("engine", ignore_sigterm, pid_file))
+    (pid,) = _pids(pid_file, 1)
+    t0 = time.monotonic()
+    sup.stop_all(timeout_s=0.5)
+    assert _wait_dead(pid, 5)
+    assert time.monotonic() - t0 < 10
+
+
+def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent.parent)])}
+    parent = subprocess.Popen(
+        [sys.executable, str(HERE / "supervised_targets.py"), str(pid_file)],
+        env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert parent.stdout is not None and "child started" in parent.stdout.readline()
+        (child,) = _pids(pid_file, 1)
+        parent.kill()  # no cleanup code runs in the parent
+        parent.wait(5)
+        assert _wait_dead(child), "the child outlived its SIGKILLed parent"
+    finally:
+        parent.kill()
