@@ -19,9 +19,61 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
+
+# Bytes per element of the dtypes a KV page may hold, by torch/numpy name
+# (numpy has no bfloat16 or float8, so the size cannot come from np.dtype).
+_ITEMSIZE = MappingProxyType(
+    {
+        "float64": 8,
+        "float32": 4,
+        "float16": 2,
+        "bfloat16": 2,
+        "float8_e4m3fn": 1,
+        "float8_e5m2": 1,
+        "int8": 1,
+        "uint8": 1,
+    }
+)
+
+
+def dtype_itemsize(dtype: str) -> int:
+    """Bytes per element of `dtype`; raises ValueError naming the known dtypes."""
+    size = _ITEMSIZE.get(dtype)
+    if size is None:
+        raise ValueError(f"unknown KV dtype {dtype!r}; known: {sorted(_ITEMSIZE)}")
+    return size
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """What one page's bytes are: dtype and shape `[layers, 2, page_size, kv_heads, head_dim]`.
+
+    Stored in every file header and checked on read, so a cache written by a
+    different model layout is a miss, never misread bytes.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        dtype_itemsize(self.dtype)
+        if not self.shape or any(not isinstance(d, int) or d <= 0 for d in self.shape):
+            raise ValueError(f"page shape must be positive ints, got {self.shape}")
+
+    @property
+    def itemsize(self) -> int:
+        return dtype_itemsize(self.dtype)
+
+    @property
+    def page_bytes(self) -> int:
+        n = self.itemsize
+        for d in self.shape:
+            n *= d
+        return n
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,152 @@
+"""The self-describing header in front of every stored page (disk files, remote values).
+
+Layout (little-endian), padded with zeros to `header_len`, a multiple of 4096
+so the payload starts on a page boundary (O_DIRECT-friendly, and a default
+model page of 737,280 bytes is itself 180 x 4096):
+
+    fixed    magic 8s | version u16 | header_len u32 | payload_len u64
+             payload_checksum 16s (xxh3_128) | page_hash 16s
+             ns_len u16 | n_tokens u32 | dtype_len u8 | ndim u8
+    variable namespace | tokens (int32 each) | dtype (ascii) | shape (u32 each)
+    check    xxh3_64 of everything above (u64)
+
+The header checksum protects the tokens and the payload checksum; the payload
+checksum protects the KV bytes. Decoding never evaluates anything (no pickle):
+a header that does not parse is a `HeaderError`, which readers treat as a miss.
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from dataclasses import dataclass
+
+import xxhash
+
+from asynchicache.storage.base import PageLayout
+
+# Anything exposing the buffer protocol (collections.abc.Buffer is 3.12+).
+Buffer = bytes | bytearray | memoryview
+
+MAGIC = b"ACKVPAGE"
+FORMAT_VERSION = 1
+HEADER_ALIGN = 4096
+PAGE_HASH_BYTES = 16
+_FIXED = struct.Struct("<8sHIQ16s16sHIBB")
+_CHECK = struct.Struct("<Q")
+_MAX_HEADER = 1 << 20
+
+
+class HeaderError(ValueError):
+    """The bytes are not a valid page header (garbage, truncated, other version)."""
+
+
+@dataclass(frozen=True)
+class PageHeader:
+    """Everything needed to trust a stored page without knowing where it came from."""
+
+    namespace: bytes
+    page_hash: bytes
+    tokens: tuple[int, ...]
+    layout: PageLayout
+    payload_len: int
+    payload_checksum: bytes
+
+    @property
+    def header_len(self) -> int:
+        return header_len_for(len(self.namespace), len(self.tokens), self.layout)
+
+
+def payload_checksum(payload: Buffer) -> bytes:
+    """xxh3_128 of the page bytes (about 30 GB/s, so verifying every read is cheap)."""
+    return xxhash.xxh3_128_digest(payload)
+
+
+def header_len_for(ns_len: int, n_tokens: int, layout: PageLayout) -> int:
+    raw = (
+        _FIXED.size
+        + ns_len
+        + 4 * n_tokens
+        + len(layout.dtype.encode())
+        + 4 * len(layout.shape)
+        + _CHECK.size
+    )
+    return -(-raw // HEADER_ALIGN) * HEADER_ALIGN
+
+
+def encode_header(header: PageHeader) -> bytes:
+    """The header bytes, zero-padded to `header.header_len`."""
+    if len(header.page_hash) != PAGE_HASH_BYTES:
+        raise ValueError(f"page hash must be {PAGE_HASH_BYTES} bytes")
+    dtype = header.layout.dtype.encode()
+    header_len = header.header_len
+    fixed = _FIXED.pack(
+        MAGIC,
+        FORMAT_VERSION,
+        header_len,
+        header.payload_len,
+        header.payload_checksum,
+        header.page_hash,
+        len(header.namespace),
+        len(header.tokens),
+        len(dtype),
+        len(header.layout.shape),
+    )
+    try:
+        tokens = array("i", header.tokens).tobytes()
+    except OverflowError as exc:
+        raise ValueError(f"token id out of int32 range: {exc}") from exc
+    body = b"".join(
+        (fixed, header.namespace, tokens, dtype, array("I", header.layout.shape).tobytes())
+    )
+    body += _CHECK.pack(xxhash.xxh3_64_intdigest(body))
+    return body + bytes(header_len - len(body))
+
+
+def peek_header_len(data: Buffer) -> int:
+    """The header length announced by `data` (which holds at least the fixed part)."""
+    view = memoryview(data).cast("B")
+    if len(view) < _FIXED.size:
+        raise HeaderError(f"short header: {len(view)} bytes")
+    magic, version, header_len, *_ = _FIXED.unpack_from(view)
+    _check_prologue(magic, version, header_len)
+    return header_len
+
+
+def decode_header(data: Buffer) -> PageHeader:
+    """Parse and verify a header; `data` must hold at least `header_len` bytes."""
+    view = memoryview(data).cast("B")
+    header_len = peek_header_len(view)
+    if len(view) < header_len:
+        raise HeaderError(f"header needs {header_len} bytes, got {len(view)}")
+    (_, _, _, payload_len, checksum, page_hash, ns_len, n_tokens, dtype_len, ndim) = (
+        _FIXED.unpack_from(view)
+    )
+    end = _FIXED.size + ns_len + 4 * n_tokens + dtype_len + 4 * ndim
+    if end + _CHECK.size > header_len:
+        raise HeaderError("header fields overrun the header")
+    (stored_check,) = _CHECK.unpack_from(view, end)
+    if xxhash.xxh3_64_intdigest(view[:end]) != stored_check:
+        raise HeaderError("header checksum mismatch")
+    pos = _FIXED.size
+    namespace = bytes(view[pos : pos + ns_len])
+    pos += ns_len
+    tokens = tuple(array("i", bytes(view[pos : pos + 4 * n_tokens])))
+    pos += 4 * n_tokens
+    dtype = bytes(view[pos : pos + dtype_len]).decode("ascii", errors="replace")
+    pos += dtype_len
+    shape = tuple(array("I", bytes(view[pos : pos + 4 * ndim])))
+    try:
+        layout = PageLayout(dtype, shape)
+    except ValueError as exc:
+        raise HeaderError(f"bad layout in header: {exc}") from exc
+    return PageHeader(namespace, page_hash, tokens, layout, payload_len, checksum)
+
+
+def _check_prologue(magic: bytes, version: int, header_len: int) -> None:
+    if magic != MAGIC:
+        raise HeaderError("bad magic (not a page file)")
+    if version != FORMAT_VERSION:
+        raise HeaderError(f"unsupported format version {version}")
+    if header_len % HEADER_ALIGN or not 0 < header_len <= _MAX_HEADER:
+        raise HeaderError(f"bad header length {header_len}")

@@ -1,0 +1,72 @@
+"""The page header: round trip, and any damage is a clean HeaderError."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asynchicache.storage.base import PageLayout
+from asynchicache.storage.header import (
+    HEADER_ALIGN,
+    HeaderError,
+    PageHeader,
+    decode_header,
+    encode_header,
+    payload_checksum,
+)
+
+LAYOUT = PageLayout("bfloat16", (30, 2, 16, 3, 64))
+
+
+def _header(tokens: tuple[int, ...] = (1, 2, 3), namespace: bytes = b"ns") -> PageHeader:
+    return PageHeader(namespace, bytes(range(16)), tokens, LAYOUT, 1234, payload_checksum(b"x"))
+
+
+def test_round_trip_and_alignment() -> None:
+    h = _header()
+    data = encode_header(h)
+    assert len(data) == HEADER_ALIGN == h.header_len
+    assert decode_header(data) == h
+
+
+def test_long_header_grows_in_aligned_blocks() -> None:
+    h = _header(tokens=tuple(range(2000)))
+    data = encode_header(h)
+    assert len(data) == 2 * HEADER_ALIGN
+    assert decode_header(data) == h
+    with pytest.raises(HeaderError, match="needs"):
+        decode_header(data[:HEADER_ALIGN])
+
+
+@given(
+    tokens=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=64).map(tuple),
+    namespace=st.binary(min_size=1, max_size=200),
+)
+@settings(max_examples=60, deadline=None)
+def test_round_trip_property(tokens: tuple[int, ...], namespace: bytes) -> None:
+    h = _header(tokens, namespace)
+    assert decode_header(encode_header(h)) == h
+
+
+@given(st.binary(max_size=5000))
+@settings(max_examples=200, deadline=None)
+def test_random_bytes_are_a_header_error(data: bytes) -> None:
+    with pytest.raises(HeaderError):
+        decode_header(data)
+
+
+@given(st.data())
+@settings(max_examples=200, deadline=None)
+def test_any_flipped_byte_is_detected(data: st.DataObject) -> None:
+    raw = bytearray(encode_header(_header()))
+    meaningful = len(raw.rstrip(b"\0"))  # the zero padding carries nothing
+    pos = data.draw(st.integers(0, meaningful - 1))
+    raw[pos] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(HeaderError):
+        decode_header(bytes(raw))
+
+
+def test_out_of_range_token_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="int32"):
+        encode_header(_header(tokens=(2**40,)))
