@@ -1,0 +1,349 @@
+"""The radix tree over token pages.
+
+A node holds a run of whole pages: their tokens (one flat list), their chained
+hashes, and per tier the page indices where that run lives (`device`: L1 pages,
+`host`: L2 slots; None when the run is not in that tier). Residency is uniform
+within a node: a run that is only partly in a tier is split first.
+
+Children are keyed by the tokens of their first page (a tuple), so a lookup
+costs one dict probe and one list-slice comparison per node, never per-token
+Python work. Hashes are computed once, for new pages, when they are inserted.
+
+Splitting keeps the existing node object as the *suffix* and inserts a new
+parent for the prefix. Anything that refers to a node (a lock handle, an
+in-flight copy) therefore keeps referring to the same token path.
+
+Locks count along the path: locking a node increments it and every ancestor,
+so `lock_ref` of a node is the number of live locks at or below it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+
+from asynchicache.cache.keys import chain_hashes
+
+
+class Tier(StrEnum):
+    """Attribute names of the per-tier page lists on a node."""
+
+    DEVICE = "device"
+    HOST = "host"
+
+
+class RadixNode:
+    """A run of whole pages on one path of the tree."""
+
+    __slots__ = (
+        "children",
+        "device",
+        "end_page",
+        "hashes",
+        "hit_count",
+        "host",
+        "last_access",
+        "lock_ref",
+        "parent",
+        "tokens",
+    )
+
+    def __init__(
+        self, parent: RadixNode | None, tokens: list[int], hashes: list[bytes], end_page: int
+    ) -> None:
+        self.parent = parent
+        self.children: dict[tuple[int, ...], RadixNode] = {}
+        self.tokens = tokens  # flat, len == num_pages * page_size
+        self.hashes = hashes  # chained page hashes, one per page
+        self.end_page = end_page  # page depth of this node's end on its path
+        self.device: list[int] | None = None  # L1 page per page of the run
+        self.host: list[int] | None = None  # L2 slot per page of the run
+        self.lock_ref = 0
+        self.last_access = 0
+        self.hit_count = 0
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.hashes)
+
+    @property
+    def start_page(self) -> int:
+        return self.end_page - len(self.hashes)
+
+    @property
+    def is_root(self) -> bool:
+        return self.end_page == 0
+
+    def __repr__(self) -> str:
+        return (
+            f"RadixNode(pages {self.start_page}..{self.end_page}, device={self.device}, "
+            f"host={self.host}, lock={self.lock_ref}, t={self.last_access})"
+        )
+
+
+@dataclass(frozen=True)
+class InsertOutcome:
+    """What `RadixTree.insert` did.
+
+    `pages` is the canonical per-page list for the inserted run (the tree's own
+    pages where it had them); `duplicates` are caller pages the tree did not
+    take because it already had the same tokens; `taken` are caller pages the
+    tree now owns.
+    """
+
+    node: RadixNode
+    pages: list[int]
+    duplicates: list[int]
+    taken: list[int]
+    new_node: RadixNode | None
+
+
+@dataclass(frozen=True)
+class Walk:
+    """Nodes whose runs fully match a token list, then a partially matched node."""
+
+    path: list[RadixNode]
+    partial: RadixNode | None
+    partial_pages: int
+
+    @property
+    def last(self) -> RadixNode | None:
+        return self.path[-1] if self.path else None
+
+
+class RadixTree:
+    """Pages of token prefixes, with per-tier residency, locks and LRU clock."""
+
+    def __init__(self, page_size: int, root_hash: bytes) -> None:
+        self.page_size = page_size
+        self.root_hash = root_hash
+        self.root = RadixNode(None, [], [], 0)
+        self._clock = 0
+
+    # -- lookup -----------------------------------------------------------------------------
+
+    def walk(self, tokens: list[int], max_pages: int | None = None) -> Walk:
+        """Follow `tokens` (a list) from the root; neither splits nor touches."""
+        ps = self.page_size
+        n_pages = len(tokens) // ps
+        if max_pages is not None:
+            n_pages = min(n_pages, max_pages)
+        end = n_pages * ps
+        node, pos, path = self.root, 0, []
+        while pos < end:
+            child = node.children.get(tuple(tokens[pos : pos + ps]))
+            if child is None:
+                break
+            run = child.tokens
+            stop = pos + len(run)
+            if stop <= end and tokens[pos:stop] == run:
+                path.append(child)
+                node, pos = child, stop
+                continue
+            return Walk(path, child, self._common_pages(child, tokens, pos, end))
+        return Walk(path, None, 0)
+
+    def _common_pages(self, node: RadixNode, tokens: list[int], pos: int, end: int) -> int:
+        """Leading pages of `node` equal to `tokens[pos:end]` (the first is known equal)."""
+        ps, run = self.page_size, node.tokens
+        for k in range(1, node.num_pages):
+            a = pos + k * ps
+            if a + ps > end or tokens[a : a + ps] != run[k * ps : (k + 1) * ps]:
+                return k
+        return node.num_pages
+
+    def match(self, tokens: list[int], max_pages: int | None = None) -> list[RadixNode]:
+        """The path of nodes covering the longest cached page prefix of `tokens`.
+
+        A partially matched node is split so the path ends exactly at the match.
+        """
+        walk = self.walk(tokens, max_pages)
+        path = walk.path
+        if walk.partial is not None:
+            path.append(self.split(walk.partial, walk.partial_pages))
+        return path
+
+    # -- structure --------------------------------------------------------------------------
+
+    def split(self, node: RadixNode, k: int) -> RadixNode:
+        """Cut `node` after its first `k` pages; returns the new parent holding them."""
+        if not 0 < k < node.num_pages:
+            raise ValueError(f"cannot split a {node.num_pages}-page node at {k}")
+        ps, parent = self.page_size, node.parent
+        assert parent is not None, "the root is never split"
+        cut = k * ps
+        mid = RadixNode(parent, node.tokens[:cut], node.hashes[:k], node.start_page + k)
+        mid.device = node.device[:k] if node.device is not None else None
+        mid.host = node.host[:k] if node.host is not None else None
+        mid.lock_ref = node.lock_ref  # every lock through `node` also runs through `mid`
+        mid.last_access = node.last_access
+        mid.hit_count = node.hit_count
+        parent.children[tuple(node.tokens[:ps])] = mid
+        node.tokens = node.tokens[cut:]
+        node.hashes = node.hashes[k:]
+        if node.device is not None:
+            node.device = node.device[k:]
+        if node.host is not None:
+            node.host = node.host[k:]
+        node.parent = mid
+        mid.children[tuple(node.tokens[:ps])] = node
+        return mid
+
+    def insert(
+        self,
+        tokens: list[int],
+        values: list[int],
+        tier: Tier,
+        start: RadixNode | None = None,
+    ) -> InsertOutcome:
+        """Record that `values[i]` (pages of `tier`) hold page `start.end_page + i` of `tokens`.
+
+        Where a node already holds those tokens in `tier`, its pages win and the
+        caller's become `duplicates`; where it holds them in another tier only,
+        it adopts the caller's pages. New pages get a new leaf and their hashes.
+        """
+        ps = self.page_size
+        node = self.root if start is None else start
+        pos = node.end_page * ps
+        end = pos + len(values) * ps
+        if end > len(tokens):
+            raise ValueError(f"{len(values)} pages from page {node.end_page} exceed the tokens")
+        pages: list[int] = []
+        duplicates: list[int] = []
+        taken: list[int] = []
+        i = 0
+        while pos < end:
+            child = node.children.get(tuple(tokens[pos : pos + ps]))
+            if child is None:
+                break
+            n = child.num_pages
+            if pos + n * ps > end or tokens[pos : pos + n * ps] != child.tokens:
+                n = self._common_pages(child, tokens, pos, end)
+                if n < child.num_pages:
+                    child = self.split(child, n)
+            mine = values[i : i + n]
+            have = getattr(child, tier)
+            if have is None:
+                setattr(child, tier, mine)
+                pages += mine
+                taken += mine
+            else:
+                pages += have
+                if have != mine:
+                    duplicates += [p for p, q in zip(mine, have, strict=True) if p != q]
+            i += n
+            pos += n * ps
+            node = child
+        new_node = None
+        if pos < end:
+            new_node = self._add_leaf(node, tokens[pos:end], tier, values[i:])
+            pages += values[i:]
+            taken += values[i:]
+            node = new_node
+        return InsertOutcome(node, pages, duplicates, taken, new_node)
+
+    def _add_leaf(
+        self, parent: RadixNode, run: list[int], tier: Tier, values: list[int]
+    ) -> RadixNode:
+        last = parent.hashes[-1] if parent.hashes else self.root_hash
+        hashes = chain_hashes(last, run, self.page_size)
+        leaf = RadixNode(parent, run, hashes, parent.end_page + len(hashes))
+        setattr(leaf, tier, values)
+        leaf.last_access = parent.last_access
+        parent.children[tuple(run[: self.page_size])] = leaf
+        return leaf
+
+    def remove_subtree(self, node: RadixNode) -> list[RadixNode]:
+        """Detach `node` and everything below it; returns the detached nodes."""
+        parent = node.parent
+        if parent is None:
+            raise ValueError("cannot remove the root or a detached node")
+        if node.lock_ref:
+            raise RuntimeError(f"removing a locked node: {node}")
+        del parent.children[tuple(node.tokens[: self.page_size])]
+        removed = list(self._iter_from(node))
+        for n in removed:
+            n.parent = None
+        return removed
+
+    def is_attached(self, node: RadixNode) -> bool:
+        return node is self.root or node.parent is not None
+
+    # -- locks and LRU ----------------------------------------------------------------------
+
+    def lock(self, node: RadixNode) -> None:
+        root = self.root
+        while node is not root:
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: RadixNode) -> None:
+        root, n = self.root, node
+        while n is not root:
+            if n.lock_ref <= 0:
+                raise RuntimeError(f"unlock without a matching lock at {n}")
+            n = n.parent  # type: ignore[assignment]
+        while node is not root:
+            node.lock_ref -= 1
+            node = node.parent  # type: ignore[assignment]
+
+    def touch(self, node: RadixNode) -> None:
+        """Mark the path to `node` used now (one tick for the whole path)."""
+        self._clock += 1
+        now, root = self._clock, self.root
+        while node is not root:
+            node.last_access = now
+            node = node.parent  # type: ignore[assignment]
+
+    def path(self, node: RadixNode) -> list[RadixNode]:
+        """Nodes from the root's child down to `node`."""
+        out, root = [], self.root
+        while node is not root:
+            out.append(node)
+            node = node.parent  # type: ignore[assignment]
+        out.reverse()
+        return out
+
+    # -- eviction ---------------------------------------------------------------------------
+
+    def evictable(
+        self, tier: Tier, priority: Callable[[RadixNode], tuple] | None = None
+    ) -> Iterator[RadixNode]:
+        """Unlocked leaves of `tier` (nodes in it with no child in it), LRU first.
+
+        Ties go to the deeper node (suffix before prefix). After the caller has
+        dropped a yielded node from `tier`, its parent is offered when it became
+        a leaf of the tier.
+        """
+        prio = priority or (lambda n: (n.last_access, -n.end_page))
+        seq = itertools.count()
+        heap = [(prio(n), next(seq), n) for n in self.iter_nodes() if self._is_leaf_of(n, tier)]
+        heapq.heapify(heap)
+        while heap:
+            node = heapq.heappop(heap)[2]
+            if node.parent is None or not self._is_leaf_of(node, tier):
+                continue  # changed since it was queued
+            yield node
+            parent = node.parent
+            if parent is not None and self._is_leaf_of(parent, tier):
+                heapq.heappush(heap, (prio(parent), next(seq), parent))
+
+    def _is_leaf_of(self, node: RadixNode, tier: Tier) -> bool:
+        if node is self.root or node.lock_ref or getattr(node, tier) is None:
+            return False
+        return all(getattr(c, tier) is None for c in node.children.values())
+
+    def iter_nodes(self) -> Iterator[RadixNode]:
+        """Every node except the root, parents before children."""
+        for child in list(self.root.children.values()):
+            yield from self._iter_from(child)
+
+    def _iter_from(self, node: RadixNode) -> Iterator[RadixNode]:
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())

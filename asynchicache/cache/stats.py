@@ -1,0 +1,62 @@
+"""Cache counters: the mutable tallies the hierarchy keeps and the frozen snapshot it reports."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass
+class Counters:
+    """Running totals, owned and updated by one `HiRadixCache` (scheduler thread only)."""
+
+    match_tokens: int = 0
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    storage_hit_tokens: int = 0
+    inserted_pages: int = 0
+    device_evicted_pages: int = 0
+    host_evicted_pages: int = 0
+    device_to_host_pages: int = 0
+    device_to_host_bytes: int = 0
+    host_to_device_pages: int = 0
+    host_to_device_bytes: int = 0
+    host_to_storage_pages: int = 0
+    host_to_storage_bytes: int = 0
+    storage_to_host_pages: int = 0
+    storage_to_host_bytes: int = 0
+    writes_skipped: int = 0  # L1 -> L2 copies not started because L2 had no room
+    transfer_failures: int = 0
+    store_failures: int = 0
+    load_failures: int = 0
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """Pages of one pool: free + cached (in the tree) + in use (requests, copies) == total."""
+
+    total: int
+    free: int
+    cached: int
+    in_use: int
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A snapshot of the counters and of each pool's occupancy (`HiRadixCache.stats()`)."""
+
+    counters: Counters
+    device: Occupancy
+    host: Occupancy | None
+    page_bytes: int
+    pending_transfers: int
+    pending_storage: int
+
+    @property
+    def hit_tokens(self) -> int:
+        c = self.counters
+        return c.device_hit_tokens + c.host_hit_tokens + c.storage_hit_tokens
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain nested dict for admin replies and metrics."""
+        return dataclasses.asdict(self)

@@ -1,0 +1,190 @@
+"""Asynchronous page copies between pools (L1 <-> L2): submit, then poll.
+
+CPU: one worker thread copies runs of consecutive pages as slices. Measured on
+the default model's pages (368 KiB each), a slice `copy_` per run moves
+~13 GB/s, about the speed of one large `copy_`, while `index_select` +
+`index_copy_` reaches only ~2 GB/s (it gathers into a temporary first).
+CUDA: copies run on a side stream that first waits for the compute stream; a
+ticket is finished only once its event has completed, so nothing is published
+before its bytes have landed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TransferDone:
+    """A finished copy as `poll()` / `wait()` report it."""
+
+    ticket: int
+    num_pages: int
+    num_bytes: int
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def page_runs(src_pages: Sequence[int], dst_pages: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Split a page mapping into `(src_start, dst_start, length)` runs consecutive on both sides."""
+    if len(src_pages) != len(dst_pages):
+        raise ValueError(f"{len(src_pages)} source pages but {len(dst_pages)} destination pages")
+    runs: list[tuple[int, int, int]] = []
+    if not src_pages:
+        return runs
+    s0 = prev_s = src_pages[0]
+    d0 = prev_d = dst_pages[0]
+    for s, d in zip(src_pages[1:], dst_pages[1:], strict=True):
+        if s == prev_s + 1 and d == prev_d + 1:
+            prev_s, prev_d = s, d
+            continue
+        runs.append((s0, d0, prev_s - s0 + 1))
+        s0 = prev_s = s
+        d0 = prev_d = d
+    runs.append((s0, d0, prev_s - s0 + 1))
+    return runs
+
+
+def copy_pages(
+    src: torch.Tensor,
+    src_pages: Sequence[int],
+    dst: torch.Tensor,
+    dst_pages: Sequence[int],
+    non_blocking: bool = False,
+) -> None:
+    """dst[dst_pages[i]] = src[src_pages[i]], one slice copy per run (never a fancy-index temp)."""
+    # src, dst: [pages, layers, 2, page_size, kv_heads, head_dim]
+    for s, d, n in page_runs(src_pages, dst_pages):
+        dst[d : d + n].copy_(src[s : s + n], non_blocking=non_blocking)
+
+
+@dataclass
+class _Pending:
+    num_pages: int
+    num_bytes: int
+    future: Future[None] | None = None
+    event: torch.cuda.Event | None = None
+    keep: tuple[torch.Tensor, ...] = ()  # tensors the in-flight copy reads or writes
+    error: str | None = None
+
+
+class TransferEngine:
+    """Moves pages between pool tensors in the background; `poll()` never blocks."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
+        self._pending: dict[int, _Pending] = {}
+        self._next_ticket = 0
+        self._lock = threading.Lock()  # only guards ticket numbering against stray threads
+        self._stream = torch.cuda.Stream(self.device) if self._cuda else None
+        self._executor = (
+            None
+            if self._cuda
+            else ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-transfer")
+        )
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    def submit(
+        self,
+        src: torch.Tensor,
+        src_pages: Sequence[int],
+        dst: torch.Tensor,
+        dst_pages: Sequence[int],
+    ) -> int:
+        """Start copying `src[src_pages[i]]` to `dst[dst_pages[i]]`; returns a ticket at once."""
+        src_pages, dst_pages = list(src_pages), list(dst_pages)
+        if len(src_pages) != len(dst_pages):
+            raise ValueError(f"{len(src_pages)} source pages but {len(dst_pages)} destinations")
+        with self._lock:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+        page_bytes = src[0].numel() * src.element_size() if len(src) else 0
+        job = _Pending(len(src_pages), len(src_pages) * page_bytes)
+        try:
+            if self._cuda:
+                self._submit_cuda(job, src, src_pages, dst, dst_pages)
+            else:
+                assert self._executor is not None
+                job.future = self._executor.submit(copy_pages, src, src_pages, dst, dst_pages)
+        except Exception as exc:  # a bad submit reports as a failed ticket, not a crash
+            log.exception("page copy submit failed")
+            job.error = f"{type(exc).__name__}: {exc}"
+        self._pending[ticket] = job
+        return ticket
+
+    def _submit_cuda(
+        self,
+        job: _Pending,
+        src: torch.Tensor,
+        src_pages: list[int],
+        dst: torch.Tensor,
+        dst_pages: list[int],
+    ) -> None:
+        assert self._stream is not None
+        # The side stream must not read L1 before the model finished writing it.
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream):
+            copy_pages(src, src_pages, dst, dst_pages, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        job.event = event
+        job.keep = (src, dst)
+
+    def _finished(self, job: _Pending) -> bool:
+        if job.error is not None:
+            return True
+        if job.future is not None:
+            return job.future.done()
+        return job.event is None or job.event.query()
+
+    def _result(self, ticket: int, job: _Pending) -> TransferDone:
+        error = job.error
+        if error is None and job.future is not None:
+            exc = job.future.exception()
+            if exc is not None:
+                log.error("page copy %d failed: %s", ticket, exc)
+                error = f"{type(exc).__name__}: {exc}"
+        return TransferDone(ticket, job.num_pages, job.num_bytes, error)
+
+    def poll(self) -> list[TransferDone]:
+        """Copies finished since the last call, in submission order. Never blocks."""
+        done = [t for t, job in self._pending.items() if self._finished(job)]
+        return [self._result(t, self._pending.pop(t)) for t in done]
+
+    def wait(self, ticket: int, timeout: float | None = None) -> TransferDone:
+        """Block until `ticket` finished (tests, write-back eviction, shutdown).
+
+        The result is returned here and not reported again by `poll()`.
+        """
+        job = self._pending[ticket]
+        if job.future is not None:
+            try:
+                job.future.exception(timeout=timeout)
+            except FutureTimeout:
+                raise TimeoutError(f"page copy {ticket} not done after {timeout} s") from None
+        elif job.event is not None:
+            job.event.synchronize()
+        return self._result(ticket, self._pending.pop(ticket))
+
+    def close(self) -> None:
+        """Finish every copy in flight, then stop the worker."""
+        for ticket in list(self._pending):
+            self.wait(ticket)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
