@@ -48,8 +48,11 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or self._authorized(scope):
             await self.app(scope, receive, send)
             return
-        err = APIError(401, "Incorrect or missing API key; send 'Authorization: Bearer <key>'.",
-                       code="invalid_api_key")  # fmt: skip
+        err = APIError(
+            401,
+            "Incorrect or missing API key; send 'Authorization: Bearer <key>'.",
+            code="invalid_api_key",
+        )
         await err.response()(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:

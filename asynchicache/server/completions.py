@@ -71,9 +71,10 @@ def _check_ids(ctx: AppContext, ids: list[int]) -> None:
     bad = next((t for t in ids if not 0 <= t < ctx.model.vocab_size), None)
     if bad is not None:
         raise APIError(
-            400, f"token id {bad} is outside the vocabulary (0..{ctx.model.vocab_size - 1})",
+            400,
+            f"token id {bad} is outside the vocabulary (0..{ctx.model.vocab_size - 1})",
             param="prompt",
-        )  # fmt: skip
+        )
 
 
 def _max_tokens(
@@ -125,8 +126,9 @@ def _completion_ids(ctx: AppContext, body: CompletionRequest) -> list[int]:
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
         if len(prompt) != 1:
-            raise APIError(400, "send one prompt per request (batches are not supported)",
-                           param="prompt")  # fmt: skip
+            raise APIError(
+                400, "send one prompt per request (batches are not supported)", param="prompt"
+            )
         prompt = prompt[0]
     if isinstance(prompt, str):
         return ctx.tokenizer.encode(prompt, add_special_tokens=False)
@@ -141,8 +143,9 @@ def _chat_ids(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
     try:
         text = ctx.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except Exception as exc:  # a template raising on an odd conversation is the input's fault
-        raise APIError(400, f"the chat template rejected these messages: {exc}",
-                       param="messages") from exc  # fmt: skip
+        raise APIError(
+            400, f"the chat template rejected these messages: {exc}", param="messages"
+        ) from exc
     return ctx.tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -190,8 +193,9 @@ def usage_of(f: Finished) -> Usage:
 
 def _raise_for(f: Finished) -> None:
     if f.reason == "error":
-        raise APIError(500, f"generation failed: {f.error or 'unknown error'}",
-                       type_="server_error")  # fmt: skip
+        raise APIError(
+            500, f"generation failed: {f.error or 'unknown error'}", type_="server_error"
+        )
 
 
 async def _collect(ctx: AppContext, req: GenerateRequest, endpoint: str) -> tuple[str, Finished]:
@@ -229,9 +233,9 @@ async def _completion_events(
 
     def chunk(text: str, reason: str | None) -> bytes:
         choice = CompletionChoice(text=text, finish_reason=reason)
-        return sse.event(CompletionResponse(
-            id=req.rid, created=created, model=ctx.model.name, choices=[choice]
-        ))  # fmt: skip
+        return sse.event(
+            CompletionResponse(id=req.rid, created=created, model=ctx.model.name, choices=[choice])
+        )
 
     try:
         async for event in generate_text(ctx, req, "completions"):
@@ -243,10 +247,15 @@ async def _completion_events(
                 break
             yield chunk("", event.reason)
             if include_usage:
-                yield sse.event(CompletionResponse(
-                    id=req.rid, created=created, model=ctx.model.name, choices=[],
-                    usage=usage_of(event),
-                ))  # fmt: skip
+                yield sse.event(
+                    CompletionResponse(
+                        id=req.rid,
+                        created=created,
+                        model=ctx.model.name,
+                        choices=[],
+                        usage=usage_of(event),
+                    )
+                )
     except EngineUnavailable as exc:
         yield _stream_error(exc)
     yield sse.DONE
@@ -259,9 +268,9 @@ async def _chat_events(
 
     def chunk(delta: ChatDelta, reason: str | None) -> bytes:
         choice = ChatChunkChoice(delta=delta, finish_reason=reason)
-        return sse.event(ChatCompletionChunk(
-            id=req.rid, created=created, model=ctx.model.name, choices=[choice]
-        ))  # fmt: skip
+        return sse.event(
+            ChatCompletionChunk(id=req.rid, created=created, model=ctx.model.name, choices=[choice])
+        )
 
     yield chunk(ChatDelta(role="assistant", content=""), None)
     try:
@@ -274,10 +283,15 @@ async def _chat_events(
                 break
             yield chunk(ChatDelta(), event.reason)
             if include_usage:
-                yield sse.event(ChatCompletionChunk(
-                    id=req.rid, created=created, model=ctx.model.name, choices=[],
-                    usage=usage_of(event),
-                ))  # fmt: skip
+                yield sse.event(
+                    ChatCompletionChunk(
+                        id=req.rid,
+                        created=created,
+                        model=ctx.model.name,
+                        choices=[],
+                        usage=usage_of(event),
+                    )
+                )
     except EngineUnavailable as exc:
         yield _stream_error(exc)
     yield sse.DONE

@@ -84,8 +84,9 @@ async def _watch(supervisor: Supervisor, stop: StopSignal, client: EngineClient 
     while not stop.event.is_set():
         dead = supervisor.check()
         if dead is not None:
-            log.error("%s died (exit code %s); shutting down",
-                      dead, supervisor.children[dead].exitcode)  # fmt: skip
+            log.error(
+                "%s died (exit code %s); shutting down", dead, supervisor.children[dead].exitcode
+            )
             if client is not None:
                 client.fail_all(f"the {dead} process died")
             stop.set(f"{dead} died", exit_code=1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -90,55 +91,77 @@ class RequestMetrics:
 
 
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
-# Leaves whose name says they only grow are exported as counters.
-_COUNTER_WORDS = re.compile(
-    r"(hit|miss|evict|read|written|write|stored|loaded|bytes|count|failures|errors|"
-    r"corrupt|preemptions|tokens|total|seconds|pages_in|pages_out)"
-)
-_GAUGE_WORDS = re.compile(r"(used|free|capacity|occupancy|in_use|cached|locked|estimate|queue|"
-                          r"waiting|running|loading|pages$|bytes_used|size|available)")  # fmt: skip
 
 
-def _clean(part: str) -> str:
-    return _NAME_BAD.sub("_", part).strip("_").lower()
+@dataclass(frozen=True)
+class _Rule:
+    """Maps stats paths (dotted, matched whole) to one metric family; groups become labels."""
+
+    pattern: re.Pattern[str]
+    name: str
+    counter: bool
+    doc: str
 
 
-def flatten(payload: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], float]]:
-    """Numeric leaves of a nested stats payload, with their key paths."""
+def _rule(pattern: str, name: str, counter: bool, doc: str) -> _Rule:
+    return _Rule(re.compile(pattern), name, counter, doc)
+
+
+# The engine's "stats" payload: {"cache": CacheStats.to_dict(), "queues": {...}, ...}.
+_RULES = (
+    _rule(r"cache\.counters\.(?P<tier>\w+?)_hit_tokens", "cache_hit_tokens", True,
+          "Prompt tokens served from each tier instead of recomputed."),
+    _rule(r"cache\.counters\.match_tokens", "cache_lookup_tokens", True,
+          "Prompt tokens looked up in the cache."),
+    _rule(r"cache\.counters\.(?P<tier>\w+?)_evicted_pages", "cache_evicted_pages", True,
+          "Pages evicted from each tier."),
+    _rule(r"cache\.counters\.(?P<kind>\w+_to_\w+?)_pages", "cache_transfer_pages", True,
+          "Pages moved between tiers, by direction."),
+    _rule(r"cache\.counters\.(?P<kind>\w+_to_\w+?)_bytes", "cache_transfer_bytes", True,
+          "Bytes moved between tiers, by direction."),
+    _rule(r"cache\.counters\.(?P<kind>\w+_to_\w+?)_seconds", "cache_transfer_seconds", True,
+          "Time spent moving pages between tiers, by direction."),
+    _rule(r"cache\.counters\.(?P<kind>\w+?)_failures", "cache_failures", True,
+          "Failed transfers, stores and loads (each logged; the cache keeps going)."),
+    _rule(r"cache\.counters\.(?P<what>\w+)", "cache_events", True, "Other cache counters."),
+    _rule(r"cache\.(?P<tier>\w+)\.(?P<state>free|cached|in_use)", "cache_pages", False,
+          "Pages of each tier's pool by state (free + cached + in use == capacity)."),
+    _rule(r"cache\.(?P<tier>\w+)\.total", "cache_capacity_pages", False,
+          "Pages each tier's pool holds."),
+    _rule(r"cache\.pending_(?P<kind>\w+)", "cache_pending_operations", False,
+          "Transfers and storage operations in flight."),
+    _rule(r"queues\.(?P<queue>\w+)", "scheduler_queue_length", False,
+          "Requests in each scheduler queue."),
+    _rule(r"preemptions", "scheduler_preemptions", True, "Requests preempted for memory."),
+)  # fmt: skip
+
+
+def flatten(payload: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, float]]:
+    """Numeric leaves of a nested stats payload, with their dotted paths."""
     if isinstance(payload, int | float):  # bools too (a bool is an int): 0/1
-        yield path, float(payload)
+        yield ".".join(path), float(payload)
     elif isinstance(payload, Mapping):
         for key, value in payload.items():
             yield from flatten(value, (*path, str(key)))
 
 
-def _split_labels(path: tuple[str, ...]) -> tuple[str, dict[str, str]]:
-    """`("cache", "tiers", "disk", "hit_tokens")` -> name `cache_tiers_hit_tokens`, tier=disk.
-
-    A tier name anywhere in the path becomes the `tier` label; a key under a
-    `transfers` mapping becomes the `kind` label, so all tiers and all kinds
-    of transfer share one metric family each.
-    """
-    labels: dict[str, str] = {}
-    parts: list[str] = []
-    for i, part in enumerate(path):
-        if part in TIERS and "tier" not in labels:
-            labels["tier"] = part
-        elif i > 0 and path[i - 1] == "transfers" and "kind" not in labels:
-            labels["kind"] = part
-        else:
-            parts.append(_clean(part))
-    return "_".join(p for p in parts if p), labels
-
-
-def _is_counter(name: str) -> bool:
-    last = name.rsplit("_", 2)
-    tail = "_".join(last[-2:])
-    return bool(_COUNTER_WORDS.search(tail)) and not _GAUGE_WORDS.search(tail)
+def _occupancy(payload: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
+    """(tier, used / capacity) for every pool in the cache stats."""
+    cache = payload.get("cache")
+    if not isinstance(cache, Mapping):
+        return
+    for tier, pool in cache.items():
+        if isinstance(pool, Mapping) and pool.get("total"):
+            yield tier, (pool["total"] - pool.get("free", 0)) / pool["total"]
 
 
 class EngineStatsCollector(Collector):
-    """Exports the latest engine stats payload as metric families."""
+    """Exports the latest engine stats payload as metric families.
+
+    Known fields get their own names and labels (`_RULES`); any other numeric
+    field is still exported, as a gauge named after its path, so a counter the
+    engine adds later shows up without a change here.
+    """
 
     def __init__(self) -> None:
         self._payload: Mapping[str, Any] = {}
@@ -152,25 +175,33 @@ class EngineStatsCollector(Collector):
         up = GaugeMetricFamily(f"{PREFIX}_engine_up", "1 when the engine answered this scrape.")
         up.add_metric([], 1.0 if self.scrape_ok else 0.0)
         yield up
+        occ = GaugeMetricFamily(
+            f"{PREFIX}_cache_occupancy_ratio", "Used share of each tier's pool.", labels=["tier"]
+        )
+        for tier, ratio in _occupancy(self._payload):
+            occ.add_metric([tier], ratio)
+        yield occ
         families: dict[str, Metric] = {}
         for path, value in flatten(self._payload):
-            name, labels = _split_labels(path)
-            if not name:
-                continue
-            family = families.get(name)
-            if family is None:
-                family = self._family(name, sorted(labels))
-                families[name] = family
-            family.add_metric([labels[k] for k in sorted(labels)], value)
+            family, labels = self._family_for(path, families)
+            family.add_metric(labels, value)
         yield from families.values()
 
     @staticmethod
-    def _family(name: str, label_names: list[str]) -> Metric:
-        full = f"{PREFIX}_engine_{name}"
-        doc = f"Engine stats field {name.replace('_', ' ')}."
-        if _is_counter(name):
-            return CounterMetricFamily(full.removesuffix("_total"), doc, labels=label_names)
-        return GaugeMetricFamily(full, doc, labels=label_names)
+    def _family_for(path: str, families: dict[str, Metric]) -> tuple[Metric, list[str]]:
+        for rule in _RULES:
+            match = rule.pattern.fullmatch(path)
+            if match is None:
+                continue
+            labels = match.groupdict()
+            if rule.name not in families:
+                kind = CounterMetricFamily if rule.counter else GaugeMetricFamily
+                families[rule.name] = kind(f"{PREFIX}_{rule.name}", rule.doc, labels=list(labels))
+            return families[rule.name], list(labels.values())
+        name = "engine_" + _NAME_BAD.sub("_", path).lower()
+        if name not in families:
+            families[name] = GaugeMetricFamily(f"{PREFIX}_{name}", f"Engine stats field {path}.")
+        return families[name], []
 
 
 class ServerMetrics:

@@ -96,8 +96,12 @@ class Child:
         proc.terminate()
         proc.join(timeout_s)
         if proc.exitcode is None:
-            log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing it",
-                        self.spec.role, proc.pid, timeout_s)  # fmt: skip
+            log.warning(
+                "%s (pid %d) ignored SIGTERM for %.0fs; killing it",
+                self.spec.role,
+                proc.pid,
+                timeout_s,
+            )
             proc.kill()
             proc.join(5.0)
         log.info("%s stopped (exit code %s)", self.spec.role, proc.exitcode)
@@ -132,8 +136,13 @@ class Supervisor:
                 continue
             child.restarts += 1
             child.not_before = 0.0
-            log.error("%s died (exit code %s); restart %d of %d",
-                      role, child.exitcode, child.restarts, child.spec.max_restarts)  # fmt: skip
+            log.error(
+                "%s died (exit code %s); restart %d of %d",
+                role,
+                child.exitcode,
+                child.restarts,
+                child.spec.max_restarts,
+            )
             child.start()
         return None
 

@@ -91,14 +91,34 @@ class FakeEngine:
     def admin(self, msg: AdminRequest) -> dict:
         if msg.op == "health":
             return {"ok": True, "model": "fake-model"}
-        if msg.op == "stats":
+        if msg.op == "stats":  # shaped like Engine.stats(): CacheStats.to_dict() and queues
+            pages = sum(len(p) // PAGE for p in self.seen)
+            counters = {
+                "match_tokens": sum(len(p) for p in self.seen),
+                "device_hit_tokens": self.hit_tokens,
+                "host_hit_tokens": 0,
+                "storage_hit_tokens": 0,
+                "device_to_host_pages": pages,
+                "device_to_host_bytes": pages * 4096,
+                "store_failures": 0,
+                "writes_skipped": 0,
+            }
             return {
                 "cache": {
-                    "hit_tokens": {"device": self.hit_tokens, "host": 0, "disk": 0, "remote": 0},
-                    "tiers": {"device": {"used_pages": len(self.seen), "capacity_pages": 64}},
-                    "transfers": {"l1_to_l2": {"bytes": 4096 * len(self.seen), "count": 1}},
+                    "counters": counters,
+                    "device": {
+                        "total": 64,
+                        "free": 64 - pages % 64,
+                        "cached": pages % 64,
+                        "in_use": 0,
+                    },
+                    "host": None,
+                    "page_bytes": 4096,
+                    "pending_transfers": 0,
+                    "pending_storage": 0,
                 },
-                "queues": {"waiting": 0, "running": len(self.jobs)},
+                "queues": {"waiting": 0, "loading": 0, "running": len(self.jobs)},
+                "preemptions": 0,
             }
         if msg.op == "lookup":
             return {"device": self._cached(msg.token_ids), "host": 0, "disk": 0, "remote": 0}

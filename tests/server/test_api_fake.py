@@ -185,9 +185,14 @@ def test_metrics_show_request_and_engine_counters(server: ThreadServer) -> None:
     assert "asynchicache_time_to_first_token_seconds_count" in text
     assert 'asynchicache_cached_prompt_tokens_total{tier="device"}' in text
     assert "asynchicache_engine_up 1.0" in text
-    assert 'asynchicache_engine_cache_hit_tokens_total{tier="device"}' in text
-    assert 'asynchicache_engine_cache_transfers_bytes_total{kind="l1_to_l2"}' in text
-    assert "asynchicache_engine_queues_running " in text
+    assert 'asynchicache_cache_hit_tokens_total{tier="device"}' in text
+    assert 'asynchicache_cache_transfer_bytes_total{kind="device_to_host"}' in text
+    assert 'asynchicache_cache_pages{state="free",tier="device"}' in text
+    assert 'asynchicache_cache_occupancy_ratio{tier="device"}' in text
+    assert 'asynchicache_scheduler_queue_length{queue="running"}' in text
+    assert 'asynchicache_cache_failures_total{kind="store"}' in text
+    assert 'asynchicache_cache_events_total{what="writes_skipped"}' in text
+    assert "asynchicache_engine_cache_page_bytes 4096.0" in text
 
 
 # ------------------------------------------------------------------ bad input

@@ -27,13 +27,39 @@ def test_defaults() -> None:
 
 def test_flags_map_to_fields(tmp_path: Path) -> None:
     cfg = _config(
-        "--port", "9001", "--api-key", "k", "--dtype", "bfloat16", "--page-size", "32",
-        "--device-cache-tokens", "4096", "--host-cache-gb", "0.5", "--disk-cache-dir",
-        str(tmp_path), "--disk-cache-gb", "3", "--write-policy", "write_back",
-        "--prefetch-policy", "timeout", "--disk-admit-hits", "2", "--disk-admit-tokens", "512",
-        "--remote-url", "redis://127.0.0.1:6379/0", "--max-running-requests", "4",
-        "--chunked-prefill-size", "256", "--log-level", "debug",
-    )  # fmt: skip
+        "--port",
+        "9001",
+        "--api-key",
+        "k",
+        "--dtype",
+        "bfloat16",
+        "--page-size",
+        "32",
+        "--device-cache-tokens",
+        "4096",
+        "--host-cache-gb",
+        "0.5",
+        "--disk-cache-dir",
+        str(tmp_path),
+        "--disk-cache-gb",
+        "3",
+        "--write-policy",
+        "write_back",
+        "--prefetch-policy",
+        "timeout",
+        "--disk-admit-hits",
+        "2",
+        "--disk-admit-tokens",
+        "512",
+        "--remote-url",
+        "redis://127.0.0.1:6379/0",
+        "--max-running-requests",
+        "4",
+        "--chunked-prefill-size",
+        "256",
+        "--log-level",
+        "debug",
+    )
     assert cfg.server.port == 9001 and cfg.server.api_key == "k"
     assert cfg.server.log_level == "debug"
     assert cfg.engine.dtype == "bfloat16" and cfg.engine.max_running_requests == 4
@@ -83,8 +109,10 @@ def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bad_values_exit_with_a_message_naming_the_flag(argv: list[str], flag: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "asynchicache", "serve", "--device", "cpu", *argv],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert flag in proc.stderr
 
@@ -92,8 +120,18 @@ def test_bad_values_exit_with_a_message_naming_the_flag(argv: list[str], flag: s
 def test_help_explains_every_flag() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "asynchicache", "serve", "--help"],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout  # fmt: skip
-    for flag in ("--model", "--disk-cache-dir", "--use_hiradix_cache", "--hiradix_cache_gpu",
-                 "--hiradix_cache_token_num", "--remote-url", "--api-key"):  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    for flag in (
+        "--model",
+        "--disk-cache-dir",
+        "--use_hiradix_cache",
+        "--hiradix_cache_gpu",
+        "--hiradix_cache_token_num",
+        "--remote-url",
+        "--api-key",
+    ):
         assert flag in out

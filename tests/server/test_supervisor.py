@@ -92,8 +92,10 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent.parent)])}
     parent = subprocess.Popen(
         [sys.executable, str(HERE / "supervised_targets.py"), str(pid_file)],
-        env=env, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert parent.stdout is not None and "child started" in parent.stdout.readline()
         (child,) = _pids(pid_file, 1)
