@@ -1,0 +1,283 @@
+"""Messages between a storage client (the engine) and the cache service (ZeroMQ + msgpack).
+
+Only page hashes, L2 slot numbers and statuses cross the socket; KV bytes stay
+in the shared L2 pool that both sides map. Every request carries a `req_id`
+(the client's ticket id for loads and stores) that its reply repeats.
+
+`encode`/`decode` are the only codec. `decode` checks every field against its
+type hint, so a malformed or hostile frame is a clean `ValueError`, never a
+half-built message that fails later inside the service.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import msgpack
+
+from asynchicache.storage.base import BackendStats, PageLayout, PageRef
+
+HASH_BYTES = 16
+
+
+def _check_hashes(hashes: tuple[bytes, ...]) -> None:
+    # Hashes become file names: anything but a 16-byte digest is refused at the boundary.
+    if any(len(h) != HASH_BYTES for h in hashes):
+        raise ValueError(f"page hashes must be {HASH_BYTES} bytes")
+
+
+@dataclass(frozen=True)
+class Register:
+    """Attach the client's L2 pool (a shared-memory segment of `[slots, page_bytes]`)."""
+
+    req_id: int
+    namespace: bytes
+    segment: str
+    layout: PageLayout
+
+
+@dataclass(frozen=True)
+class RegisterReply:
+    req_id: int
+    slots: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Exists:
+    req_id: int
+    hashes: tuple[bytes, ...]
+
+    def __post_init__(self) -> None:
+        _check_hashes(self.hashes)
+
+
+@dataclass(frozen=True)
+class ExistsReply:
+    req_id: int
+    pages: int
+
+
+@dataclass(frozen=True)
+class Load:
+    """Read pages into L2 slots. Work not started within `timeout_ms` is skipped."""
+
+    req_id: int
+    hashes: tuple[bytes, ...]
+    slots: tuple[int, ...]
+    timeout_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        _check_hashes(self.hashes)
+        if len(self.hashes) != len(self.slots):
+            raise ValueError(f"{len(self.hashes)} hashes but {len(self.slots)} slots")
+
+
+@dataclass(frozen=True)
+class LoadReply:
+    req_id: int
+    pages_ok: int
+    pages_requested: int
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Store:
+    """Write pages from their L2 slots (which the client leaves untouched until the reply)."""
+
+    req_id: int
+    pages: tuple[PageRef, ...]
+    timeout_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        _check_hashes(tuple(p.page_hash for p in self.pages))
+
+
+@dataclass(frozen=True)
+class StoreReply:
+    req_id: int
+    pages_ok: int
+    pages_requested: int
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Skip load/store `target` if it has not started; its own reply still comes."""
+
+    req_id: int
+    target: int
+
+
+@dataclass(frozen=True)
+class CancelReply:
+    req_id: int
+    target: int
+    cancelled: bool
+
+
+@dataclass(frozen=True)
+class Stats:
+    req_id: int
+
+
+@dataclass(frozen=True)
+class StatsReply:
+    req_id: int
+    disk: BackendStats | None = None
+    service: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Clear:
+    """Remove every stored page of the client's namespace."""
+
+    req_id: int
+
+
+@dataclass(frozen=True)
+class ClearReply:
+    req_id: int
+    removed: int
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """A request the service could not take: `code` is "unregistered", "malformed" or "internal"."""
+
+    req_id: int
+    code: str
+    message: str = ""
+
+
+Request = Register | Exists | Load | Store | Cancel | Stats | Clear
+Reply = (
+    RegisterReply
+    | ExistsReply
+    | LoadReply
+    | StoreReply
+    | CancelReply
+    | StatsReply
+    | ClearReply
+    | ErrorReply
+)
+
+MESSAGE_TYPES: MappingProxyType[str, type] = MappingProxyType(
+    {
+        cls.__name__: cls
+        for cls in (
+            Register,
+            RegisterReply,
+            Exists,
+            ExistsReply,
+            Load,
+            LoadReply,
+            Store,
+            StoreReply,
+            Cancel,
+            CancelReply,
+            Stats,
+            StatsReply,
+            Clear,
+            ClearReply,
+            ErrorReply,
+        )
+    }
+)
+_NESTED = (PageLayout, PageRef, BackendStats)
+_HINTS = MappingProxyType(
+    {cls: typing.get_type_hints(cls) for cls in (*MESSAGE_TYPES.values(), *_NESTED)}
+)
+
+
+def encode(msg: Any) -> bytes:
+    if type(msg).__name__ not in MESSAGE_TYPES:
+        raise TypeError(f"not a storage message: {type(msg).__name__}")
+    return msgpack.packb(_to_plain(msg), use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    """Decode one message; raises ValueError (only) on anything malformed."""
+    try:
+        plain = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        cls = MESSAGE_TYPES.get(plain.get("__t")) if isinstance(plain, dict) else None
+        if cls is None:
+            raise ValueError("not a typed storage message")
+        return _from_plain(plain, cls)
+    except ValueError as exc:
+        raise ValueError(f"malformed storage message: {exc}") from exc
+    except Exception as exc:  # msgpack raises a zoo of types on garbage; all mean "malformed"
+        raise ValueError(f"malformed storage message: {type(exc).__name__}: {exc}") from exc
+
+
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        body = {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {"__t": type(obj).__name__, **body}
+    if isinstance(obj, list | tuple):
+        return [_to_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _from_plain(value: Any, hint: Any) -> Any:
+    """`value` checked against (and shaped as) type `hint`."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return _from_union(value, typing.get_args(hint))
+    if origin is tuple:
+        (item, _) = typing.get_args(hint)
+        return tuple(_from_plain(x, item) for x in _expect(value, list))
+    if origin is dict:
+        key_t, val_t = typing.get_args(hint)
+        return {
+            _from_plain(k, key_t): _from_plain(v, val_t) for k, v in _expect(value, dict).items()
+        }
+    if hint in _HINTS:
+        return _from_dataclass(value, hint)
+    return _from_scalar(value, hint)
+
+
+def _from_union(value: Any, options: tuple[Any, ...]) -> Any:
+    if value is None and type(None) in options:
+        return None
+    for option in options:
+        if option is not type(None):
+            return _from_plain(value, option)
+    raise ValueError(f"unexpected {value!r}")
+
+
+def _from_dataclass(value: Any, cls: type) -> Any:
+    obj = _expect(value, dict)
+    if obj.get("__t") != cls.__name__:
+        raise ValueError(f"expected {cls.__name__}, got {obj.get('__t')!r}")
+    hints = _HINTS[cls]
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in obj:
+            kwargs[f.name] = _from_plain(obj[f.name], hints[f.name])
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ValueError(f"{cls.__name__}.{f.name} missing")
+    return cls(**kwargs)
+
+
+def _from_scalar(value: Any, hint: Any) -> Any:
+    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, bool):
+        raise ValueError("expected int, got bool")
+    if hint in (int, str, bytes, bool) and isinstance(value, hint):
+        return value
+    raise ValueError(f"expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}")
+
+
+def _expect(value: Any, kind: type) -> Any:
+    if not isinstance(value, kind):
+        raise ValueError(f"expected {kind.__name__}, got {type(value).__name__}")
+    return value

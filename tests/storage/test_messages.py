@@ -1,0 +1,142 @@
+"""Storage messages: every type round-trips; anything malformed is a clean ValueError."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asynchicache.storage.base import BackendStats, PageLayout, PageRef
+from asynchicache.storage.messages import (
+    MESSAGE_TYPES,
+    Cancel,
+    CancelReply,
+    Clear,
+    ClearReply,
+    ErrorReply,
+    Exists,
+    ExistsReply,
+    Load,
+    LoadReply,
+    Register,
+    RegisterReply,
+    Stats,
+    StatsReply,
+    Store,
+    StoreReply,
+    decode,
+    encode,
+)
+
+H = [bytes([i]) * 16 for i in range(3)]
+SAMPLES = [
+    Register(1, b"model\x1ffloat32", "asynchicache-1-pool-ab", PageLayout("bfloat16", (2, 2, 4))),
+    RegisterReply(1, 64),
+    RegisterReply(1, 0, "segment not found"),
+    Exists(2, tuple(H)),
+    ExistsReply(2, 3),
+    Load(3, tuple(H), (5, 6, 7), 250),
+    LoadReply(3, 2, 3, "payload checksum mismatch"),
+    Store(4, (PageRef(H[0], (1, 2, 3), 9), PageRef(H[1], (), 10))),
+    StoreReply(4, 2, 2),
+    Cancel(5, 3),
+    CancelReply(5, 3, True),
+    Stats(6),
+    StatsReply(6, BackendStats(pages=3, hits=2, extra={"vanished": 1.0}), {"requests": 7.0}),
+    StatsReply(6),
+    Clear(7),
+    ClearReply(7, 12),
+    ErrorReply(8, "unregistered", "register first"),
+]
+
+
+def test_every_type_has_a_sample() -> None:
+    assert {type(m).__name__ for m in SAMPLES} == set(MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg: object) -> None:
+    back = decode(encode(msg))
+    assert back == msg and type(back) is type(msg)
+
+
+@pytest.mark.parametrize(
+    "plain",
+    [
+        {"__t": "Nope", "req_id": 1},
+        {"__t": "Exists", "req_id": 1},  # missing field
+        {"__t": "Exists", "req_id": "1", "hashes": []},  # wrong type
+        {"__t": "Exists", "req_id": True, "hashes": []},  # bool is not an int
+        {"__t": "Exists", "req_id": 1, "hashes": [b"short"]},  # not a 16-byte hash
+        {"__t": "Load", "req_id": 1, "hashes": [b"x" * 16], "slots": []},  # lengths differ
+        {"__t": "Store", "req_id": 1, "pages": [{"__t": "PageLayout"}]},  # wrong nested type
+        {
+            "__t": "Register",
+            "req_id": 1,
+            "namespace": b"n",
+            "segment": "s",
+            "layout": {"__t": "PageLayout", "dtype": "float99", "shape": [1]},
+        },
+        [1, 2, 3],
+        None,
+    ],
+)
+def test_malformed_is_a_value_error(plain: object) -> None:
+    with pytest.raises(ValueError):
+        decode(msgpack.packb(plain, use_bin_type=True))
+
+
+@given(st.binary(max_size=300))
+@settings(max_examples=300, deadline=None)
+def test_random_bytes_only_raise_value_error(data: bytes) -> None:
+    try:
+        msg = decode(data)
+    except ValueError:
+        return
+    assert encode(decode(encode(msg))) == encode(msg)  # bytes: NaN-proof
+
+
+_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(),
+    st.text(max_size=8),
+    st.binary(max_size=20),
+    st.sampled_from([*MESSAGE_TYPES, "PageRef", "PageLayout"]),
+)
+_tree = st.recursive(
+    _leaf,
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=4),
+        st.dictionaries(
+            st.sampled_from(["__t", "req_id", "hashes", "slots", "pages", "layout", "disk", "x"]),
+            kids,
+            max_size=5,
+        ),
+    ),
+    max_leaves=20,
+)
+
+
+_FIELDS = sorted(
+    {f.name for cls in MESSAGE_TYPES.values() for f in dataclasses.fields(cls)} | {"junk"}
+)
+
+
+@given(st.sampled_from(list(MESSAGE_TYPES)), st.dictionaries(st.sampled_from(_FIELDS), _tree))
+@settings(max_examples=300, deadline=None)
+def test_random_structures_only_raise_value_error(name: str, body: dict) -> None:
+    try:
+        msg = decode(msgpack.packb({**body, "__t": name}, use_bin_type=True))
+    except ValueError:
+        return
+    assert encode(decode(encode(msg))) == encode(msg)  # bytes: NaN-proof
+
+
+def test_encode_refuses_foreign_objects() -> None:
+    with pytest.raises(TypeError):
+        encode({"__t": "Stats", "req_id": 1})
