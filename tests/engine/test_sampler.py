@@ -1,0 +1,102 @@
+"""Sampling per request (greedy, temperature, top-k, top-p, seeds) and stop checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asynchicache.engine.protocol import SamplingParams
+from asynchicache.engine.sampler import FinishReason, StopChecker, request_generator, sample
+
+VOCAB = 50
+
+
+def logits_rows(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_takes_the_argmax() -> None:
+    logits = logits_rows(4)
+    params = [SamplingParams(temperature=0.0), SamplingParams(top_k=1, temperature=0.7)] * 2
+    assert sample(logits, params, [None] * 4) == logits.argmax(-1).tolist()
+
+
+def test_seeded_requests_repeat_whatever_the_batch() -> None:
+    logits = logits_rows(3)
+    params = SamplingParams(temperature=1.0, seed=7)
+    alone = [
+        sample(logits[1:2], [params], [request_generator(7)])[0] for _ in range(3)
+    ]
+    batched = []
+    for trial in range(3):
+        others = SamplingParams(temperature=1.3, seed=trial)
+        gens = [request_generator(trial), request_generator(7), request_generator(trial + 9)]
+        batched.append(sample(logits, [others, params, others], gens)[1])
+    assert alone == batched
+    gen_a, gen_b = request_generator(7), request_generator(7)
+    stream_a = [sample(logits[:1], [params], [gen_a])[0] for _ in range(20)]
+    stream_b = [sample(logits[:1], [params], [gen_b])[0] for _ in range(20)]
+    assert stream_a == stream_b  # the same seed replays the same stream
+    assert len(set(stream_a)) > 1  # the generator advances from step to step
+
+
+def test_unseeded_generators_differ() -> None:
+    a, b = request_generator(None), request_generator(None)
+    assert a.initial_seed() != b.initial_seed()
+
+
+def test_top_k_restricts_to_the_k_best() -> None:
+    logits = logits_rows(1, seed=3)
+    best3 = set(logits[0].topk(3).indices.tolist())
+    gen = request_generator(1)
+    params = [SamplingParams(temperature=5.0, top_k=3)]
+    drawn = {sample(logits, params, [gen])[0] for _ in range(200)}
+    assert drawn == best3
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    logits = probs.log()
+    gen = request_generator(2)
+    drawn = {sample(logits, [SamplingParams(top_p=0.7)], [gen])[0] for _ in range(300)}
+    assert drawn == {0, 1}
+    drawn = {sample(logits, [SamplingParams(top_p=0.1)], [gen])[0] for _ in range(50)}
+    assert drawn == {0}
+
+
+def test_temperature_follows_the_distribution() -> None:
+    logits = torch.tensor([[0.0, 1.0, 2.0]])
+    gen = request_generator(3)
+    params = [SamplingParams(temperature=2.0)]
+    counts = torch.bincount(torch.tensor([sample(logits, params, [gen])[0]
+                                          for _ in range(3000)]), minlength=3)
+    expected = (logits / 2.0).softmax(-1)[0] * 3000
+    assert torch.allclose(counts.float(), expected, rtol=0.15)
+
+
+def test_mismatched_lengths_raise() -> None:
+    with pytest.raises(ValueError, match="2 logit rows, 1 params"):
+        sample(logits_rows(2), [SamplingParams()], [None])
+
+
+def test_stop_checker_tokens_and_length() -> None:
+    checker = StopChecker(SamplingParams(max_tokens=3, stop_token_ids=(9,)), eos_token_ids=[2])
+    assert checker.on_token(5, 1) is None
+    assert checker.on_token(2, 1) is FinishReason.STOP
+    assert checker.on_token(9, 2) is FinishReason.STOP
+    assert checker.on_token(5, 3) is FinishReason.LENGTH
+    ignoring = StopChecker(SamplingParams(ignore_eos=True, stop_token_ids=(9,)), [2])
+    assert ignoring.on_token(2, 1) is None
+    assert ignoring.on_token(9, 1) is FinishReason.STOP
+
+
+def test_stop_checker_strings() -> None:
+    checker = StopChecker(SamplingParams(stop=("END", "\n\n")), eos_token_ids=[])
+    assert checker.find_stop("hello world") is None
+    assert checker.find_stop("hello\n\nEND") == 5
+    assert checker.find_stop("abcEN", new_chars=2) is None
+    assert checker.find_stop("abcEND", new_chars=1) == 3
+    assert checker.holdback("text E") == 1
+    assert checker.holdback("text EN") == 2
+    assert checker.holdback("text\n") == 1
+    assert checker.holdback("text") == 0
