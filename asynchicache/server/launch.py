@@ -110,6 +110,19 @@ async def _wait_healthy(client: EngineClient, stop: StopSignal, timeout_s: float
         return None
 
 
+def ready_message(sock: socket.socket, model: str, with_key: bool) -> str:
+    """The line printed once the server answers, with a request to paste into a shell."""
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    body = '{"messages": [{"role": "user", "content": "What is the capital of France?"}]}'
+    auth = ' -H "Authorization: Bearer $ASYNCHICACHE_API_KEY"' if with_key else ""
+    return (
+        f"asynchicache ready on {url} (model {model}); try:\n"
+        f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
+        f"-d '{body}'"
+    )
+
+
 def _install_signals(stop: StopSignal) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -119,7 +132,11 @@ def _install_signals(stop: StopSignal) -> None:
 async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: Supervisor) -> int:
     stop = StopSignal(asyncio.Event())
     _install_signals(stop)
-    frontend = await asyncio.to_thread(load_frontend, config.engine.model)
+    try:
+        frontend = await asyncio.to_thread(load_frontend, config.engine.model)
+    except (OSError, ValueError) as exc:
+        log.error("cannot load the model's tokenizer and config: %s", exc)
+        return 2
     cache = sized_cache(config, frontend)
     service = _service_spec(cache, run_dir, config.server.log_level)
     if service is not None:
@@ -142,8 +159,10 @@ async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: 
                 ),
                 api_key=config.server.api_key,
             )
-            host, port = sock.getsockname()[:2]
-            log.info("asynchicache ready: http://%s:%d (model %s)", host, port, ctx.model.name)
+            # Printed, not logged: it is for the person who ran the command, at any log level.
+            print(
+                ready_message(sock, ctx.model.name, config.server.api_key is not None), flush=True
+            )
             await serve_http(ctx, config.server, sock, stop)
     finally:
         stop.set("shutting down")
@@ -175,6 +194,9 @@ def launch(config: LaunchConfig) -> int:
     try:
         return asyncio.run(_serve(config, sock, run_dir, sup))
     finally:
+        # Cleanup is bounded (SIGKILL after the timeout); a second Ctrl-C must not cut it short.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         pids = sup.stop_all(config.server.shutdown_timeout_s)
         sock.close()
         shutil.rmtree(run_dir, ignore_errors=True)
