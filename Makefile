@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 serve: $(STAMP)
+	@echo "Starting; once the model is loaded it prints a curl line, e.g. (default port):"
+	@echo "  curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}]}'"
 	$(BIN)/asynchicache serve $(ARGS)
 
 test: $(STAMP)
