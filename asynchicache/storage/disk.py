@@ -126,6 +126,19 @@ def check_pool(pool: np.ndarray, page_bytes: int, slots: Sequence[int]) -> None:
         raise ValueError(f"slots out of range [0, {pool.shape[0]}): {bad[:8]}")
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """What the pages of one get/put share."""
+
+    pool: np.ndarray  # [slots, page_bytes] uint8, the L2 pool
+    stamp_ns: int  # LRU stamp of the chain's first page; later pages are older by 1 ns each
+    direct: bool  # O_DIRECT possible for this pool and layout
+    deadline: float | None  # monotonic; no page starts after it
+
+    def late(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+
 class DiskBackend:
     """StorageBackend over a folder of page files (see the module docstring)."""
 
@@ -154,16 +167,22 @@ class DiskBackend:
     def exists(self, hashes: Sequence[bytes]) -> int:
         return self._index.leading(hashes)
 
-    def get(self, hashes: Sequence[bytes], slots: Sequence[int], pool: np.ndarray) -> int:
+    def get(
+        self,
+        hashes: Sequence[bytes],
+        slots: Sequence[int],
+        pool: np.ndarray,
+        deadline: float | None = None,
+    ) -> int:
+        """Read pages into their slots; pages not started by `deadline` (monotonic) are misses."""
         if len(hashes) != len(slots):
             raise ValueError(f"{len(hashes)} hashes but {len(slots)} slots")
         check_pool(pool, self.page_bytes, slots)
         # Before the scan finished the index is partial: try the files anyway.
         n = len(hashes) if not self.ready else self._index.leading(hashes)
-        stamp = time.time_ns()
-        direct = self._direct and direct_possible(self.page_bytes, pool)
+        batch = self._batch(pool, deadline)
         futures = [
-            self._io.submit(self._read_one, h, memoryview(pool[s]), stamp - i, direct)
+            self._io.submit(self._read_one, h, s, batch, batch.stamp_ns - i)
             for i, (h, s) in enumerate(zip(hashes[:n], slots[:n], strict=True))
         ]
         sizes = [f.result() for f in futures]
@@ -174,21 +193,22 @@ class DiskBackend:
             misses=len(hashes) - ok,
             pages_read=ok,
             bytes_read=ok * self.page_bytes,
-            direct_reads=ok if direct and self._direct else 0,
+            direct_reads=ok if batch.direct and self._direct else 0,
         )
         return ok
 
-    def put(self, pages: Sequence[PageRef], pool: np.ndarray) -> int:
+    def put(self, pages: Sequence[PageRef], pool: np.ndarray, deadline: float | None = None) -> int:
+        """Write pages from their slots; pages not started by `deadline` are not stored."""
         check_pool(pool, self.page_bytes, [p.slot for p in pages])
         age: dict[bytes, int] = {}  # position in the chain: 0 ends most recent
         for i, p in enumerate(pages):
             age.setdefault(p.page_hash, i)
-        stamp = time.time_ns()
+        batch = self._batch(pool, deadline)
         todo = self._new_pages(pages)
         sizes = [self._file_size(len(p.tokens)) for p in todo]
         grant = self._index.reserve(sum(sizes), self.config.capacity_bytes)
         self._drop_victims(grant.victims)
-        errors = self._write_all(todo, sizes, grant.nbytes, pool, stamp, age)
+        errors = self._write_all(todo, sizes, grant.nbytes, batch, age)
         lost = {h for h, _ in grant.victims} | {h for h, err in errors.items() if err is not None}
         new = {p.page_hash: size for p, size in zip(todo, sizes, strict=True)}
         size_of = {p.page_hash: self._file_size(len(p.tokens)) for p in pages}
@@ -196,32 +216,32 @@ class DiskBackend:
         self._index.commit(grant.nbytes, [(h, size_of[h]) for h in stored])
         for h in stored:
             if h not in new:  # already on disk: persist its new LRU position
-                set_mtime(self._path(h), stamp - age[h])
+                set_mtime(self._path(h), batch.stamp_ns - age[h])
         self._count_writes(len(todo), [e for e in errors.values() if e is not None])
         return sum(p.page_hash not in lost for p in pages)
+
+    def _batch(self, pool: np.ndarray, deadline: float | None) -> _Batch:
+        direct = self._direct and direct_possible(self.page_bytes, pool)
+        return _Batch(pool, time.time_ns(), direct, deadline)
 
     def _write_all(
         self,
         todo: Sequence[PageRef],
         sizes: Sequence[int],
         budget: int,
-        pool: np.ndarray,
-        stamp: int,
+        batch: _Batch,
         age: dict[bytes, int],
     ) -> dict[bytes, str | None]:
         """Write the pages that fit in `budget` in parallel; error text per page (None: ok)."""
         fits = _prefix_within(sizes, budget)
-        direct = self._direct and direct_possible(self.page_bytes, pool)
         futures = [
-            self._io.submit(
-                self._write_one, p, memoryview(pool[p.slot]), stamp - age[p.page_hash], direct
-            )
+            self._io.submit(self._write_one, p, batch, batch.stamp_ns - age[p.page_hash])
             for p in todo[:fits]
         ]
         errors: dict[bytes, str | None] = {p.page_hash: "over capacity" for p in todo[fits:]}
         for p, f in zip(todo[:fits], futures, strict=True):
             errors[p.page_hash] = f.result()
-        if direct and self._direct:
+        if batch.direct and self._direct:
             self._count(direct_writes=sum(e is None for e in errors.values()))
         return errors
 
@@ -333,11 +353,15 @@ class DiskBackend:
         self._index.remove(page_hash)
         self._count(corrupt_detected=1)
 
-    def _read_one(self, page_hash: bytes, dst: memoryview, stamp_ns: int, direct: bool) -> int:
-        """Read and verify one page into `dst`; its file size, or 0 on a miss."""
+    def _read_one(self, page_hash: bytes, slot: int, batch: _Batch, stamp_ns: int) -> int:
+        """Read and verify one page into its slot; its file size, or 0 on a miss."""
+        if batch.late():
+            self._count(late_skipped=1)
+            return 0
+        dst = memoryview(batch.pool[slot])
         path = self._path(page_hash)
         try:
-            fd = self._open_read(path, direct)
+            fd, direct = self._open_read(path, batch.direct)
         except FileNotFoundError:
             if self._index.remove(page_hash) is not None:
                 self._count(corrupt_detected=1, vanished=1)
@@ -347,7 +371,7 @@ class DiskBackend:
             self._count(read_errors=1)
             return 0
         try:
-            result = self._read_verified(fd, page_hash, dst, direct and self._direct)
+            result = self._read_verified(fd, page_hash, dst, direct)
             if isinstance(result, int):
                 set_mtime(fd, stamp_ns)
         except OSError as exc:
@@ -359,15 +383,16 @@ class DiskBackend:
             return 0
         return result
 
-    def _open_read(self, path: Path, direct: bool) -> int:
+    def _open_read(self, path: Path, direct: bool) -> tuple[int, bool]:
+        """An open descriptor and whether it is O_DIRECT."""
         if direct and self._direct:
             try:
-                return open_read(path, direct=True)
+                return open_read(path, direct=True), True
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
                 self._no_direct(exc)
-        return open_read(path, direct=False)
+        return open_read(path, direct=False), False
 
     def _no_direct(self, exc: OSError) -> None:
         if self._direct:
@@ -414,8 +439,11 @@ class DiskBackend:
             return f"payload length {header.payload_len} != {self.page_bytes}"
         return None
 
-    def _write_one(self, page: PageRef, src: memoryview, stamp_ns: int, direct: bool) -> str | None:
+    def _write_one(self, page: PageRef, batch: _Batch, stamp_ns: int) -> str | None:
         """Write one page file atomically; the error text, or None on success."""
+        if batch.late():
+            return "past the request's deadline"
+        src = memoryview(batch.pool[page.slot])
         path = self._path(page.page_hash)
         tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}-{secrets.token_hex(4)}")
         header = encode_header(
@@ -428,7 +456,7 @@ class DiskBackend:
                 payload_checksum(src),
             )
         )
-        direct = direct and self._direct and len(header) == DIRECT_ALIGN
+        direct = batch.direct and self._direct and len(header) == DIRECT_ALIGN
         try:
             fd = self._create(tmp, direct)
         except OSError as exc:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
-from storage_helpers import SMALL, Pool
+from storage_helpers import SMALL, Pool, ServiceProcess
 
 from asynchicache.storage.base import PageLayout
 
@@ -22,3 +25,25 @@ def make_pool() -> Iterator[Callable[..., Pool]]:
     yield make
     for p in pools:
         p.close()
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short private folder for ipc:// sockets (socket paths are limited to ~107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="acs-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def services() -> Iterator[Callable[..., ServiceProcess]]:
+    """Start real service processes; every one is stopped (or killed) after the test."""
+    started: list[ServiceProcess] = []
+
+    def start(disk_dir: Path, address: str, *extra: str) -> ServiceProcess:
+        started.append(ServiceProcess(disk_dir, address, *extra).start())
+        return started[-1]
+
+    yield start
+    for svc in started:
+        svc.stop()

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -12,6 +16,8 @@ from asynchicache.storage.shm import SharedSegment
 # 1 KiB pages take the buffered path; 8 KiB pages are 4096-aligned and use O_DIRECT.
 SMALL = PageLayout("float32", (2, 2, 4, 2, 8))
 ALIGNED = PageLayout("float32", (2, 2, 16, 2, 16))
+# The default model's page: 30 layers x 2 x 16 tokens x 3 kv heads x 64 x 4 bytes = 737,280.
+DEFAULT = PageLayout("float32", (30, 2, 16, 3, 64))
 NAMESPACE = b"test-model\x1ffloat32\x1f4\x1f1\x1f"
 
 
@@ -43,3 +49,53 @@ def refs(hashes: list[bytes], slots: list[int] | range) -> list[PageRef]:
         PageRef(h, tuple(range(i, i + 4)), s)
         for i, (h, s) in enumerate(zip(hashes, slots, strict=True))
     ]
+
+
+class ServiceProcess:
+    """A real cache service process (`python -m asynchicache.storage.service`)."""
+
+    def __init__(self, disk_dir: Path, address: str, *extra: str) -> None:
+        self.argv = [
+            sys.executable,
+            "-m",
+            "asynchicache.storage.service",
+            "--disk-cache-dir",
+            str(disk_dir),
+            "--socket",
+            address,
+            "--log-level",
+            "WARNING",
+            *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ServiceProcess:
+        self.proc = subprocess.Popen(self.argv)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """kill -9, and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> int:
+        """SIGTERM (a clean shutdown), then kill -9 if it does not exit in time."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                return self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode

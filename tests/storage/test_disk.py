@@ -71,7 +71,9 @@ def test_files_are_private_and_self_describing(
 
 
 @pytest.mark.parametrize("layout", [SMALL, ALIGNED], ids=["buffered", "direct"])
-def test_restart_keeps_every_page(backends: Backends, make_pool: Callable[..., Pool], layout) -> None:
+def test_restart_keeps_every_page(
+    backends: Backends, make_pool: Callable[..., Pool], layout
+) -> None:
     pool = make_pool(40, layout)
     pool.fill(range(20), seed=3)
     first = backends(layout)
@@ -167,7 +169,9 @@ def test_page_of_another_namespace_is_a_counted_miss(
     assert theirs.get([h_theirs], [3], pool.array) == 1  # the other namespace is untouched
 
 
-def test_damage_found_by_the_start_up_scan(backends: Backends, make_pool: Callable[..., Pool]) -> None:
+def test_damage_found_by_the_start_up_scan(
+    backends: Backends, make_pool: Callable[..., Pool]
+) -> None:
     pool = make_pool(4)
     disk = backends()
     hashes = new_hashes(4)

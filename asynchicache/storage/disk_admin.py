@@ -1,0 +1,172 @@
+"""Offline maintenance of a disk cache folder (`asynchicache cache stats|verify|clear`).
+
+These work on the folder directly, for every namespace in it, without a
+running service and without knowing the model: page files describe themselves.
+A service running on the same folder at the same time stays correct (a page
+removed under it is a counted miss), only its size accounting lags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asynchicache.storage.disk import (
+    TMP_PREFIX,
+    namespace_dir_name,
+    parse_page_file_name,
+)
+from asynchicache.storage.header import (
+    HeaderError,
+    decode_header,
+    payload_checksum,
+    peek_header_len,
+)
+
+
+@dataclass
+class NamespaceReport:
+    folder: str
+    namespace: str = ""  # readable form of the namespace bytes, from a header
+    pages: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class FolderReport:
+    """What a folder holds; `bad` lists damaged page files (removed when verifying)."""
+
+    root: str
+    namespaces: list[NamespaceReport] = field(default_factory=list)
+    temp_files: int = 0
+    bad: int = 0
+    bad_files: list[str] = field(default_factory=list)
+
+    @property
+    def pages(self) -> int:
+        return sum(n.pages for n in self.namespaces)
+
+    @property
+    def bytes(self) -> int:
+        return sum(n.bytes for n in self.namespaces)
+
+
+def folder_stats(root: Path) -> FolderReport:
+    """Pages and bytes per namespace (file sizes only: fast)."""
+    report = FolderReport(str(root))
+    for ns_dir in _namespace_dirs(root):
+        ns = NamespaceReport(ns_dir.name)
+        for path in _files(ns_dir):
+            if path.name.startswith(TMP_PREFIX):
+                report.temp_files += 1
+            elif parse_page_file_name(path.name) is not None:
+                ns.pages += 1
+                ns.bytes += _size(path)
+                if not ns.namespace:
+                    ns.namespace = _readable_namespace(path)
+        report.namespaces.append(ns)
+    return report
+
+
+def verify_folder(root: Path, remove: bool = True) -> FolderReport:
+    """Re-read every page file, check header and checksum; report (and remove) bad ones."""
+    report = FolderReport(str(root))
+    for ns_dir in _namespace_dirs(root):
+        ns = NamespaceReport(ns_dir.name)
+        for path in _files(ns_dir):
+            if path.name.startswith(TMP_PREFIX):
+                report.temp_files += 1
+                continue
+            page_hash = parse_page_file_name(path.name)
+            if page_hash is None:
+                continue
+            problem = check_page_file(path, page_hash, ns_dir.name)
+            if problem is None:
+                ns.pages += 1
+                ns.bytes += _size(path)
+                ns.namespace = ns.namespace or _readable_namespace(path)
+                continue
+            report.bad += 1
+            report.bad_files.append(f"{path}: {problem}")
+            if remove:
+                path.unlink(missing_ok=True)
+        report.namespaces.append(ns)
+    return report
+
+
+def clear_folder(root: Path) -> int:
+    """Remove every page and temp file (and the folders they leave empty); pages removed."""
+    removed = 0
+    for ns_dir in _namespace_dirs(root):
+        for path in _files(ns_dir):
+            is_page = parse_page_file_name(path.name) is not None
+            if is_page or path.name.startswith(TMP_PREFIX):
+                path.unlink(missing_ok=True)
+                removed += is_page
+        for sub in ns_dir.iterdir():
+            if sub.is_dir():
+                _rmdir_if_empty(sub)
+        _rmdir_if_empty(ns_dir)
+    return removed
+
+
+def check_page_file(path: Path, page_hash: bytes, ns_folder: str) -> str | None:
+    """Everything a reader checks, for one file; the problem, or None when it is sound."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"unreadable: {exc}"
+    try:
+        header_len = peek_header_len(data)
+        header = decode_header(data[:header_len])
+    except HeaderError as exc:
+        return f"bad header: {exc}"
+    if header.page_hash != page_hash:
+        return "page hash does not match the file name"
+    if namespace_dir_name(header.namespace) != ns_folder:
+        return "page of another namespace"
+    if header.payload_len != header.layout.page_bytes:
+        return f"payload length {header.payload_len} != layout's {header.layout.page_bytes}"
+    if len(data) != header_len + header.payload_len:
+        return f"size {len(data)} != {header_len + header.payload_len}"
+    if payload_checksum(memoryview(data)[header_len:]) != header.payload_checksum:
+        return "payload checksum mismatch"
+    return None
+
+
+def _namespace_dirs(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("ns-"))
+
+
+def _files(ns_dir: Path) -> list[Path]:
+    out = []
+    for sub in sorted(ns_dir.iterdir()):
+        if sub.is_dir() and len(sub.name) == 2:
+            out.extend(sorted(Path(e.path) for e in os.scandir(sub) if e.is_file()))
+    return out
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _readable_namespace(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+        header = decode_header(head[: peek_header_len(head)])
+    except (OSError, HeaderError):
+        return ""
+    return header.namespace.decode("utf-8", errors="replace").replace("\x1f", " | ")
+
+
+def _rmdir_if_empty(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not empty: something else lives there
+        path.rmdir()
