@@ -20,8 +20,9 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from setproctitle import setproctitle
@@ -39,6 +40,7 @@ from asynchicache.server.frontend import Frontend, load_frontend
 from asynchicache.server.http import StopSignal, bind_socket, serve_http
 from asynchicache.server.options import LaunchConfig
 from asynchicache.server.supervisor import ChildSpec, Supervisor
+from asynchicache.storage.service import ServiceConfig, run_service
 from asynchicache.storage.shm import remove_stale_segments
 
 log = logging.getLogger(__name__)
@@ -61,9 +63,54 @@ def sized_cache(config: LaunchConfig, frontend: Frontend) -> CacheConfig:
     return replace(config.cache, host_cache_gb=gb, enable_host_cache=True)
 
 
+@dataclass(frozen=True)
+class ServiceLaunch:
+    """What the cache service child needs (crosses the process boundary at spawn)."""
+
+    config: ServiceConfig
+    log_level: str
+
+    @property
+    def addr(self) -> str:
+        return self.config.address
+
+
+def run_cache_service(launch: ServiceLaunch) -> None:
+    """Cache service child: SIGTERM/SIGINT stop it cleanly (writes finish, files stay whole)."""
+    logging.basicConfig(
+        level=launch.log_level.upper(),
+        format="%(asctime)s cache-service %(levelname)s %(name)s: %(message)s",
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _signum, _frame: stop.set())
+    run_service(launch.config, stop)
+
+
+def _engine_takes_storage() -> bool:
+    """Whether the engine process can connect to a cache service yet.
+
+    Temporary, until `engine.process` wires `StorageClient` in: without it, an
+    engine given a storage address would fail at start, so the disk tier stays off.
+    """
+    from asynchicache.storage.client import StorageClient
+
+    return hasattr(StorageClient, "connect")
+
+
 def _service_spec(cache: CacheConfig, run_dir: Path, log_level: str) -> ChildSpec | None:
-    """The cache service child, when a tier below L2 is configured."""
-    return None
+    """The cache service child (restarted if it crashes), when the disk tier is on."""
+    if not cache.disk_enabled or cache.disk_cache_dir is None:
+        return None
+    if not _engine_takes_storage():
+        log.warning("the engine cannot reach a cache service yet; serving without the disk tier")
+        return None
+    config = ServiceConfig(
+        disk_cache_dir=cache.disk_cache_dir,
+        address=f"ipc://{run_dir / 'cache-service'}",
+        capacity_bytes=int(cache.disk_cache_gb * 1e9),
+    )
+    return ChildSpec("cache-service", run_cache_service, ServiceLaunch(config, log_level), True)
 
 
 def _engine_spec(

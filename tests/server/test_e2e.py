@@ -1,0 +1,183 @@
+"""End to end: `python -m asynchicache serve` with the default SmolLM2 model, a real engine
+process, a disk cache in a temporary folder, and the official `openai` client.
+
+One server is shared by the module; the last test stops it with SIGTERM, checks
+that nothing is left behind, restarts it on the same disk folder and expects
+the long prompt to come back from disk with the same greedy answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from server_helpers import ServerProcess, alive, process_title
+
+from asynchicache.storage.shm import list_segments
+
+pytestmark = pytest.mark.slow
+
+COLORS = ("red", "green", "blue", "amber", "violet", "teal", "ochre")
+QUESTION = "How many marbles are in box 3?"
+
+
+def long_messages() -> list[dict[str, str]]:
+    """A chat prompt of about 1,500 tokens (1,606 with the SmolLM2 template)."""
+    lines = [
+        f"Box {i}: a {COLORS[i % 7]} box holding {(i * 37) % 101} marbles and {(i * 11) % 17} keys."
+        for i in range(80)
+    ]
+    doc = "Read the inventory below, then answer.\n" + "\n".join(lines)
+    return [{"role": "user", "content": f"{doc}\n{QUESTION}"}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    root = tmp_path_factory.mktemp("e2e")
+    state: dict[str, object] = {"disk": root / "kv", "log": root / "server.log"}
+    server = ServerProcess(root / "kv", root / "server.log")
+    server.start()
+    state["server"] = server
+    try:
+        yield state
+    finally:
+        for key in ("server", "restarted"):
+            srv = state.get(key)
+            if isinstance(srv, ServerProcess):
+                srv.shutdown()
+
+
+def _client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def _timed_chat(server: ServerProcess, messages: list[dict[str, str]]) -> tuple[float, str, object]:
+    """(time to first content token, greedy text, usage) of a streamed chat completion."""
+    t0 = time.perf_counter()
+    ttft = None
+    text, usage = "", None
+    stream = _client(server).chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            ttft = ttft or time.perf_counter() - t0
+            text += chunk.choices[0].delta.content
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert ttft is not None and usage is not None
+    return ttft, text, usage
+
+
+def _tiers(usage: object) -> dict[str, int]:
+    return usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]  # type: ignore[attr-defined]
+
+
+def _metric(server: ServerProcess, line_prefix: str) -> float:
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith(line_prefix + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{line_prefix} not in /metrics")
+
+
+def test_capital_of_france(served: dict[str, object]) -> None:
+    server = served["server"]
+    assert isinstance(server, ServerProcess)
+    resp = _client(server).chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=24,
+    )
+    assert "Paris" in (resp.choices[0].message.content or "")
+    assert resp.choices[0].finish_reason in ("stop", "length")
+
+
+def test_streaming_equals_non_streaming(served: dict[str, object]) -> None:
+    server = served["server"]
+    assert isinstance(server, ServerProcess)
+    client = _client(server)
+    args = {"model": "SmolLM2-135M-Instruct", "prompt": "Once upon a time", "max_tokens": 12}
+    full = client.completions.create(**args, temperature=0)
+    parts = [
+        c.choices[0].text
+        for c in client.completions.create(**args, temperature=0, stream=True)
+        if c.choices
+    ]
+    assert "".join(parts) == full.choices[0].text and full.choices[0].text
+
+
+def test_repeated_long_prompt_is_served_from_the_cache(served: dict[str, object]) -> None:
+    server = served["server"]
+    assert isinstance(server, ServerProcess)
+    hits_before = _metric(server, 'asynchicache_cache_hit_tokens_total{tier="device"}')
+    cold_ttft, cold_text, cold_usage = _timed_chat(server, long_messages())
+    warm_ttft, warm_text, warm_usage = _timed_chat(server, long_messages())
+    assert cold_usage.prompt_tokens >= 1500  # type: ignore[attr-defined]
+    assert warm_usage.prompt_tokens_details.cached_tokens >= 1400  # type: ignore[attr-defined]
+    assert warm_text == cold_text
+    assert warm_ttft <= 0.25 * cold_ttft, (cold_ttft, warm_ttft)
+    hits_after = _metric(server, 'asynchicache_cache_hit_tokens_total{tier="device"}')
+    assert hits_after - hits_before >= 1400
+    assert _metric(server, "asynchicache_time_to_first_token_seconds_count") >= 2
+    served["cold"] = (cold_ttft, cold_text)
+    print(f"\ncold TTFT {cold_ttft:.3f}s, warm TTFT {warm_ttft:.3f}s, tiers {_tiers(warm_usage)}")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "SmolLM2-135M-Instruct", "prompt": "word " * 9000},
+        {"model": "gpt-4", "prompt": "hi"},
+        {"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 0},
+        {"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 10**7},
+        {"model": "SmolLM2-135M-Instruct", "prompt": [10**9]},
+        {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user"}], "n": 3},
+    ],
+)
+def test_bad_input_on_the_real_server(served: dict[str, object], body: dict[str, object]) -> None:
+    server = served["server"]
+    assert isinstance(server, ServerProcess)
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    r = httpx.post(server.url + path, json=body, timeout=60)
+    assert 400 <= r.status_code < 500, r.text
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_sigterm_leaves_nothing_and_restart_serves_from_disk(served: dict[str, object]) -> None:
+    server = served["server"]
+    assert isinstance(server, ServerProcess) and "cold" in served
+    disk = served["disk"]
+    assert isinstance(disk, Path)
+    children = server.child_pids
+    titles = {process_title(pid) for pid in children}
+    assert "asynchicache: engine" in titles
+    segments = [s for s in list_segments() if any(f"-{pid}-" in s for pid in children)]
+    assert server.stop() == 0
+    time.sleep(0.5)
+    assert [pid for pid in children if alive(pid)] == []
+    assert not set(segments) & set(list_segments())
+    assert list(disk.rglob(".tmp-*")) == []
+
+    restarted = ServerProcess(disk, Path(str(served["log"])))
+    served["restarted"] = restarted
+    restarted.start()
+    cold_ttft, cold_text = served["cold"]  # type: ignore[misc]
+    ttft, text, usage = _timed_chat(restarted, long_messages())
+    tiers = _tiers(usage)
+    print(f"\nafter restart: TTFT {ttft:.3f}s (cold {cold_ttft:.3f}s), tiers {tiers}")
+    assert text == cold_text
+    assert usage.prompt_tokens_details.cached_tokens >= 1400  # type: ignore[attr-defined]
+    assert tiers["disk"] + tiers["remote"] >= 1400
+    assert ttft <= 0.35 * cold_ttft
+    assert restarted.stop() == 0
