@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
@@ -23,6 +24,14 @@ def _cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     raise SystemExit(f"unknown bench command {args.bench_cmd!r}")
 
 
+def _cmd_cache(args: argparse.Namespace, rest: list[str]) -> int:
+    from asynchicache.storage.disk_admin import cache_command
+
+    if rest:
+        raise SystemExit(f"asynchicache cache: unknown arguments {rest}")
+    return cache_command(args.cache_cmd, args.disk_cache_dir, as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asynchicache", description="Hierarchical asynchronous prompt KV cache and server."
@@ -33,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks")
     bench.add_argument("bench_cmd", choices=["micro"], help="which benchmark")
     bench.set_defaults(func=_cmd_bench)
+    cache = sub.add_parser("cache", help="inspect, verify or clear the disk cache (no service)")
+    cache.add_argument("cache_cmd", choices=["stats", "verify", "clear"], help="what to do")
+    cache.add_argument("--disk-cache-dir", type=Path, default=None, help="default: ~/.cache/...")
+    cache.add_argument("--json", action="store_true", help="machine-readable output")
+    cache.set_defaults(func=_cmd_cache)
     return parser
 
 

@@ -72,9 +72,9 @@ class ClientConfig:
     """How an engine reaches the cache service and what it registers there."""
 
     address: str
-    namespace: bytes
-    segment: str  # name of the L2 pool's shared-memory segment
-    layout: PageLayout
+    namespace: bytes = b""  # Namespace.encode() of the model's pages
+    segment: str = ""  # name of the L2 pool's shared-memory segment
+    layout: PageLayout | None = None  # one page of that pool
     ticket_timeout_s: float = 10.0
     exists_timeout_s: float = 0.05
     heartbeat_s: float = 1.0
@@ -83,6 +83,10 @@ class ClientConfig:
     def __post_init__(self) -> None:
         if self.ticket_timeout_s <= 0 or self.exists_timeout_s <= 0:
             raise ValueError("storage client timeouts must be positive")
+
+    @property
+    def has_pool(self) -> bool:
+        return bool(self.namespace and self.segment and self.layout is not None)
 
 
 @dataclass
@@ -121,6 +125,27 @@ class StorageClient:
         self._service: tuple[threading.Event, threading.Thread] | None = None
 
     @classmethod
+    def connect(cls, address: str, timeout_s: float = 10.0) -> StorageClient:
+        """A client for the service at `address` whose L2 pool is registered later.
+
+        Returns at once (ZeroMQ connects in the background). Until
+        `register_pool` is called, tickets fail at once and `exists()` is 0.
+        `timeout_s` is the per-ticket timeout.
+        """
+        return cls(ClientConfig(address, ticket_timeout_s=timeout_s))
+
+    def register_pool(self, namespace: bytes, segment: str, layout: PageLayout) -> None:
+        """Tell the service which L2 pool our slots index (the engine calls this once its
+        HostPool exists: `Namespace.encode()`, `HostPool.segment.name`, one page's layout)."""
+        self.config = dataclasses.replace(
+            self.config, namespace=namespace, segment=segment, layout=layout
+        )
+        self._registered = False
+        self._pump_monitor()
+        if self._up:
+            self._register()
+
+    @classmethod
     def in_thread(cls, service: ServiceConfig, client: ClientConfig) -> StorageClient:
         """A client with its own service running in a thread (stopped by `close()`)."""
         stop = threading.Event()
@@ -134,7 +159,7 @@ class StorageClient:
     # -- StorageTier ------------------------------------------------------
 
     def exists(self, hashes: Sequence[bytes]) -> int:
-        if not hashes:
+        if not hashes or not self.config.has_pool:
             return 0
         reply = self._ask(Exists(next(self._ids), tuple(hashes)), self.config.exists_timeout_s)
         return reply.pages if isinstance(reply, ExistsReply) else 0
@@ -183,8 +208,8 @@ class StorageClient:
 
     @property
     def connected(self) -> bool:
-        """Whether the service is reachable and has accepted our registration."""
-        return self._up and self._registered
+        """Whether the service is reachable and has accepted our pool (if we have one yet)."""
+        return self._up and (self._registered or not self.config.has_pool)
 
     @property
     def pending(self) -> int:
@@ -196,7 +221,7 @@ class StorageClient:
         while time.monotonic() < deadline:
             self._pump_monitor()
             self._pump_replies()
-            if self._up and not self._registered and time.monotonic() - self._last_register > 0.2:
+            if not self.connected and self._up and time.monotonic() - self._last_register > 0.2:
                 self._register()
             # A round trip proves the connection is live (a loss may not be reported yet).
             if self.connected and self._ask(Stats(next(self._ids)), 0.5) is not None:
@@ -237,7 +262,9 @@ class StorageClient:
         self._pump_monitor()
         deadline = time.monotonic() + self.config.ticket_timeout_s
         self._pending[ticket] = _Pending(kind, n, deadline, request)
-        if not self._up:
+        if not self.config.has_pool:
+            self._fail(ticket, "no L2 pool registered with the storage client")
+        elif not self._up:
             self._fail(ticket, "cache service unavailable")
         elif not self._send(request):
             self._fail(ticket, "cache service not accepting requests")
@@ -252,7 +279,8 @@ class StorageClient:
     def _register(self) -> None:
         self._last_register = time.monotonic()
         cfg = self.config
-        self._send(Register(next(self._ids), cfg.namespace, cfg.segment, cfg.layout))
+        if cfg.layout is not None and cfg.has_pool:
+            self._send(Register(next(self._ids), cfg.namespace, cfg.segment, cfg.layout))
 
     def _ask(self, msg: Request, timeout_s: float) -> Reply | None:
         """Send a request and wait up to `timeout_s` for its own reply; others are kept."""

@@ -9,8 +9,9 @@ removed under it is a counted miss), only its size accounting lags.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from asynchicache.storage.disk import (
@@ -170,3 +171,36 @@ def _readable_namespace(path: Path) -> str:
 def _rmdir_if_empty(path: Path) -> None:
     with contextlib.suppress(OSError):  # not empty: something else lives there
         path.rmdir()
+
+
+def cache_command(action: str, root: Path | None, as_json: bool = False) -> int:
+    """`asynchicache cache stats|verify|clear`; exit status 1 when verify found damage."""
+    if root is None:
+        from asynchicache.config import default_disk_cache_dir
+
+        root = default_disk_cache_dir()
+    if action == "clear":
+        removed = clear_folder(root)
+        print(json.dumps({"removed": removed}) if as_json else f"removed {removed} pages")
+        return 0
+    report = verify_folder(root) if action == "verify" else folder_stats(root)
+    print(json.dumps(_report_dict(report), indent=2) if as_json else _report_text(report, action))
+    return 1 if report.bad else 0
+
+
+def _report_dict(report: FolderReport) -> dict[str, object]:
+    return {**asdict(report), "pages": report.pages, "bytes": report.bytes}
+
+
+def _report_text(report: FolderReport, action: str) -> str:
+    lines = [f"{report.root}: {report.pages} pages, {report.bytes / 1e9:.3f} GB"]
+    for ns in report.namespaces:
+        lines.append(
+            f"  {ns.folder}  {ns.pages:8d} pages  {ns.bytes / 1e9:8.3f} GB  {ns.namespace}"
+        )
+    if report.temp_files:
+        lines.append(f"  {report.temp_files} temporary files (writes in progress or interrupted)")
+    if action == "verify":
+        lines.append(f"verified: {report.bad} bad page files removed")
+        lines += [f"  {b}" for b in report.bad_files]
+    return "\n".join(lines)

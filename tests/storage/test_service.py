@@ -333,3 +333,28 @@ def test_unregistered_requests_are_resent_after_registering(
 def test_service_process_cli_rejects_bad_flags(tmp_path: Path) -> None:
     proc = ServiceProcess(tmp_path, "not-an-address").start()
     assert proc.proc is not None and proc.proc.wait(30) != 0
+
+
+def test_connect_first_register_the_pool_later(
+    tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services
+) -> None:
+    """The engine's order: connect at start, register the L2 pool once it exists."""
+    pool = make_pool(8)
+    pool.fill(range(4))
+    addr = _address(sock_dir)
+    services(tmp_path / "kv", addr)
+    client = StorageClient.connect(addr, timeout_s=5.0)
+    try:
+        assert client.wait_ready(20)
+        hashes = new_hashes(4)
+        early = client.submit_store(refs(hashes, range(4)))
+        [c] = client.wait([early], 1)
+        assert c.error == "no L2 pool registered with the storage client"
+        assert client.exists(hashes) == 0
+        client.register_pool(NAMESPACE, pool.segment.name, SMALL)
+        assert client.wait_ready(20)
+        _store(client, hashes, range(4))
+        assert client.exists(hashes) == 4
+        assert _load(client, hashes, [4, 5, 6, 7]) == 4
+    finally:
+        client.close()

@@ -1,0 +1,62 @@
+"""`asynchicache cache stats|verify|clear` on a real folder, as a real process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from storage_helpers import NAMESPACE, SMALL, Pool, new_hashes, refs
+
+from asynchicache.storage.disk import DiskBackend, DiskConfig
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "asynchicache", "cache", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_stats_verify_clear(tmp_path: Path, make_pool: Callable[..., Pool]) -> None:
+    root = tmp_path / "kv"
+    pool = make_pool(8)
+    for ns in (NAMESPACE, b"other\x1fbfloat16"):
+        disk = DiskBackend(DiskConfig(root, ns, SMALL, 1 << 30))
+        disk.put(refs(new_hashes(4), range(4)), pool.array)
+        disk.close()
+    files = sorted(root.rglob("*.kv"))
+    data = bytearray(files[0].read_bytes())
+    data[-1] ^= 0xFF
+    files[0].write_bytes(bytes(data))
+    files[1].write_bytes(b"garbage")
+
+    stats = _cli("stats", "--disk-cache-dir", str(root), "--json")
+    assert stats.returncode == 0, stats.stderr
+    report = json.loads(stats.stdout)
+    assert report["pages"] == 8 and len(report["namespaces"]) == 2
+    assert "test-model | float32" in _cli("stats", "--disk-cache-dir", str(root)).stdout
+
+    verify = _cli("verify", "--disk-cache-dir", str(root))
+    assert verify.returncode == 1 and "2 bad page files removed" in verify.stdout
+    assert "payload checksum mismatch" in verify.stdout and "bad header" in verify.stdout
+    assert not files[0].exists() and not files[1].exists()
+    again = _cli("verify", "--disk-cache-dir", str(root), "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["pages"] == 6
+
+    keep = root / "notes.txt"
+    keep.write_text("someone else's file")
+    clear = _cli("clear", "--disk-cache-dir", str(root), "--json")
+    assert clear.returncode == 0 and json.loads(clear.stdout) == {"removed": 6}
+    assert not list(root.rglob("*.kv")) and keep.exists()
+    assert not [p for p in root.iterdir() if p.name.startswith("ns-")]  # empty folders gone
+
+
+def test_missing_folder_is_empty_not_an_error(tmp_path: Path) -> None:
+    out = _cli("stats", "--disk-cache-dir", str(tmp_path / "none"), "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["pages"] == 0
