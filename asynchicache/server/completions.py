@@ -105,11 +105,16 @@ def _max_tokens(
     return requested
 
 
+# Below this, logits / temperature overflows to inf: such a request is greedy (as in vLLM).
+MIN_TEMPERATURE = 1e-5
+
+
 def _sampling(body: SamplingFields, max_tokens: int) -> SamplingParams:
     top_k = body.top_k if body.top_k and body.top_k > 0 else 0
+    temperature = 1.0 if body.temperature is None else body.temperature
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
+        temperature=0.0 if temperature < MIN_TEMPERATURE else temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=top_k,
         seed=body.seed,

@@ -32,8 +32,8 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)  # vLLM extension; -1 and 0 disable it
-    seed: int | None = None
+    top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1)  # vLLM's; -1 and 0 disable it
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # what torch accepts
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1)
     best_of: int | None = None

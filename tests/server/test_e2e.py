@@ -154,6 +154,25 @@ def test_bad_input_on_the_real_server(served: dict[str, object], body: dict[str,
     assert httpx.get(server.url + "/health").status_code == 200
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"temperature": 1e-30},
+        {"temperature": 2.0, "top_p": 1e-9, "top_k": 10**6, "seed": 2**64 - 1},
+        {"temperature": 0.7, "seed": -(2**63), "stop": ["", "\n\n"]},
+    ],
+)
+def test_odd_but_valid_sampling_is_served(
+    served: dict[str, object], extra: dict[str, object]
+) -> None:
+    server = served["server"]
+    assert isinstance(server, ServerProcess)
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": "The sky is", "max_tokens": 4, **extra}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] >= 1
+
+
 def test_sigterm_leaves_nothing_and_restart_serves_from_disk(served: dict[str, object]) -> None:
     server = served["server"]
     assert isinstance(server, ServerProcess) and "cold" in served
