@@ -1,0 +1,59 @@
+"""When a cached prefix is worth loading instead of recomputing.
+
+Loading costs bytes / bandwidth of the tier it comes from; recomputing costs
+tokens / prefill rate. Both rates are measured as the engine runs (exponential
+moving averages), starting from conservative guesses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Rate:
+    """An exponential moving average of a throughput."""
+
+    value: float
+    weight: float = 0.2
+
+    def observe(self, amount: float, seconds: float) -> None:
+        if seconds <= 0 or amount <= 0:
+            return
+        self.value += self.weight * (amount / seconds - self.value)
+
+
+@dataclass
+class CostModel:
+    page_bytes: int
+    page_size: int
+    min_load_tokens: int
+    prefill_tok_s: Rate
+    host_Bps: Rate
+    storage_Bps: Rate
+
+    @classmethod
+    def initial(cls, page_bytes: int, page_size: int, min_load_tokens: int) -> CostModel:
+        return cls(
+            page_bytes=page_bytes,
+            page_size=page_size,
+            min_load_tokens=min_load_tokens,
+            prefill_tok_s=Rate(300.0),
+            host_Bps=Rate(2e9),
+            storage_Bps=Rate(3e8),
+        )
+
+    def load_seconds(self, host_pages: int, storage_pages: int) -> float:
+        return (
+            host_pages * self.page_bytes / self.host_Bps.value
+            + storage_pages * self.page_bytes / self.storage_Bps.value
+        )
+
+    def recompute_seconds(self, pages: int) -> float:
+        return pages * self.page_size / self.prefill_tok_s.value
+
+    def worth_loading(self, host_pages: int, storage_pages: int) -> bool:
+        pages = host_pages + storage_pages
+        if pages * self.page_size < self.min_load_tokens:
+            return False
+        return self.load_seconds(host_pages, storage_pages) < self.recompute_seconds(pages)

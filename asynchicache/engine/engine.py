@@ -1,0 +1,233 @@
+"""The engine: model runner + scheduler + hierarchical cache, stepped in one loop.
+
+`Engine` is process-agnostic: `engine.process` wraps it behind ZeroMQ for the
+server, and tests and benchmarks drive it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+
+import torch
+
+from asynchicache.cache.hierarchy import HiRadixCache
+from asynchicache.cache.keys import Namespace
+from asynchicache.cache.pools import KVLayout
+from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.cost import CostModel
+from asynchicache.engine.loader import LoadedModel, load_model
+from asynchicache.engine.protocol import (
+    AdminReply,
+    AdminRequest,
+    CachedTokens,
+    GenerateRequest,
+    SamplingParams,
+    TokenOutput,
+)
+from asynchicache.engine.request import Request
+from asynchicache.engine.runner import ForwardBatch, ModelRunner
+from asynchicache.engine.sampler import sample
+from asynchicache.engine.scheduler import Batch, Scheduler
+from asynchicache.storage.base import StorageTier
+
+log = logging.getLogger(__name__)
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Engine:
+    """Runs requests to completion over the cache tiers; call `step()` in a loop."""
+
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        cache_config: CacheConfig,
+        storage: StorageTier | None = None,
+        loaded: LoadedModel | None = None,
+    ) -> None:
+        self.config = engine_config
+        self.cache_config = cache_config
+        self.loaded = loaded or load_model(
+            engine_config.model, engine_config.dtype, engine_config.device
+        )
+        mc = self.loaded.config
+        self.max_model_len = min(engine_config.max_model_len or mc.max_position, mc.max_position)
+        dtype = TORCH_DTYPES[engine_config.dtype]
+        self.layout = KVLayout(
+            num_layers=mc.num_layers,
+            num_kv_heads=mc.num_kv_heads,
+            head_dim=mc.head_dim,
+            page_size=cache_config.page_size,
+            dtype=dtype,
+        )
+        self.namespace = Namespace(
+            self.loaded.fingerprint, engine_config.dtype, cache_config.page_size
+        )
+        self.cache = HiRadixCache(
+            cache_config, self.layout, self.namespace, torch.device(engine_config.device), storage
+        )
+        self.runner = ModelRunner(
+            self.loaded.model, self.cache.device_pool.tensor, cache_config.page_size
+        )
+        self.cost = CostModel.initial(
+            self.layout.page_bytes, cache_config.page_size, engine_config.min_load_tokens
+        )
+        self.scheduler = Scheduler(engine_config, cache_config, self.cache, self.cost)
+        self.eos_ids = frozenset(self.loaded.tokenizer.eos_token_ids)
+        self.steps = 0
+
+    # ---------------------------------------------------------------- requests
+    def add_request(self, msg: GenerateRequest) -> TokenOutput | None:
+        """Queue a request; returns an immediate error output when it cannot run."""
+        n = len(msg.prompt_token_ids)
+        error = None
+        if n == 0:
+            error = "the prompt is empty"
+        elif n + 1 > self.max_model_len:
+            error = f"the prompt has {n} tokens; this model's context is {self.max_model_len}"
+        if error is not None:
+            return TokenOutput(msg.rid, (), True, "error", n, 0, error=error)
+        req = Request(msg.rid, list(msg.prompt_token_ids), msg.sampling, msg.cache_salt)
+        self.scheduler.add(req)
+        return None
+
+    def abort(self, rid: str) -> bool:
+        return self.scheduler.abort(rid)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # -------------------------------------------------------------------- step
+    def step(self) -> list[TokenOutput]:
+        """Run one scheduler step and one forward pass; returns new tokens."""
+        batch = self.scheduler.schedule()
+        outputs: list[TokenOutput] = []
+        if batch.seqs:
+            outputs += self._run(batch)
+        for req in self.scheduler.drain_finished():
+            if not outputs_has(outputs, req.rid):
+                outputs.append(self._final_output(req, ()))
+        self.steps += 1
+        return outputs
+
+    def _run(self, batch: Batch) -> list[TokenOutput]:
+        forward = ForwardBatch(
+            token_ids=[s.request.tokens[s.request.num_computed : s.request.num_computed + s.num_new]
+                       for s in batch.seqs],
+            starts=[s.request.num_computed for s in batch.seqs],
+            page_tables=[s.request.page_table for s in batch.seqs],
+        )
+        t0 = time.perf_counter()
+        logits = self.runner.forward(forward)  # [seqs, vocab]
+        elapsed = time.perf_counter() - t0
+        prefill_tokens = sum(s.num_new for s in batch.seqs if s.num_new > 1)
+        if prefill_tokens >= 64 and prefill_tokens > len(batch.seqs):
+            self.cost.prefill_tok_s.observe(batch.num_tokens, elapsed)
+        ready = self.scheduler.after_forward(batch)
+        if not ready:
+            return []
+        index = {id(s.request): i for i, s in enumerate(batch.seqs)}
+        rows = logits[[index[id(r)] for r in ready]]
+        tokens = sample(rows, [r.sampling for r in ready], [r.generator for r in ready])
+        return [self._append(req, tok) for req, tok in zip(ready, tokens, strict=True)]
+
+    def _append(self, req: Request, token: int) -> TokenOutput:
+        req.output.append(token)
+        reason = self._stop_reason(req, token)
+        if reason is None:
+            return TokenOutput(
+                req.rid, (token,), False, None, len(req.prompt), len(req.output), req.cached
+            )
+        self.scheduler.finish(req, reason)
+        return self._final_output(req, (token,))
+
+    def _stop_reason(self, req: Request, token: int) -> str | None:
+        sp: SamplingParams = req.sampling
+        if not sp.ignore_eos and (token in self.eos_ids or token in sp.stop_token_ids):
+            return "stop"
+        if len(req.output) >= sp.max_tokens or req.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    @staticmethod
+    def _final_output(req: Request, tokens: tuple[int, ...]) -> TokenOutput:
+        return TokenOutput(
+            req.rid, tokens, True, req.finish_reason, len(req.prompt), len(req.output),
+            req.cached, req.error,
+        )
+
+    # ---------------------------------------------------------- conveniences
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, salt: str = ""
+    ) -> list[TokenOutput]:
+        """Run prompts together to completion; returns each request's final output,
+        with `token_ids` holding every generated token (tests and benchmarks)."""
+        rids = [f"gen-{self.steps}-{i}" for i in range(len(prompts))]
+        tokens: dict[str, list[int]] = {rid: [] for rid in rids}
+        final: dict[str, TokenOutput] = {}
+        for rid, prompt in zip(rids, prompts, strict=True):
+            early = self.add_request(GenerateRequest(rid, tuple(prompt), sampling, salt))
+            if early is not None:
+                final[rid] = early
+        while len(final) < len(rids):
+            if not self.has_work:
+                raise RuntimeError("engine idle with unfinished requests")
+            for out in self.step():
+                if out.rid in tokens:
+                    tokens[out.rid] += out.token_ids
+                    if out.finished:
+                        final[out.rid] = out
+            if not self.scheduler.running and self.scheduler.loading:
+                time.sleep(0.0005)  # only loads in flight: let the copies land
+        return [
+            TokenOutput(**{**_fields(final[rid]), "token_ids": tuple(tokens[rid])}) for rid in rids
+        ]
+
+    def admin(self, msg: AdminRequest) -> AdminReply:
+        try:
+            return AdminReply(msg.req_id, True, self._admin_payload(msg))
+        except Exception as exc:  # an admin call must never take the engine down
+            log.exception("admin %s failed", msg.op)
+            return AdminReply(msg.req_id, False, error=str(exc))
+
+    def _admin_payload(self, msg: AdminRequest) -> dict:
+        if msg.op == "health":
+            return {"ok": True, "model": self.loaded.name}
+        if msg.op == "stats":
+            return self.stats()
+        if msg.op == "lookup":
+            return dict(self.cache.lookup(list(msg.token_ids)))
+        if msg.op == "clear":
+            return {"cleared": self.cache.clear()}
+        raise ValueError(f"unknown admin op {msg.op!r}; known: health, stats, lookup, clear")
+
+    def stats(self) -> dict:
+        return {
+            "cache": _plain(self.cache.stats()),
+            "queues": self.scheduler.queue_lengths(),
+            "preemptions": self.scheduler.preemptions,
+            "prefill_tok_s_estimate": self.cost.prefill_tok_s.value,
+        }
+
+    def close(self) -> None:
+        self.cache.close()
+
+
+def outputs_has(outputs: list[TokenOutput], rid: str) -> bool:
+    return any(o.rid == rid and o.finished for o in outputs)
+
+
+def _fields(out: TokenOutput) -> dict:
+    return {k: getattr(out, k) for k in out.__dataclass_fields__}
+
+
+def _plain(obj: object) -> object:
+    if hasattr(obj, "__dataclass_fields__"):
+        return asdict(obj)  # type: ignore[arg-type]
+    return obj
+
+
+__all__ = ["CachedTokens", "Engine"]

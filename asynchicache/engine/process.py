@@ -1,0 +1,138 @@
+"""The engine process: the `Engine` behind ZeroMQ sockets.
+
+It PULLs `GenerateRequest` / `AbortRequest` / `AdminRequest` from the HTTP
+process and PUSHes `TokenOutput` / `AdminReply` back. When it has work it only
+polls the socket without waiting; when idle it blocks on the socket with a
+short timeout so that background cache work (write-through, stores) still
+completes.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass, field
+from types import FrameType
+
+import zmq
+
+from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.engine import Engine
+from asynchicache.engine.protocol import (
+    AbortRequest,
+    AdminRequest,
+    GenerateRequest,
+    TokenOutput,
+    decode,
+    encode,
+)
+from asynchicache.storage.base import StorageTier
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_MS = 5
+
+
+@dataclass(frozen=True)
+class EngineProcessConfig:
+    """Everything the engine process needs; crosses the process boundary at spawn."""
+
+    engine: EngineConfig
+    cache: CacheConfig
+    input_addr: str  # the engine PULLs requests here
+    output_addr: str  # the engine PUSHes outputs here
+    storage_addr: str | None = None  # the cache service's socket; None = no L3/L4
+    storage_timeout_s: float = 10.0
+    log_level: str = "INFO"
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _connect_storage(config: EngineProcessConfig, engine_hook: object) -> StorageTier | None:
+    """Connect to the cache service (imported lazily: it is optional)."""
+    if config.storage_addr is None:
+        return None
+    from asynchicache.storage.client import StorageClient
+
+    return StorageClient.connect(config.storage_addr, timeout_s=config.storage_timeout_s)
+
+
+class EngineLoop:
+    """Pumps messages between the sockets and an `Engine`."""
+
+    def __init__(self, engine: Engine, pull: zmq.Socket, push: zmq.Socket) -> None:
+        self.engine = engine
+        self.pull = pull
+        self.push = push
+        self.stopping = False
+
+    def _handle(self, raw: bytes) -> None:
+        try:
+            msg = decode(raw)
+        except ValueError as exc:
+            log.warning("dropping a malformed message: %s", exc)
+            return
+        if isinstance(msg, GenerateRequest):
+            early = self.engine.add_request(msg)
+            if early is not None:
+                self._send(early)
+        elif isinstance(msg, AbortRequest):
+            self.engine.abort(msg.rid)
+        elif isinstance(msg, AdminRequest):
+            self._send(self.engine.admin(msg))
+        else:
+            log.warning("dropping an unexpected message type %s", type(msg).__name__)
+
+    def _send(self, msg: object) -> None:
+        self.push.send(encode(msg), copy=False)
+
+    def _drain(self, wait_ms: int) -> None:
+        if not self.pull.poll(wait_ms):
+            return
+        while True:
+            try:
+                raw = self.pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(raw)
+
+    def run(self) -> None:
+        while not self.stopping:
+            self._drain(0 if self.engine.has_work else IDLE_POLL_MS)
+            if not self.engine.has_work:
+                self.engine.cache.poll()  # finish write-throughs and stores while idle
+                continue
+            outputs: list[TokenOutput] = self.engine.step()
+            for out in outputs:
+                self._send(out)
+
+
+def run_engine(config: EngineProcessConfig) -> None:
+    """Process entry point (spawned by the launcher)."""
+    from setproctitle import setproctitle
+
+    setproctitle("asynchicache: engine")
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s engine %(levelname)s %(message)s"
+    )
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(config.input_addr)
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 0)  # never drop outputs
+    push.bind(config.output_addr)
+    engine = Engine(config.engine, config.cache, storage=_connect_storage(config, None))
+    loop = EngineLoop(engine, pull, push)
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        loop.stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    log.info("engine ready: model %s on %s", engine.loaded.name, config.engine.device)
+    try:
+        loop.run()
+    finally:
+        engine.close()
+        pull.close(linger=0)
+        push.close(linger=0)
+        ctx.term()

@@ -1,0 +1,65 @@
+"""A request's state inside the engine: its tokens, pages and phase."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import Any
+
+import torch
+
+from asynchicache.engine.protocol import CachedTokens, SamplingParams
+
+
+class Phase(Enum):
+    WAITING = auto()  # queued; its prefix has not been matched yet
+    LOADING = auto()  # its prefix is being copied up from L2/L3/L4
+    RUNNING = auto()  # prefilling in chunks, then decoding one token a step
+    FINISHED = auto()
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request.
+
+    Page ownership: `page_table[:shared_pages]` belong to the radix tree and are
+    protected by the locked `handle`; the rest were allocated for this request
+    alone and are freed (or handed to the tree) when it ends.
+    """
+
+    rid: str
+    prompt: list[int]
+    sampling: SamplingParams
+    cache_salt: str = ""
+    arrival: float = field(default_factory=time.monotonic)
+    output: list[int] = field(default_factory=list)
+    phase: Phase = Phase.WAITING
+    page_table: list[int] = field(default_factory=list)
+    shared_pages: int = 0
+    num_computed: int = 0  # tokens whose KV is in page_table
+    handle: Any = None
+    load_ticket: Any = None
+    cached: CachedTokens = field(default_factory=CachedTokens)
+    generator: torch.Generator | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    aborted: bool = False
+
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt and output so far: what the KV must cover before the next sample."""
+        return self.prompt + self.output
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to feed before the next sample (1 while decoding)."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.remaining > 1

@@ -1,0 +1,282 @@
+"""Continuous batching over the hierarchical cache.
+
+Each step the scheduler (1) collects finished prefix loads, (2) admits waiting
+requests: matches their prefix, starts an asynchronous load when the prefix is
+in a lower tier and loading pays, else takes what L1 holds, (3) builds a batch
+of one token per decoding request plus prefill chunks under a token budget,
+allocating L1 pages as it goes (evicting cached pages, then preempting the
+newest request when L1 is full). It never waits on I/O: a request whose prefix
+is loading sits in LOADING while the batch keeps running.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from asynchicache.cache.hierarchy import HiRadixCache
+from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.cost import CostModel
+from asynchicache.engine.protocol import CachedTokens
+from asynchicache.engine.request import Phase, Request
+from asynchicache.engine.sampler import request_generator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ScheduledSeq:
+    request: Request
+    num_new: int  # tokens fed this step: request.tokens[num_computed : num_computed + num_new]
+
+
+@dataclass
+class Batch:
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new for s in self.seqs)
+
+
+class Scheduler:
+    """Owns request queues and page bookkeeping; the engine runs the model."""
+
+    def __init__(
+        self, engine_config: EngineConfig, cache_config: CacheConfig, cache: HiRadixCache,
+        cost: CostModel,
+    ) -> None:
+        self.config = engine_config
+        self.cache_config = cache_config
+        self.cache = cache
+        self.cost = cost
+        self.page_size = cache_config.page_size
+        self.waiting: deque[Request] = deque()
+        self.loading: dict[int, Request] = {}  # id(ticket) -> request
+        self.running: list[Request] = []
+        self.finished: list[Request] = []  # drained by the engine after each step
+        self.preemptions = 0
+
+    # ----------------------------------------------------------------- queues
+    def add(self, req: Request) -> None:
+        if not req.sampling.greedy:
+            req.generator = request_generator(req.sampling.seed)
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> bool:
+        for req in [*self.waiting, *self.running, *self.loading.values()]:
+            if req.rid == rid:
+                self._finish(req, "abort")
+                return True
+        return False
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.loading or self.running)
+
+    def queue_lengths(self) -> dict[str, int]:
+        return {
+            "waiting": len(self.waiting),
+            "loading": len(self.loading),
+            "running": len(self.running),
+        }
+
+    # -------------------------------------------------------------- admission
+    def _prefix_enabled(self) -> bool:
+        return self.cache_config.enable_prefix_cache
+
+    def _start(self, req: Request) -> None:
+        """Match the prompt's prefix; start a load or take what L1 holds."""
+        if not self._prefix_enabled():
+            req.phase = Phase.RUNNING
+            self.running.append(req)
+            return
+        tokens = req.tokens
+        max_pages = (len(tokens) - 1) // self.page_size  # keep >= 1 token to compute
+        match = self.cache.match(tokens, max_pages=max_pages)
+        lower = match.host_hit_pages + match.storage_hit_pages
+        if lower and self.cost.worth_loading(match.host_hit_pages, match.storage_hit_pages):
+            ticket = self.cache.load(match)
+            if ticket is not None:
+                req.phase = Phase.LOADING
+                req.load_ticket = ticket
+                req.cached = CachedTokens(device=len(match.device_pages) * self.page_size)
+                self.loading[id(ticket)] = req
+                return
+        self.cache.lock(match.handle)
+        self._take_prefix(req, match.handle, list(match.device_pages), CachedTokens(
+            device=len(match.device_pages) * self.page_size))
+
+    def _take_prefix(
+        self, req: Request, handle: object, pages: list[int], cached: CachedTokens
+    ) -> None:
+        req.handle = handle
+        req.page_table = pages
+        req.shared_pages = len(pages)
+        req.num_computed = len(pages) * self.page_size
+        if not req.output:  # a preempted request keeps the usage of its first admission
+            req.cached = cached
+        req.phase = Phase.RUNNING
+        self.running.append(req)
+
+    def _collect_loads(self) -> None:
+        for ticket in self.cache.poll():
+            req = self.loading.pop(id(ticket), None)
+            if req is None:  # not ours (e.g. a write-back) or already dropped
+                continue
+            req.load_ticket = None
+            if not ticket.ok:
+                log.info("load for %s fell short (%s); recomputing the rest", req.rid, ticket.error)
+            if req.aborted:
+                self.cache.unlock(ticket.handle)
+                continue
+            ps = self.page_size
+            cached = CachedTokens(
+                device=req.cached.device,
+                host=ticket.pages_from_host * ps,
+                disk=ticket.pages_from_storage * ps,
+            )
+            self._take_prefix(req, ticket.handle, list(ticket.device_pages), cached)
+            self._observe_load(ticket)
+
+    def _observe_load(self, ticket: object) -> None:
+        seconds = getattr(ticket, "elapsed_s", 0.0)
+        host = getattr(ticket, "pages_from_host", 0)
+        storage = getattr(ticket, "pages_from_storage", 0)
+        if seconds > 0 and storage == 0 and host:
+            self.cost.host_Bps.observe(host * self.cost.page_bytes, seconds)
+        elif seconds > 0 and storage:
+            self.cost.storage_Bps.observe((host + storage) * self.cost.page_bytes, seconds)
+
+    def _admit(self) -> None:
+        limit = self.config.max_running_requests
+        while self.waiting and len(self.running) + len(self.loading) < limit:
+            self._start(self.waiting.popleft())
+
+    # ------------------------------------------------------------- batching
+    def schedule(self) -> Batch:
+        self._collect_loads()
+        self._admit()
+        batch = Batch()
+        budget = self.config.chunked_prefill_size
+        # Decodes first (one token each), then prefill chunks, oldest first.
+        for req in sorted(self.running, key=lambda r: (r.is_prefill, r.arrival)):
+            if req.phase is not Phase.RUNNING:
+                continue  # preempted while building this batch
+            n = 1 if not req.is_prefill else min(req.remaining, budget)
+            if req.is_prefill and n <= 0:
+                continue
+            if not self._reserve(req, req.num_computed + n, batch):
+                continue
+            batch.seqs.append(ScheduledSeq(req, n))
+            if req.is_prefill:
+                budget -= n
+        return batch
+
+    def _pages_needed(self, req: Request, upto: int) -> int:
+        return max(0, -(-upto // self.page_size) - len(req.page_table))
+
+    def _reserve(self, req: Request, upto: int, batch: Batch) -> bool:
+        """Give `req` pages for positions < upto, preempting newer requests if L1 is full."""
+        need = self._pages_needed(req, upto)
+        while need:
+            pages = self.cache.allocate(need)
+            if pages is not None:
+                req.page_table.extend(pages)
+                return True
+            victim = self._preemption_victim(req, batch)
+            if victim is None:
+                if not batch.seqs and len(self.running) == 1:
+                    self._finish(req, "error", "prompt does not fit in the device cache")
+                return False
+            self._preempt(victim)
+        return True
+
+    def _preemption_victim(self, req: Request, batch: Batch) -> Request | None:
+        in_batch = {id(s.request) for s in batch.seqs}
+        candidates = [r for r in self.running if r is not req and id(r) not in in_batch]
+        candidates = [r for r in candidates if r.arrival >= req.arrival] or (
+            [] if batch.seqs else candidates
+        )
+        return max(candidates, key=lambda r: r.arrival, default=None)
+
+    def _preempt(self, req: Request) -> None:
+        """Give back a request's pages; what it computed stays cached for its return."""
+        self.preemptions += 1
+        self._release(req, keep_cached=True)
+        self.running.remove(req)
+        req.phase = Phase.WAITING
+        self.waiting.appendleft(req)
+
+    # ----------------------------------------------------------- completion
+    def after_forward(self, batch: Batch) -> list[Request]:
+        """Advance computed counts; return requests that now need a sample."""
+        ready = []
+        for seq in batch.seqs:
+            req = seq.request
+            was_prefill = req.is_prefill
+            req.num_computed += seq.num_new
+            if req.remaining == 0:
+                ready.append(req)
+                if was_prefill and self._prefix_enabled():
+                    # Share the prompt's pages with other requests right away.
+                    self._publish_computed(req)
+        return ready
+
+    def finish(self, req: Request, reason: str) -> None:
+        self._finish(req, reason)
+
+    def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
+        if req.phase is Phase.FINISHED:
+            return
+        req.finish_reason = reason
+        req.error = error
+        if req.phase is Phase.LOADING:
+            # The load cannot be taken back; its handle is released when it lands.
+            req.aborted = True
+            req.phase = Phase.FINISHED
+            self.finished.append(req)
+            return
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+        self._release(req, keep_cached=True)
+        req.phase = Phase.FINISHED
+        self.finished.append(req)
+
+    def _release(self, req: Request, keep_cached: bool) -> None:
+        """Hand computed full pages to the tree (if caching), free the rest, unlock."""
+        if keep_cached and self._prefix_enabled():
+            self._publish_computed(req)
+        private = req.page_table[req.shared_pages :]
+        if private:
+            self.cache.free(private)
+        if req.handle is not None:
+            self.cache.unlock(req.handle)
+        req.handle = None
+        req.page_table = []
+        req.shared_pages = 0
+        req.num_computed = 0
+
+    def _publish_computed(self, req: Request) -> None:
+        """Insert the computed full pages; the tree's copies replace duplicates."""
+        full = req.num_computed // self.page_size
+        if full <= req.shared_pages:
+            return
+        tokens = req.tokens[: full * self.page_size]
+        result = self.cache.insert(tokens, req.page_table[:full])
+        if req.handle is not None:
+            self.cache.unlock(req.handle)
+        req.handle = result.handle
+        req.page_table[:full] = list(result.device_pages)
+        req.shared_pages = full
+
+    def drain_finished(self) -> list[Request]:
+        done, self.finished = self.finished, []
+        return done
+
+    def now(self) -> float:
+        return time.monotonic()

@@ -1,0 +1,105 @@
+"""The engine over the cache tiers: every cache path gives the recomputed greedy tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.engine import Engine
+from asynchicache.engine.loader import LoadedModel
+from asynchicache.engine.protocol import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+TEXT = (
+    "The lighthouse keeper wrote in his log every evening: the weather, the ships that "
+    "passed, the birds that rested on the rail, and the colour of the sea at dusk. "
+)
+
+
+def _prompt(model: LoadedModel, n_repeats: int, question: str) -> list[int]:
+    tok = model.tokenizer
+    text = TEXT * n_repeats + question
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
+
+
+def _engine(model: LoadedModel, **cache: object) -> Engine:
+    engine_kw = {k: cache.pop(k) for k in ("chunked_prefill_size", "max_running_requests")
+                 if k in cache}
+    cache.setdefault("disk_cache_dir", None)
+    cache.setdefault("host_cache_gb", 0.25)
+    return Engine(EngineConfig(**engine_kw), CacheConfig(**cache), loaded=model)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def engines() -> Iterator[list[Engine]]:
+    made: list[Engine] = []
+    yield made
+    for engine in made:
+        engine.cache.check_integrity()
+        assert engine.cache.stats().device.in_use == 0, "a finished request kept L1 pages"
+        engine.close()
+
+
+def test_hits_from_l1_and_l2_give_the_recomputed_tokens(
+    smollm: LoadedModel, engines: list[Engine]
+) -> None:
+    prompt = _prompt(smollm, 6, "What did he write about?")
+    plain = _engine(smollm, enable_prefix_cache=False)
+    cached = _engine(smollm, device_cache_tokens=4096)
+    engines += [plain, cached]
+    expected = plain.generate([prompt], GREEDY)[0]
+    cold = cached.generate([prompt], GREEDY)[0]
+    assert cold.token_ids == expected.token_ids and cold.cached.total == 0
+
+    l1 = cached.generate([prompt], GREEDY)[0]
+    assert l1.token_ids == expected.token_ids
+    assert l1.cached.device >= len(prompt) - 2 * 16
+
+    cached.cache.drain()  # write-through copies to L2 have landed
+    cached.cache.evict(cached.cache.stats().device.total)
+    assert cached.cache.lookup(prompt)["device"] == 0
+    l2 = cached.generate([prompt], GREEDY)[0]
+    assert l2.token_ids == expected.token_ids
+    assert l2.cached.host >= len(prompt) - 2 * 16
+
+
+def test_chunked_prefill_and_shared_prefix_match_whole_prefill(
+    smollm: LoadedModel, engines: list[Engine]
+) -> None:
+    whole = _engine(smollm, enable_prefix_cache=False, chunked_prefill_size=4096)
+    chunked = _engine(smollm, chunked_prefill_size=37, device_cache_tokens=4096)
+    engines += [whole, chunked]
+    first = _prompt(smollm, 4, "Describe the sea.")
+    second = _prompt(smollm, 4, "Which birds came?")  # same long prefix, other question
+    for prompt in (first, second):
+        assert chunked.generate([prompt], GREEDY)[0].token_ids == (
+            whole.generate([prompt], GREEDY)[0].token_ids
+        )
+    assert chunked.cache.stats().counters.device_hit_tokens > 0
+
+
+def test_batch_of_mixed_requests_matches_each_alone(
+    smollm: LoadedModel, engines: list[Engine]
+) -> None:
+    engine = _engine(smollm, device_cache_tokens=4096, chunked_prefill_size=96)
+    engines.append(engine)
+    questions = ((1, "Hi?"), (5, "Why?"), (3, "How?"), (1, "Who?"))
+    prompts = [_prompt(smollm, n, q) for n, q in questions]
+    alone = [engine.generate([p], GREEDY)[0].token_ids for p in prompts]
+    engine.cache.clear()
+    together = [o.token_ids for o in engine.generate(prompts, GREEDY)]
+    assert together == alone
+
+
+def test_l1_pressure_preempts_and_still_matches(smollm: LoadedModel, engines: list[Engine]) -> None:
+    prompts = [_prompt(smollm, 3, f"Question {i}?") for i in range(4)]
+    roomy = _engine(smollm, enable_prefix_cache=False)
+    # Room for about two requests at once: the others wait or get preempted.
+    tight = _engine(smollm, device_cache_tokens=16 * 24)
+    engines += [roomy, tight]
+    expected = [roomy.generate([p], GREEDY)[0].token_ids for p in prompts]
+    got = [o.token_ids for o in tight.generate(prompts, GREEDY)]
+    assert got == expected
+    assert tight.scheduler.preemptions > 0, "the test no longer exercises preemption"
