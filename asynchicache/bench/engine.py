@@ -1,0 +1,193 @@
+"""Model-side engine benchmark: our paged runner against transformers, same weights, same run.
+
+    python -m asynchicache.bench.engine [--model PATH] [--threads N] [--prompt-tokens 2048]
+
+Prints one JSON object:
+  prefill_tok_s       our runner, one whole prefill of a --prompt-tokens prompt
+  hf_prefill_tok_s    transformers on the same prompt, its fastest path to the first
+                      token: one forward with logits_to_keep=1, float32, inference_mode
+  decode_b1_tok_s     our runner, one request decoding greedily
+  decode_b8_tok_s     our runner, --batch requests decoding together
+  hf_decode_b1_tok_s  transformers' greedy generate, batch 1
+Decode rates exclude the prompt's prefill on both sides (for transformers: the time
+of generate(N + 1 tokens) minus generate(1 token)). Best of --repeats runs.
+
+`collect` returns the dict, so other benchmarks (e.g. time to first token through
+the cache tiers) can add their keys to the same record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from asynchicache.engine.loader import LoadedModel, load_model
+from asynchicache.engine.protocol import SamplingParams
+from asynchicache.engine.runner import ForwardBatch, ModelRunner
+from asynchicache.engine.sampler import sample
+
+PAGE_SIZE = 16
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@dataclass(frozen=True)
+class BenchArgs:
+    model: str | None
+    threads: int
+    prompt_tokens: int
+    decode_tokens: int
+    batch: int
+    repeats: int
+    skip_hf: bool
+
+
+def parse_args(argv: Sequence[str] | None) -> BenchArgs:
+    parser = argparse.ArgumentParser(prog="asynchicache.bench.engine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="HF folder or GGUF (default: SmolLM2)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--prompt-tokens", type=int, default=2048)
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--skip-hf", action="store_true", help="only our runner")
+    ns = parser.parse_args(argv)
+    return BenchArgs(ns.model, ns.threads, ns.prompt_tokens, ns.decode_tokens, ns.batch,
+                     ns.repeats, ns.skip_hf)
+
+
+def best_time(fn: Callable[[], Any], repeats: int) -> float:
+    """Seconds of the fastest of `repeats` runs, after one warm-up run."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def prompt_ids(loaded: LoadedModel, n: int, seed: int) -> list[int]:
+    """n ordinary (non-special) token ids of a natural-ish text."""
+    text = ("The quick brown fox jumps over the lazy dog while the history of Paris, "
+            "its rivers, bridges and museums, unfolds across two thousand years. ")
+    ids = [i % loaded.config.vocab_size for i in loaded.tokenizer.encode(text)]
+    offset = seed % len(ids)
+    return [ids[(offset + i) % len(ids)] for i in range(n)]
+
+
+def new_runner(loaded: LoadedModel, tokens: int, seqs: int) -> tuple[ModelRunner, list[list[int]]]:
+    """A runner over a fresh pool with `seqs` page tables of `tokens` tokens each."""
+    c = loaded.config
+    per_seq = -(-tokens // PAGE_SIZE)
+    pool = torch.zeros(per_seq * seqs, c.num_layers, 2, PAGE_SIZE, c.num_kv_heads, c.head_dim,
+                       dtype=loaded.model.embed_tokens.weight.dtype, device=loaded.device)
+    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(seqs)]
+    return ModelRunner(loaded.model, pool, PAGE_SIZE), tables
+
+
+def our_prefill_tok_s(loaded: LoadedModel, args: BenchArgs) -> float:
+    prompt = prompt_ids(loaded, args.prompt_tokens, 0)
+    runner, tables = new_runner(loaded, args.prompt_tokens, 1)
+    batch = ForwardBatch([prompt], [0], tables)
+    return args.prompt_tokens / best_time(lambda: runner.forward(batch), args.repeats)
+
+
+def our_decode_tok_s(loaded: LoadedModel, args: BenchArgs, batch: int) -> float:
+    """Greedy decode of `batch` requests together (prompt prefill not timed)."""
+    prompts = [prompt_ids(loaded, 32, seed) for seed in range(batch)]
+    runner, tables = new_runner(loaded, 32 + args.decode_tokens + 1, batch)
+    params, gens = [GREEDY] * batch, [None] * batch
+
+    def decode() -> None:
+        logits = runner.forward(ForwardBatch(prompts, [0] * batch, tables))
+        tokens = sample(logits, params, gens)
+        start = time.perf_counter()
+        for step in range(args.decode_tokens):
+            starts = [32 + step] * batch
+            logits = runner.forward(ForwardBatch([[t] for t in tokens], starts, tables))
+            tokens = sample(logits, params, gens)
+        times.append(time.perf_counter() - start)
+
+    times: list[float] = []
+    for _ in range(args.repeats + 1):
+        decode()
+    return batch * args.decode_tokens / min(times[1:])
+
+
+def load_hf(loaded: LoadedModel) -> Any:
+    """transformers' model on the same weights (the same GGUF or HF folder), float32."""
+    from transformers import AutoModelForCausalLM
+
+    if loaded.path.suffix == ".gguf":
+        model = AutoModelForCausalLM.from_pretrained(
+            str(loaded.path.parent), gguf_file=loaded.path.name, dtype=torch.float32
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(loaded.path), dtype=torch.float32)
+    return model.eval()
+
+
+def hf_prefill_tok_s(hf: Any, loaded: LoadedModel, args: BenchArgs) -> float:
+    ids = torch.tensor([prompt_ids(loaded, args.prompt_tokens, 0)])
+
+    @torch.inference_mode()
+    def first_token() -> None:
+        hf(ids, logits_to_keep=1, use_cache=False)
+
+    return args.prompt_tokens / best_time(first_token, args.repeats)
+
+
+def hf_decode_b1_tok_s(hf: Any, loaded: LoadedModel, args: BenchArgs) -> float:
+    ids = torch.tensor([prompt_ids(loaded, 32, 0)])
+
+    @torch.inference_mode()
+    def generate(n: int) -> None:
+        hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                    min_new_tokens=n, do_sample=False, pad_token_id=0)
+
+    full = best_time(lambda: generate(args.decode_tokens + 1), args.repeats)
+    first = best_time(lambda: generate(1), args.repeats)
+    return args.decode_tokens / (full - first)
+
+
+def collect(args: BenchArgs) -> dict[str, Any]:
+    """Every number of this benchmark, in one dict (others may add their keys)."""
+    torch.set_num_threads(args.threads)
+    loaded = load_model(args.model)
+    results: dict[str, Any] = {
+        "model": loaded.name,
+        "threads": args.threads,
+        "prompt_tokens": args.prompt_tokens,
+        "decode_tokens": args.decode_tokens,
+        "batch": args.batch,
+        "torch": torch.__version__,
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.system()}",
+    }
+    results["prefill_tok_s"] = our_prefill_tok_s(loaded, args)
+    if not args.skip_hf:
+        hf = load_hf(loaded)
+        results["hf_prefill_tok_s"] = hf_prefill_tok_s(hf, loaded, args)
+        results["hf_decode_b1_tok_s"] = hf_decode_b1_tok_s(hf, loaded, args)
+        del hf
+    results["decode_b1_tok_s"] = our_decode_tok_s(loaded, args, 1)
+    results[f"decode_b{args.batch}_tok_s"] = our_decode_tok_s(loaded, args, args.batch)
+    return {k: round(v, 1) if isinstance(v, float) else v for k, v in results.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    print(json.dumps(collect(parse_args(argv))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
