@@ -30,7 +30,7 @@ from asynchicache.engine.request import Request
 from asynchicache.engine.runner import ForwardBatch, ModelRunner
 from asynchicache.engine.sampler import sample
 from asynchicache.engine.scheduler import Batch, Scheduler
-from asynchicache.storage.base import StorageTier
+from asynchicache.storage.base import PageLayout, StorageTier
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class Engine:
         self.cache = HiRadixCache(
             cache_config, self.layout, self.namespace, torch.device(engine_config.device), storage
         )
+        self._register_pool(storage)
         self.runner = ModelRunner(
             self.loaded.model, self.cache.device_pool.tensor, cache_config.page_size
         )
@@ -77,6 +78,15 @@ class Engine:
         self.scheduler = Scheduler(engine_config, cache_config, self.cache, self.cost)
         self.eos_ids = frozenset(self.loaded.tokenizer.eos_token_ids)
         self.steps = 0
+
+    def _register_pool(self, storage: StorageTier | None) -> None:
+        """Tell the cache service which shared-memory pool our L2 slot numbers index."""
+        register = getattr(storage, "register_pool", None)
+        pool = self.cache.host_pool
+        if register is None or pool is None:
+            return
+        dtype = self.config.dtype
+        register(self.namespace.encode(), pool.name, PageLayout(dtype, self.layout.page_shape))
 
     # ---------------------------------------------------------------- requests
     def add_request(self, msg: GenerateRequest) -> TokenOutput | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,8 @@ from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import SamplingParams
+from asynchicache.storage.client import ClientConfig, StorageClient
+from asynchicache.storage.service import ServiceConfig
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 TEXT = (
@@ -40,6 +43,8 @@ def engines() -> Iterator[list[Engine]]:
         engine.cache.check_integrity()
         assert engine.cache.stats().device.in_use == 0, "a finished request kept L1 pages"
         engine.close()
+        if engine.cache.storage is not None:
+            engine.cache.storage.close()
 
 
 def test_hits_from_l1_and_l2_give_the_recomputed_tokens(
@@ -103,3 +108,31 @@ def test_l1_pressure_preempts_and_still_matches(smollm: LoadedModel, engines: li
     got = [o.token_ids for o in tight.generate(prompts, GREEDY)]
     assert got == expected
     assert tight.scheduler.preemptions > 0, "the test no longer exercises preemption"
+
+
+def test_l3_hit_after_restart_gives_the_recomputed_tokens(
+    smollm: LoadedModel, engines: list[Engine], tmp_path: Path
+) -> None:
+    prompt = _prompt(smollm, 5, "What colour was the sea?")
+    plain = _engine(smollm, enable_prefix_cache=False)
+    engines.append(plain)
+    expected = plain.generate([prompt], GREEDY)[0].token_ids
+
+    def disk_engine() -> Engine:
+        service = ServiceConfig(tmp_path / "kv", address=f"ipc://{tmp_path}/svc.sock")
+        client = StorageClient.in_thread(service, ClientConfig(service.address))
+        cache = CacheConfig(disk_cache_dir=tmp_path / "kv", host_cache_gb=0.25)
+        return Engine(EngineConfig(), cache, storage=client, loaded=smollm)
+
+    first = disk_engine()
+    assert first.generate([prompt], GREEDY)[0].token_ids == expected
+    first.cache.drain()  # every L2 -> disk store has finished
+    first.close()
+    first.cache.storage.close()  # type: ignore[union-attr]
+
+    second = disk_engine()
+    engines.append(second)
+    assert second.cache.storage.wait_ready(10)  # type: ignore[union-attr]
+    out = second.generate([prompt], GREEDY)[0]
+    assert out.token_ids == expected
+    assert out.cached.disk >= len(prompt) - 2 * 16
