@@ -1,0 +1,128 @@
+"""Time to first token of a long prompt, recomputed and served from each tier.
+
+    python -m asynchicache.bench.ttft [--prompt-tokens 2048] [--model PATH]
+
+Everything is measured in one run on one model: `ttft_recompute_s` (no prefix
+cache), `ttft_l1_s` (the prefix on L1), `ttft_l2_s` (L1 emptied, the prefix on
+L2), `ttft_l3_s` (a new engine and a new cache service over the same disk
+folder: the restart case; the page cache of the files is dropped first with
+posix_fadvise, so the read is cold when the kernel honours it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.engine import Engine
+from asynchicache.engine.loader import LoadedModel, load_model
+from asynchicache.engine.protocol import GenerateRequest, SamplingParams
+from asynchicache.storage.client import ClientConfig, StorageClient
+from asynchicache.storage.service import ServiceConfig
+
+FIRST_TOKEN = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+
+def time_to_first_token(engine: Engine, prompt: list[int]) -> tuple[float, object]:
+    """Seconds from submit to the first token; returns the final output too."""
+    rid = f"ttft-{time.monotonic_ns()}"
+    start = time.perf_counter()
+    early = engine.add_request(GenerateRequest(rid, tuple(prompt), FIRST_TOKEN))
+    if early is not None:
+        raise RuntimeError(early.error)
+    while True:
+        for out in engine.step():
+            if out.rid == rid and out.token_ids:
+                return time.perf_counter() - start, out
+        if not engine.scheduler.running:
+            time.sleep(0.0002)  # only loads in flight
+
+
+def real_text_prompt(model: LoadedModel, n_tokens: int, seed: int = 0) -> list[int]:
+    """A prompt of exactly n_tokens from English-like text (not random ids)."""
+    rng = random.Random(seed)
+    words = (
+        "the river harbour winter lantern quiet market engine letter garden stone "
+        "morning shadow bridge window journey silver paper orchard signal"
+    ).split()
+    text = " ".join(rng.choice(words) for _ in range(n_tokens * 2))
+    ids = model.tokenizer.encode(text)
+    if len(ids) < n_tokens:
+        raise ValueError("text too short for the requested prompt length")
+    return ids[:n_tokens]
+
+
+def _drop_page_cache(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _disk_engine(model: LoadedModel, folder: Path, cache: CacheConfig) -> Engine:
+    service = ServiceConfig(folder / "kv", address=f"ipc://{folder}/svc.sock")
+    client = StorageClient.in_thread(service, ClientConfig(service.address))
+    engine = Engine(EngineConfig(), cache, storage=client, loaded=model)
+    if not client.wait_ready(30):
+        raise RuntimeError("cache service did not come up")
+    return engine
+
+
+def _close(engine: Engine) -> None:
+    engine.close()
+    if engine.cache.storage is not None:
+        engine.cache.storage.close()
+
+
+def measure(model: LoadedModel, prompt_tokens: int = 2048) -> dict[str, float]:
+    prompt = real_text_prompt(model, prompt_tokens)
+    results: dict[str, float] = {}
+    plain = Engine(EngineConfig(), CacheConfig(enable_prefix_cache=False, disk_cache_dir=None),
+                   loaded=model)
+    results["ttft_recompute_s"], expected = time_to_first_token(plain, prompt)
+    _close(plain)
+    with tempfile.TemporaryDirectory(prefix="asynchicache-ttft-") as tmp:
+        folder = Path(tmp)
+        cache = CacheConfig(disk_cache_dir=folder / "kv", device_cache_tokens=prompt_tokens * 2,
+                            host_cache_gb=prompt_tokens * 2 * 50e3 / 2**30)
+        engine = _disk_engine(model, folder, cache)
+        time_to_first_token(engine, prompt)  # cold: computes and writes every tier
+        engine.cache.drain()
+        results["ttft_l1_s"], l1 = time_to_first_token(engine, prompt)
+        engine.cache.evict(engine.cache.stats().device.total)
+        results["ttft_l2_s"], l2 = time_to_first_token(engine, prompt)
+        _close(engine)
+        _drop_page_cache(folder / "kv")
+        engine = _disk_engine(model, folder, cache)
+        results["ttft_l3_s"], l3 = time_to_first_token(engine, prompt)
+        _close(engine)
+    for name, out in (("l1", l1), ("l2", l2), ("l3", l3)):
+        if out.token_ids != expected.token_ids:  # type: ignore[attr-defined]
+            raise RuntimeError(f"first token from {name} differs from the recomputed one")
+        results[f"ttft_{name}_cached_tokens"] = out.cached.total  # type: ignore[attr-defined]
+    results["prompt_tokens"] = prompt_tokens
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asynchicache.bench.ttft", description=__doc__)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--prompt-tokens", type=int, default=2048)
+    args = parser.parse_args(argv)
+    model = load_model(args.model)
+    print(json.dumps(measure(model, args.prompt_tokens), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
