@@ -144,6 +144,7 @@ class DiskBackend:
 
     def __init__(self, config: DiskConfig) -> None:
         self.config = config
+        self.namespace = config.namespace
         self.layout = config.layout
         self.page_bytes = config.layout.page_bytes
         self._folder = config.folder

@@ -216,8 +216,9 @@ class CacheService:
 
     def _register(self, ident: bytes, msg: Register) -> RegisterReply:
         old = self._clients.get(ident)
-        if old is not None and old.segment == msg.segment and old.backend.layout == msg.layout:
-            return RegisterReply(msg.req_id, old.pool.shape[0])
+        same = old is not None and old.segment == msg.segment
+        if same and old.backend.layout == msg.layout and old.backend.namespace == msg.namespace:
+            return RegisterReply(msg.req_id, old.pool.shape[0])  # a heartbeat
         try:
             backend = self._backend(msg.namespace, msg.layout)
             segment = self._attach(msg.segment)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import subprocess
@@ -13,6 +14,8 @@ import numpy as np
 import pytest
 from storage_helpers import ALIGNED, NAMESPACE, SMALL, Pool, new_hashes, refs
 
+from asynchicache.storage import disk as disk_module
+from asynchicache.storage import fileio
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.disk import TMP_PREFIX, DiskBackend, DiskConfig
 
@@ -332,3 +335,30 @@ def test_full_disk_fails_stores_cleanly_and_loads_keep_working(
     src = [hashes.index(h) for h in ok]
     assert np.array_equal(pool.array[slots], pool.array[src])
     assert not [p for p in small_fs.rglob(f"{TMP_PREFIX}*")]  # failed writes cleaned up
+
+
+def test_falls_back_to_buffered_io_where_o_direct_is_refused(
+    backends: Backends, make_pool: Callable[..., Pool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some filesystems (older tmpfs, FUSE) answer O_DIRECT with EINVAL."""
+
+    def refuse(real: Callable[..., int]) -> Callable[..., int]:
+        def wrapped(path: Path, direct: bool) -> int:
+            if direct:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real(path, direct)
+
+        return wrapped
+
+    monkeypatch.setattr(disk_module, "open_read", refuse(fileio.open_read))
+    monkeypatch.setattr(disk_module, "create_private", refuse(fileio.create_private))
+    pool = make_pool(8, ALIGNED)
+    pool.fill(range(4))
+    disk = backends(ALIGNED)
+    hashes = new_hashes(4)
+    assert disk.put(refs(hashes, range(4)), pool.array) == 4
+    assert disk.get(hashes, [4, 5, 6, 7], pool.array) == 4
+    assert np.array_equal(pool.array[4:8], pool.array[0:4])
+    s = disk.stats()
+    assert "direct_reads" not in s.extra or s.extra["direct_reads"] == 0
+    assert s.store_failures == 0 and s.corrupt_detected == 0

@@ -1,0 +1,208 @@
+"""Disk tier micro-benchmark: our backend against `dd` on the same folder, in the same run.
+
+    python -m asynchicache.bench.micro_disk [--total-mb 768] [--repeats 3] [--bench-dir DIR]
+
+Pages are shaped like the default model's (30 layers x 2 x 16 tokens x 3 KV
+heads x 64 x float32 = 737,280 bytes) and move between a real shared-memory
+pool and the real `DiskBackend`:
+
+* `disk_write_GBps`: `put` of every page, each file fdatasync'ed before its
+  rename (data on disk when `put` returns);
+* `disk_read_cold_GBps`: `get` of every page into other slots, verified, after
+  dropping the files from the page cache;
+* `dd_write_GBps` / `dd_read_cold_GBps`: `dd bs=1M conv=fsync` of as many bytes,
+  and `dd` reading it back after dropping its cache.
+
+Each repeat measures dd, ours, ours, dd (writes, then cold reads) back to back,
+so the ratios compare the same disk conditions (this disk's speed drifts a lot
+within a minute). `measure(args)` returns the numbers as a dict (for the
+`bench micro` report); `main()` prints them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from asynchicache.storage.base import PageLayout, PageRef
+from asynchicache.storage.disk import DiskBackend, DiskConfig
+from asynchicache.storage.shm import SharedSegment
+
+DEFAULT_LAYOUT = PageLayout("float32", (30, 2, 16, 3, 64))
+_NAMESPACE = b"bench-micro-disk\x1ffloat32\x1f16\x1f1\x1f"
+_MB = 1 << 20
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--total-mb", type=int, default=768, help="bytes moved per measurement")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--bench-dir", type=Path, default=None, help="default: under /var/tmp")
+    parser.add_argument("--io-threads", type=int, default=8)
+    parser.add_argument("--batch-pages", type=int, default=64, help="pages per put/get call")
+    parser.add_argument("--no-direct-io", action="store_true", help="buffered I/O in the backend")
+    parser.add_argument("--dd-direct", action="store_true", help="dd reads with iflag=direct")
+
+
+def drop_cache(paths: Sequence[Path]) -> str:
+    """Evict `paths` from the page cache; says how (fadvise always, drop_caches as root)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    method = "posix_fadvise(DONTNEED) per file"
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        method += " + /proc/sys/vm/drop_caches=3"
+    except OSError:
+        pass
+    return method
+
+
+def _dd(args: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(["dd", *args], check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def _dd_write(target: Path, total: int) -> float:
+    return _dd(["if=/dev/zero", f"of={target}", "bs=1M", f"count={total // _MB}", "conv=fsync"])
+
+
+def _dd_read(target: Path, direct: bool) -> float:
+    return _dd([f"if={target}", "of=/dev/null", "bs=1M", *(["iflag=direct"] if direct else [])])
+
+
+def _fill(pool: np.ndarray, pages: int) -> None:
+    # [pages, page_bytes]: one random page, made distinct per page so every checksum differs.
+    base = np.frombuffer(os.urandom(pool.shape[1]), dtype=np.uint8)
+    for i in range(pages):
+        pool[i] = base
+        pool[i, :8] = np.frombuffer(i.to_bytes(8, "little"), dtype=np.uint8)
+
+
+def _put_all(disk: DiskBackend, pool: np.ndarray, hashes: list[bytes], step: int) -> float:
+    refs = [PageRef(h, tuple(range(16)), i) for i, h in enumerate(hashes)]
+    t0 = time.perf_counter()
+    for k in range(0, len(refs), step):
+        if disk.put(refs[k : k + step], pool) != len(refs[k : k + step]):
+            raise RuntimeError("the benchmark's put did not store every page")
+    return time.perf_counter() - t0
+
+
+def _get_all(disk: DiskBackend, pool: np.ndarray, hashes: list[bytes], step: int) -> float:
+    pages = len(hashes)
+    pool[pages:] = 0
+    t0 = time.perf_counter()
+    for k in range(0, pages, step):
+        slots = list(range(pages + k, pages + min(pages, k + step)))
+        if disk.get(hashes[k : k + step], slots, pool) != len(slots):
+            raise RuntimeError("the benchmark's get missed pages")
+    seconds = time.perf_counter() - t0
+    if not np.array_equal(pool[pages:], pool[:pages]):
+        raise RuntimeError("pages read back differ from pages written")
+    return seconds
+
+
+def _one_round(folder: Path, pool: np.ndarray, pages: int, args: argparse.Namespace) -> dict:
+    """dd, ours, ours, dd (writes, then cold reads): drift in the disk's speed cancels out."""
+    total = pages * DEFAULT_LAYOUT.page_bytes
+    cfg = DiskConfig(
+        folder / "kv",
+        _NAMESPACE,
+        DEFAULT_LAYOUT,
+        capacity_bytes=1 << 50,
+        io_threads=args.io_threads,
+        fsync=True,
+        direct_io=not args.no_direct_io,
+    )
+    disk = DiskBackend(cfg)
+    try:
+        sets = [[os.urandom(16) for _ in range(pages)] for _ in range(2)]
+        dd_files = [folder / "dd-a.bin", folder / "dd-b.bin"]
+        step = args.batch_pages
+        w = [_dd_write(dd_files[0], total)]
+        w += [_put_all(disk, pool, hashes, step) for hashes in sets]
+        w.append(_dd_write(dd_files[1], total))
+        method = drop_cache([*dd_files, *(disk.path_of(h) for hs in sets for h in hs)])
+        r = [_dd_read(dd_files[0], args.dd_direct)]
+        r += [_get_all(disk, pool, hashes, step) for hashes in sets]
+        r.append(_dd_read(dd_files[1], args.dd_direct))
+        direct = disk.stats().extra.get("direct_reads", 0) == 2 * pages
+        disk.clear()
+    finally:
+        disk.close()
+        for f in (folder / "dd-a.bin", folder / "dd-b.bin"):
+            f.unlink(missing_ok=True)
+    gbps = [total / s / 1e9 for s in (*w, *r)]
+    ours_w, dd_w = (gbps[1] + gbps[2]) / 2, (gbps[0] + gbps[3]) / 2
+    ours_r, dd_r = (gbps[5] + gbps[6]) / 2, (gbps[4] + gbps[7]) / 2
+    return {
+        "disk_write_GBps": ours_w,
+        "disk_read_cold_GBps": ours_r,
+        "dd_write_GBps": dd_w,
+        "dd_read_cold_GBps": dd_r,
+        "write_ratio": ours_w / dd_w,
+        "read_ratio": ours_r / dd_r,
+        "_method": method,
+        "_direct": direct,
+    }
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Run the disk section; GB/s are 1e9 bytes per second, medians over the repeats."""
+    pages = max(1, args.total_mb * _MB // DEFAULT_LAYOUT.page_bytes)
+    owned = args.bench_dir is None
+    if owned:
+        folder = Path(tempfile.mkdtemp(prefix="asynchicache-bench-", dir="/var/tmp"))
+    else:
+        folder = args.bench_dir
+        folder.mkdir(parents=True, exist_ok=True)
+    segment = SharedSegment.create(2 * pages * DEFAULT_LAYOUT.page_bytes, tag="bench")
+    try:
+        pool = segment.as_array().reshape(2 * pages, DEFAULT_LAYOUT.page_bytes)
+        _fill(pool, pages)
+        runs = [_one_round(folder, pool, pages, args) for _ in range(args.repeats)]
+        del pool
+    finally:
+        segment.close()
+        if owned:
+            shutil.rmtree(folder, ignore_errors=True)
+    keys = [k for k in runs[0] if not k.startswith("_")]
+    medians = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
+    return {
+        **medians,
+        "runs": [{k: round(r[k], 3) for k in keys} for r in runs],
+        "cold_read_method": runs[0]["_method"],
+        "backend_io": ("O_DIRECT" if runs[0]["_direct"] else "buffered")
+        + f", {args.io_threads} threads, fdatasync per file, {args.batch_pages} pages per call",
+        "dd": "bs=1M conv=fsync; read bs=1M" + (" iflag=direct" if args.dd_direct else ""),
+        "order": "per run: dd, ours, ours, dd writes; drop caches; the same order for reads",
+        "pages": pages,
+        "page_bytes": DEFAULT_LAYOUT.page_bytes,
+        "total_MB": round(pages * DEFAULT_LAYOUT.page_bytes / 1e6, 1),
+        "folder": str(folder),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="micro_disk", description="disk tier vs dd")
+    add_arguments(parser)
+    print(json.dumps(measure(parser.parse_args(argv)), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
