@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.config import CacheConfig, EngineConfig, PrefetchPolicy
 from asynchicache.engine.cost import CostModel
 from asynchicache.engine.protocol import CachedTokens
 from asynchicache.engine.request import Phase, Request
@@ -55,6 +55,7 @@ class Scheduler:
         self.page_size = cache_config.page_size
         self.waiting: deque[Request] = deque()
         self.loading: dict[int, Request] = {}  # id(ticket) -> request
+        self.abandoned: set[int] = set()  # id(ticket) of loads nobody waits for any more
         self.running: list[Request] = []
         self.finished: list[Request] = []  # drained by the engine after each step
         self.preemptions = 0
@@ -102,6 +103,8 @@ class Scheduler:
             if ticket is not None:
                 req.phase = Phase.LOADING
                 req.load_ticket = ticket
+                req.load_fallback = match
+                req.load_deadline = self._load_deadline(lower)
                 req.cached = CachedTokens(device=len(match.device_pages) * self.page_size)
                 self.loading[id(ticket)] = req
                 return
@@ -121,12 +124,47 @@ class Scheduler:
         req.phase = Phase.RUNNING
         self.running.append(req)
 
+    def _load_deadline(self, pages: int) -> float | None:
+        """How long a request waits for its load, by --prefetch-policy.
+
+        wait_complete: until the load ends (the storage client's own timeout
+        bounds it); timeout: --prefetch-timeout; best_effort: never longer than
+        recomputing those pages would take, so a slow tier cannot make a
+        request later than no cache at all.
+        """
+        policy = self.cache_config.prefetch_policy
+        if policy is PrefetchPolicy.WAIT_COMPLETE:
+            return None
+        if policy is PrefetchPolicy.TIMEOUT:
+            return time.monotonic() + self.cache_config.prefetch_timeout_s
+        return time.monotonic() + max(0.05, self.cost.recompute_seconds(pages))
+
+    def _give_up_late_loads(self) -> None:
+        now = time.monotonic()
+        late = [r for r in self.loading.values()
+                if r.load_deadline is not None and now > r.load_deadline and not r.aborted]
+        for req in late:
+            ticket = req.load_ticket
+            del self.loading[id(ticket)]
+            self.abandoned.add(id(ticket))
+            match = req.load_fallback
+            log.info("load for %s is late; recomputing past its L1 prefix", req.rid)
+            self.cache.lock(match.handle)
+            pages = list(match.device_pages)
+            self._take_prefix(req, match.handle, pages,
+                              CachedTokens(device=len(pages) * self.page_size))
+
     def _collect_loads(self) -> None:
         for ticket in self.cache.poll():
+            if id(ticket) in self.abandoned:
+                self.abandoned.discard(id(ticket))
+                self.cache.unlock(ticket.handle)  # the pages stay cached for later requests
+                continue
             req = self.loading.pop(id(ticket), None)
             if req is None:  # not ours (e.g. a write-back) or already dropped
                 continue
             req.load_ticket = None
+            req.load_fallback = None
             if not ticket.ok:
                 log.info("load for %s fell short (%s); recomputing the rest", req.rid, ticket.error)
             if req.aborted:
@@ -158,6 +196,7 @@ class Scheduler:
     # ------------------------------------------------------------- batching
     def schedule(self) -> Batch:
         self._collect_loads()
+        self._give_up_late_loads()
         self._admit()
         batch = Batch()
         budget = self.config.chunked_prefill_size

@@ -136,3 +136,21 @@ def test_l3_hit_after_restart_gives_the_recomputed_tokens(
     out = second.generate([prompt], GREEDY)[0]
     assert out.token_ids == expected
     assert out.cached.disk >= len(prompt) - 2 * 16
+
+
+def test_a_late_load_is_given_up_and_the_rest_recomputed(
+    smollm: LoadedModel, engines: list[Engine]
+) -> None:
+    prompt = _prompt(smollm, 6, "Which ships passed?")
+    engine = _engine(smollm, device_cache_tokens=4096, prefetch_policy="timeout",
+                     prefetch_timeout_s=1e-9)
+    engines.append(engine)
+    expected = engine.generate([prompt], GREEDY)[0].token_ids
+    engine.cache.drain()
+    engine.cache.evict(engine.cache.stats().device.total)
+    out = engine.generate([prompt], GREEDY)[0]
+    assert out.token_ids == expected
+    assert out.cached.host == 0, "the request waited for a load past its deadline"
+    engine.cache.drain()  # the abandoned load lands and is unlocked
+    engine.generate([prompt[:8]], GREEDY)  # a step collects it
+    assert not engine.scheduler.abandoned
