@@ -12,8 +12,9 @@ Invariants (checked by `check_integrity()`):
   storage;
 * every tree node lives in L1 or L2 (a node that lives nowhere is removed), and
   L1 residency is prefix-closed (a node in L1 has its parent in L1);
-* background work (L1->L2 write, L2->storage store, a load) holds a lock on the
-  deepest node it touches, so nothing it reads or writes can be evicted.
+* background work holds the deepest node it touches: an L1->L2 write or a load
+  locks it (nothing it reads or writes can be evicted); an L2->storage store
+  only holds its L2 copy (`host_ref`), so a slow disk does not pin L1 pages.
 
 Whether an L2 slot's bytes are valid, being written or persisted is tracked per
 slot (`SlotState`), not per node, so a completion only needs its slot list and
@@ -322,7 +323,9 @@ class HiRadixCache:
         evictable = sum(
             node.num_pages
             for node in self.tree.iter_nodes()
-            if node.device is not None and not node.lock_ref
+            if node.device is not None
+            and not node.lock_ref
+            and (node.host is not None or not node.host_ref)
         )
         return n <= self.device_pool.allocator.num_free + evictable
 
@@ -503,7 +506,7 @@ class HiRadixCache:
         for s in slots:
             self._slot_state[s] = SlotState.STORING
         deepest = nodes[-1]
-        self.tree.lock(deepest)
+        self.tree.hold_host(deepest)
         try:
             ticket = self.storage.submit_store(refs)
         except Exception:
@@ -511,7 +514,7 @@ class HiRadixCache:
             self.counters.store_failures += 1
             for s in slots:
                 self._slot_state[s] = SlotState.READY
-            self.tree.unlock(deepest)
+            self.tree.release_host(deepest)
             return
         self._on_storage[ticket] = partial(self._on_store_done, deepest, slots)
 
@@ -524,7 +527,7 @@ class HiRadixCache:
             self._slot_state[s] = SlotState.STORED if stored else SlotState.READY
         self.counters.host_to_storage_pages += c.pages_ok
         self.counters.host_to_storage_bytes += c.pages_ok * self.layout.page_bytes
-        self.tree.unlock(deepest)
+        self.tree.release_host(deepest)
 
     # -- loads: L3/L4 -> L2 -> L1 -------------------------------------------------------------
 
@@ -915,11 +918,13 @@ class HiRadixCache:
         last = parent.hashes[-1] if parent.hashes else self.tree.root_hash
         if chain_hashes(last, node.tokens, ps) != node.hashes:
             out.append(f"{where}: page hashes are not the chain of its tokens")
-        if node.lock_ref < 0:
-            out.append(f"{where}: negative lock count {node.lock_ref}")
-        child_locks = sum(c.lock_ref for c in node.children.values())
-        if node.lock_ref < child_locks:
-            out.append(f"{where}: lock {node.lock_ref} below its children's {child_locks}")
+        for name in ("lock_ref", "host_ref"):
+            mine = getattr(node, name)
+            below = sum(getattr(c, name) for c in node.children.values())
+            if mine < 0:
+                out.append(f"{where}: negative {name} {mine}")
+            if mine < below:
+                out.append(f"{where}: {name} {mine} below its children's {below}")
         if node.device is None and node.host is None:
             out.append(f"{where}: lives in no tier")
         if node.device is not None and parent is not self.tree.root and parent.device is None:
@@ -938,10 +943,12 @@ class HiRadixCache:
             busy = state in (SlotState.WRITING, SlotState.STORING)
             if state not in VALID_SLOT_STATES and not busy:
                 out.append(f"{where}: slot {s} in state {state.name}")
-            if busy and node.lock_ref == 0:
-                out.append(f"{where}: slot {s} {state.name} but the node is unlocked")
-            if not busy and node.device is None and state not in VALID_SLOT_STATES:
-                out.append(f"{where}: only copy in slot {s} is not valid")
+            if state == SlotState.WRITING and node.lock_ref == 0:
+                out.append(f"{where}: slot {s} WRITING but the node is unlocked")
+            if state == SlotState.STORING and node.host_ref == 0:
+                out.append(f"{where}: slot {s} STORING but its L2 copy is not held")
+            if node.device is None and state == SlotState.WRITING:
+                out.append(f"{where}: only copy in slot {s} is still being written")
         return out
 
     def _check_device_pool(self, owned: dict[int, str]) -> list[str]:

@@ -14,7 +14,10 @@ parent for the prefix. Anything that refers to a node (a lock handle, an
 in-flight copy) therefore keeps referring to the same token path.
 
 Locks count along the path: locking a node increments it and every ancestor,
-so `lock_ref` of a node is the number of live locks at or below it.
+so `lock_ref` of a node is the number of live locks at or below it. A lock
+protects everything (L1 pages, L2 slots, the node itself). `host_ref` counts the
+same way but protects only the L2 copy: a node held that way may still lose its
+L1 copy when it keeps its L2 one (a slow store to disk must not pin L1).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class RadixNode:
         "hashes",
         "hit_count",
         "host",
+        "host_ref",
         "last_access",
         "lock_ref",
         "parent",
@@ -62,6 +66,7 @@ class RadixNode:
         self.device: list[int] | None = None  # L1 page per page of the run
         self.host: list[int] | None = None  # L2 slot per page of the run
         self.lock_ref = 0
+        self.host_ref = 0
         self.last_access = 0
         self.hit_count = 0
 
@@ -80,7 +85,7 @@ class RadixNode:
     def __repr__(self) -> str:
         return (
             f"RadixNode(pages {self.start_page}..{self.end_page}, device={self.device}, "
-            f"host={self.host}, lock={self.lock_ref}, t={self.last_access})"
+            f"host={self.host}, lock={self.lock_ref}/{self.host_ref}, t={self.last_access})"
         )
 
 
@@ -179,6 +184,7 @@ class RadixTree:
         mid.device = node.device[:k] if node.device is not None else None
         mid.host = node.host[:k] if node.host is not None else None
         mid.lock_ref = node.lock_ref  # every lock through `node` also runs through `mid`
+        mid.host_ref = node.host_ref
         mid.last_access = node.last_access
         mid.hit_count = node.hit_count
         parent.children[tuple(node.tokens[:ps])] = mid
@@ -261,7 +267,7 @@ class RadixTree:
         parent = node.parent
         if parent is None:
             raise ValueError("cannot remove the root or a detached node")
-        if node.lock_ref:
+        if node.lock_ref or node.host_ref:
             raise RuntimeError(f"removing a locked node: {node}")
         del parent.children[tuple(node.tokens[: self.page_size])]
         removed = list(self._iter_from(node))
@@ -288,6 +294,23 @@ class RadixTree:
             n = n.parent  # type: ignore[assignment]
         while node is not root:
             node.lock_ref -= 1
+            node = node.parent  # type: ignore[assignment]
+
+    def hold_host(self, node: RadixNode) -> None:
+        """Protect the L2 copies on the path to `node` (its L1 copies stay evictable)."""
+        root = self.root
+        while node is not root:
+            node.host_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def release_host(self, node: RadixNode) -> None:
+        root, n = self.root, node
+        while n is not root:
+            if n.host_ref <= 0:
+                raise RuntimeError(f"release_host without a matching hold at {n}")
+            n = n.parent  # type: ignore[assignment]
+        while node is not root:
+            node.host_ref -= 1
             node = node.parent  # type: ignore[assignment]
 
     def touch(self, node: RadixNode) -> None:
@@ -334,6 +357,8 @@ class RadixTree:
     def _is_leaf_of(self, node: RadixNode, tier: Tier) -> bool:
         if node is self.root or node.lock_ref or getattr(node, tier) is None:
             return False
+        if node.host_ref and (tier == Tier.HOST or node.host is None):
+            return False  # its L2 copy is held, or dropping L1 would drop the node
         return all(getattr(c, tier) is None for c in node.children.values())
 
     def iter_nodes(self) -> Iterator[RadixNode]:

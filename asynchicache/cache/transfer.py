@@ -182,6 +182,20 @@ class TransferEngine:
             job.event.synchronize()
         return self._result(ticket, self._pending.pop(ticket))
 
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until every submitted copy has finished; `poll()` still reports them.
+
+        For tests that need completions to be deterministic, and for shutdown.
+        """
+        for job in list(self._pending.values()):
+            if job.future is not None:
+                try:
+                    job.future.exception(timeout=timeout)
+                except FutureTimeout:
+                    raise TimeoutError(f"page copies not done after {timeout} s") from None
+            elif job.event is not None:
+                job.event.synchronize()
+
     def close(self) -> None:
         """Finish every copy in flight, then stop the worker."""
         for ticket in list(self._pending):
