@@ -87,23 +87,9 @@ def run_cache_service(launch: ServiceLaunch) -> None:
     run_service(launch.config, stop)
 
 
-def _engine_takes_storage() -> bool:
-    """Whether the engine process can connect to a cache service yet.
-
-    Temporary, until `engine.process` wires `StorageClient` in: without it, an
-    engine given a storage address would fail at start, so the disk tier stays off.
-    """
-    from asynchicache.storage.client import StorageClient
-
-    return hasattr(StorageClient, "connect")
-
-
 def _service_spec(cache: CacheConfig, run_dir: Path, log_level: str) -> ChildSpec | None:
     """The cache service child (restarted if it crashes), when the disk tier is on."""
     if not cache.disk_enabled or cache.disk_cache_dir is None:
-        return None
-    if not _engine_takes_storage():
-        log.warning("the engine cannot reach a cache service yet; serving without the disk tier")
         return None
     config = ServiceConfig(
         disk_cache_dir=cache.disk_cache_dir,
