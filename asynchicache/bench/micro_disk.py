@@ -6,8 +6,9 @@ Pages are shaped like the default model's (30 layers x 2 x 16 tokens x 3 KV
 heads x 64 x float32 = 737,280 bytes) and move between a real shared-memory
 pool and the real `DiskBackend`:
 
-* `disk_write_GBps`: `put` of every page, each file fdatasync'ed before its
-  rename (data on disk when `put` returns);
+* `disk_write_GBps`: `put` of every page (`--sync batch`, the default: each
+  put's files are made durable by one syncfs before their rename, so the data
+  is on disk when `put` returns; `--sync file` fdatasyncs every file);
 * `disk_read_cold_GBps`: `get` of every page into other slots, verified, after
   dropping the files from the page cache;
 * `dd_write_GBps` / `dd_read_cold_GBps`: `dd bs=1M conv=fsync` of as many bytes,
@@ -30,12 +31,13 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from asynchicache.storage.base import PageLayout, PageRef
-from asynchicache.storage.disk import DiskBackend, DiskConfig
+from asynchicache.storage.disk import DiskBackend, DiskConfig, SyncMode
 from asynchicache.storage.shm import SharedSegment
 
 DEFAULT_LAYOUT = PageLayout("float32", (30, 2, 16, 3, 64))
@@ -51,6 +53,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-pages", type=int, default=64, help="pages per put/get call")
     parser.add_argument("--no-direct-io", action="store_true", help="buffered I/O in the backend")
     parser.add_argument("--dd-direct", action="store_true", help="dd reads with iflag=direct")
+    parser.add_argument("--sync", choices=[m.value for m in SyncMode], default="batch")
+
+
+@dataclass(frozen=True)
+class DiskBenchOptions:
+    """The section's knobs; missing attributes of a caller's args take these defaults."""
+
+    total_mb: int = 768
+    repeats: int = 3
+    bench_dir: Path | None = None
+    io_threads: int = 8
+    batch_pages: int = 64
+    no_direct_io: bool = False
+    dd_direct: bool = False
+    sync: str = "batch"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DiskBenchOptions:
+        names = [f.name for f in fields(cls)]
+        return cls(**{n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
 
 
 def drop_cache(paths: Sequence[Path]) -> str:
@@ -116,7 +138,7 @@ def _get_all(disk: DiskBackend, pool: np.ndarray, hashes: list[bytes], step: int
     return seconds
 
 
-def _one_round(folder: Path, pool: np.ndarray, pages: int, args: argparse.Namespace) -> dict:
+def _one_round(folder: Path, pool: np.ndarray, pages: int, opts: DiskBenchOptions) -> dict:
     """dd, ours, ours, dd (writes, then cold reads): drift in the disk's speed cancels out."""
     total = pages * DEFAULT_LAYOUT.page_bytes
     cfg = DiskConfig(
@@ -124,22 +146,22 @@ def _one_round(folder: Path, pool: np.ndarray, pages: int, args: argparse.Namesp
         _NAMESPACE,
         DEFAULT_LAYOUT,
         capacity_bytes=1 << 50,
-        io_threads=args.io_threads,
-        fsync=True,
-        direct_io=not args.no_direct_io,
+        io_threads=opts.io_threads,
+        sync=SyncMode(opts.sync),
+        direct_io=not opts.no_direct_io,
     )
     disk = DiskBackend(cfg)
     try:
         sets = [[os.urandom(16) for _ in range(pages)] for _ in range(2)]
         dd_files = [folder / "dd-a.bin", folder / "dd-b.bin"]
-        step = args.batch_pages
+        step = opts.batch_pages
         w = [_dd_write(dd_files[0], total)]
         w += [_put_all(disk, pool, hashes, step) for hashes in sets]
         w.append(_dd_write(dd_files[1], total))
         method = drop_cache([*dd_files, *(disk.path_of(h) for hs in sets for h in hs)])
-        r = [_dd_read(dd_files[0], args.dd_direct)]
+        r = [_dd_read(dd_files[0], opts.dd_direct)]
         r += [_get_all(disk, pool, hashes, step) for hashes in sets]
-        r.append(_dd_read(dd_files[1], args.dd_direct))
+        r.append(_dd_read(dd_files[1], opts.dd_direct))
         direct = disk.stats().extra.get("direct_reads", 0) == 2 * pages
         disk.clear()
     finally:
@@ -161,20 +183,21 @@ def _one_round(folder: Path, pool: np.ndarray, pages: int, args: argparse.Namesp
     }
 
 
-def measure(args: argparse.Namespace) -> dict:
+def measure(args: argparse.Namespace | DiskBenchOptions) -> dict:
     """Run the disk section; GB/s are 1e9 bytes per second, medians over the repeats."""
-    pages = max(1, args.total_mb * _MB // DEFAULT_LAYOUT.page_bytes)
-    owned = args.bench_dir is None
+    opts = DiskBenchOptions.from_args(args)
+    pages = max(1, opts.total_mb * _MB // DEFAULT_LAYOUT.page_bytes)
+    owned = opts.bench_dir is None
     if owned:
         folder = Path(tempfile.mkdtemp(prefix="asynchicache-bench-", dir="/var/tmp"))
     else:
-        folder = args.bench_dir
+        folder = opts.bench_dir
         folder.mkdir(parents=True, exist_ok=True)
     segment = SharedSegment.create(2 * pages * DEFAULT_LAYOUT.page_bytes, tag="bench")
     try:
         pool = segment.as_array().reshape(2 * pages, DEFAULT_LAYOUT.page_bytes)
         _fill(pool, pages)
-        runs = [_one_round(folder, pool, pages, args) for _ in range(args.repeats)]
+        runs = [_one_round(folder, pool, pages, opts) for _ in range(opts.repeats)]
         del pool
     finally:
         segment.close()
@@ -187,8 +210,8 @@ def measure(args: argparse.Namespace) -> dict:
         "runs": [{k: round(r[k], 3) for k in keys} for r in runs],
         "cold_read_method": runs[0]["_method"],
         "backend_io": ("O_DIRECT" if runs[0]["_direct"] else "buffered")
-        + f", {args.io_threads} threads, fdatasync per file, {args.batch_pages} pages per call",
-        "dd": "bs=1M conv=fsync; read bs=1M" + (" iflag=direct" if args.dd_direct else ""),
+        + f", {opts.io_threads} threads, sync={opts.sync}, {opts.batch_pages} pages per put/get",
+        "dd": "bs=1M conv=fsync; read bs=1M" + (" iflag=direct" if opts.dd_direct else ""),
         "order": "per run: dd, ours, ours, dd writes; drop caches; the same order for reads",
         "pages": pages,
         "page_bytes": DEFAULT_LAYOUT.page_bytes,

@@ -34,7 +34,7 @@ import numpy as np
 import zmq
 
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.disk import DiskBackend, DiskConfig
+from asynchicache.storage.disk import DiskBackend, DiskConfig, SyncMode
 from asynchicache.storage.fileio import make_private_dir
 from asynchicache.storage.messages import (
     Cancel,
@@ -94,7 +94,7 @@ class ServiceConfig:
     capacity_bytes: int = 20 * 10**9
     io_threads: int = 8
     workers: int = 4
-    fsync: bool = True
+    sync: SyncMode = SyncMode.BATCH
     direct_io: bool = True
     client_ttl_s: float = 120.0  # a client silent this long (no heartbeat) is dropped
 
@@ -247,7 +247,7 @@ class CacheService:
                     layout,
                     cfg.capacity_bytes,
                     io_threads=cfg.io_threads,
-                    fsync=cfg.fsync,
+                    sync=cfg.sync,
                     direct_io=cfg.direct_io,
                 )
             )
@@ -399,7 +399,12 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
     p.add_argument("--disk-cache-gb", type=float, default=20.0)
     p.add_argument("--io-threads", type=int, default=8, help="parallel file I/O per namespace")
     p.add_argument("--workers", type=int, default=4, help="requests served at once")
-    p.add_argument("--no-fsync", action="store_true", help="skip fdatasync before publishing")
+    p.add_argument(
+        "--disk-sync",
+        choices=[m.value for m in SyncMode],
+        default=SyncMode.BATCH.value,
+        help="durability of stored pages: one syncfs per put, fdatasync per file, or none",
+    )
     p.add_argument("--no-direct-io", action="store_true", help="never use O_DIRECT")
     p.add_argument("--client-ttl", type=float, default=120.0, help="forget silent clients (s)")
     p.add_argument("--log-level", default="INFO")
@@ -411,7 +416,7 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
         int(a.disk_cache_gb * 1e9),
         a.io_threads,
         a.workers,
-        fsync=not a.no_fsync,
+        sync=SyncMode(a.disk_sync),
         direct_io=not a.no_direct_io,
         client_ttl_s=a.client_ttl,
     )
