@@ -8,6 +8,8 @@ the long prompt to come back from disk with the same greedy answer.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from server_helpers import ServerProcess, alive, process_title
+from server_helpers import ServerProcess, alive, children_of, process_title
 
 from asynchicache.storage.shm import list_segments
 
@@ -199,4 +201,30 @@ def test_sigterm_leaves_nothing_and_restart_serves_from_disk(served: dict[str, o
     assert usage.prompt_tokens_details.cached_tokens >= 1400  # type: ignore[attr-defined]
     assert tiers["disk"] + tiers["remote"] >= 1400
     assert ttft <= 0.35 * cold_ttft
-    assert restarted.stop() == 0
+
+
+def test_a_crashed_cache_service_is_restarted(served: dict[str, object]) -> None:
+    server = served.get("restarted")
+    assert isinstance(server, ServerProcess) and server.proc is not None
+    disk = served["disk"]
+    assert isinstance(disk, Path)
+    (service,) = [p for p in server.child_pids if process_title(p) == "asynchicache: cache-service"]
+    os.kill(service, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    replacement: list[int] = []
+    while not replacement and time.monotonic() < deadline:
+        time.sleep(0.2)
+        replacement = [
+            p
+            for p in children_of(server.proc.pid)
+            if p != service and process_title(p) == "asynchicache: cache-service"
+        ]
+    assert replacement, "the cache service was not restarted"
+    messages = [{"role": "user", "content": "Name three colours of the rainbow. " * 20}]
+    _, text, usage = _timed_chat(server, messages)
+    assert text and usage.prompt_tokens > 0  # type: ignore[attr-defined]
+    children = children_of(server.proc.pid)
+    assert server.stop() == 0
+    time.sleep(0.5)
+    assert [pid for pid in children if alive(pid)] == []
+    assert list(disk.rglob(".tmp-*")) == []
