@@ -1,0 +1,542 @@
+"""L4: pages as self-describing, checksummed values in Redis or Valkey (one node or a cluster).
+
+    key    ackv:<16 hex of namespace and layout>:<32 hex of the page hash>
+    value  the page header of `storage.header` (as in disk files) + the page's bytes
+
+Pages are read and written on plain RESP connections (`storage.resp`) in
+parallel: the pages of a call are grouped by the node owning their slot, cut
+into pipelined batches of `batch_pages` GETs or SETs, and spread over
+`io_threads` threads, each with its own connection. A GET's payload is
+received straight into its L2 slot and a SET's is sent straight from it; the
+header and checksum are verified before a page counts, and a value that fails
+is a miss, is UNLINKed and is counted in `corrupt_detected`. Small commands
+(EXISTS, EXPIRE, UNLINK, SCAN) and the cluster's slot map go through redis-py.
+
+Faults: any transport error (refused, reset, timeout) trips a circuit breaker.
+While it is open every call returns at once (0 pages; the other tiers or a
+recompute serve the request), and a background prober reconnects with
+exponential backoff. Socket timeouts are short, so at most the calls already
+in flight wait, and only that long. Eviction is Redis's: an optional TTL per
+value, or the server's `maxmemory-policy` (e.g. allkeys-lru).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+import numpy as np
+import xxhash
+from redis.exceptions import ClusterError, RedisClusterException, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from asynchicache.storage.base import BackendStats, PageLayout, PageRef
+from asynchicache.storage.breaker import CircuitBreaker
+from asynchicache.storage.disk import check_pool
+from asynchicache.storage.header import (
+    HEADER_ALIGN,
+    HeaderError,
+    PageHeader,
+    decode_header,
+    encode_header,
+    payload_checksum,
+    peek_header_len,
+)
+from asynchicache.storage.redis_topology import RedisTopology, RemoteEndpoint, parse_remote_url
+from asynchicache.storage.resp import NodeAddress, RespConnection, RespError, command
+
+log = logging.getLogger(__name__)
+
+# What "the server is not there" looks like, from our sockets and from redis-py.
+_OUTAGE = (OSError, RedisConnectionError, RedisTimeoutError, ClusterError, RedisClusterException)
+_UNLINK_BATCH = 512
+
+
+def remote_key_prefix(namespace: bytes, layout: PageLayout) -> bytes:
+    """The key prefix of one namespace and page layout: the same in every process."""
+    ident = b"\x00".join(
+        (b"asynchicache-remote", namespace, layout.dtype.encode(), repr(layout.shape).encode())
+    )
+    return b"ackv:" + xxhash.xxh3_64_hexdigest(ident).encode() + b":"
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """One namespace's remote store."""
+
+    url: str
+    namespace: bytes
+    layout: PageLayout
+    ttl_s: int | None = None  # None: no expiry (rely on the server's maxmemory-policy)
+    cluster: bool | None = None  # None: from the URL (redis+cluster://, ?cluster=true)
+    io_threads: int = 4
+    batch_pages: int = 8  # pages per pipelined round trip on one connection
+    connect_timeout_s: float = 0.5
+    socket_timeout_s: float = 2.0  # per send/recv of page traffic
+    control_timeout_s: float = 0.5  # EXISTS and friends (the service's loop waits on these)
+    retry_initial_s: float = 0.5
+    retry_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.namespace:
+            raise ValueError("the remote tier needs a non-empty namespace")
+        if self.ttl_s is not None and self.ttl_s <= 0:
+            raise ValueError(f"--remote-ttl must be positive seconds, got {self.ttl_s}")
+        if self.io_threads <= 0 or self.batch_pages <= 0:
+            raise ValueError("remote io_threads and batch_pages must be positive")
+        if min(self.connect_timeout_s, self.socket_timeout_s, self.control_timeout_s) <= 0:
+            raise ValueError("remote timeouts must be positive")
+        parse_remote_url(self.url, self.cluster)  # a bad URL fails here, naming the flag
+
+    @property
+    def endpoint(self) -> RemoteEndpoint:
+        return parse_remote_url(
+            self.url, self.cluster, self.connect_timeout_s, self.socket_timeout_s
+        )
+
+
+class _Status(StrEnum):
+    OK = "ok"
+    MISSING = "missing"
+    CORRUPT = "corrupt"
+    LATE = "late"
+    FAILED = "failed"  # transport error or an error reply: not the value's fault
+
+
+@dataclass(frozen=True)
+class _PageRead:
+    index: int
+    status: _Status
+    tokens: tuple[int, ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What the pages of one get/put share."""
+
+    keys: list[bytes]
+    slots: list[int]
+    pool: np.ndarray  # [slots, page_bytes] uint8, the L2 pool
+    deadline: float | None  # monotonic; no batch starts after it
+
+    def late(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+
+class RedisBackend:
+    """StorageBackend over Redis/Valkey (see the module docstring)."""
+
+    def __init__(self, config: RedisConfig) -> None:
+        self.config = config
+        self.layout = config.layout
+        self.page_bytes = config.layout.page_bytes
+        self.prefix = remote_key_prefix(config.namespace, config.layout)
+        self._endpoint = config.endpoint
+        self._stats = BackendStats()
+        self._stats_lock = threading.Lock()
+        self._breaker = CircuitBreaker(config.retry_initial_s, config.retry_max_s)
+        self._topology: RedisTopology | None = None
+        self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="redis-io")
+        self._closing = threading.Event()
+        self._prober = threading.Thread(target=self._probe_loop, name="redis-probe", daemon=True)
+        self._prober.start()
+
+    # -- StorageBackend -------------------------------------------------
+
+    def exists(self, hashes: Sequence[bytes]) -> int:
+        flags = self._exists_flags([self.key(h) for h in hashes])
+        return flags.index(False) if False in flags else len(flags)
+
+    def get(
+        self,
+        hashes: Sequence[bytes],
+        slots: Sequence[int],
+        pool: np.ndarray,
+        deadline: float | None = None,
+    ) -> int:
+        """Read pages into their slots; returns how many leading pages were verified."""
+        return len(self.read(hashes, slots, pool, deadline))
+
+    def read(
+        self,
+        hashes: Sequence[bytes],
+        slots: Sequence[int],
+        pool: np.ndarray,
+        deadline: float | None = None,
+    ) -> list[tuple[int, ...]]:
+        """`get` that also returns the token ids of each verified leading page (from headers)."""
+        if len(hashes) != len(slots):
+            raise ValueError(f"{len(hashes)} hashes but {len(slots)} slots")
+        check_pool(pool, self.page_bytes, slots)
+        topo = self._usable()
+        if topo is None or not hashes:
+            self._count(misses=len(hashes))
+            return []
+        call = _Call([self.key(h) for h in hashes], list(slots), pool, deadline)
+        reads = self._fan_out(topo, call, self._read_batch)
+        ok = next((r.index for r in reads if r.status is not _Status.OK), len(reads))
+        self._after_reads(reads, call.keys)
+        self._count(
+            hits=ok, misses=len(hashes) - ok, pages_read=ok, bytes_read=ok * self.page_bytes
+        )
+        return [r.tokens for r in reads[:ok]]
+
+    def put(self, pages: Sequence[PageRef], pool: np.ndarray, deadline: float | None = None) -> int:
+        """Write pages from their slots (skipping those already stored); returns how many are."""
+        check_pool(pool, self.page_bytes, [p.slot for p in pages])
+        unique = list({p.page_hash: p for p in pages}.values())
+        topo = self._usable()
+        if topo is None or not unique:
+            self._count(store_failures=len(unique))
+            return 0
+        keys = [self.key(p.page_hash) for p in unique]
+        present = self._exists_flags(keys, touch=self.config.ttl_s is not None)
+        if len(present) != len(keys):  # the tier went down while asking
+            self._count(store_failures=len(unique))
+            return 0
+        todo = [i for i, here in enumerate(present) if not here]
+        call = _Call([keys[i] for i in todo], [unique[i].slot for i in todo], pool, deadline)
+        tokens = [unique[i].tokens for i in todo]
+        writes = self._fan_out(topo, call, lambda c, n, idx: self._write_batch(c, n, idx, tokens))
+        stored = {unique[i].page_hash for i, here in enumerate(present) if here}
+        stored |= {unique[todo[w.index]].page_hash for w in writes if w.status is _Status.OK}
+        written = sum(w.status is _Status.OK for w in writes)
+        self._count(
+            pages_written=written,
+            bytes_written=written * self.page_bytes,
+            store_failures=len(writes) - written,
+        )
+        return sum(p.page_hash in stored for p in pages)
+
+    def delete(self, hashes: Sequence[bytes]) -> int:
+        return self._unlink([self.key(h) for h in hashes])
+
+    def clear(self) -> int:
+        """UNLINK every value of this namespace (all nodes); returns how many were removed."""
+        topo = self._usable()
+        if topo is None:
+            return 0
+        try:
+            keys = list(topo.client.scan_iter(match=self.prefix + b"*", count=1000))
+        except _OUTAGE as exc:
+            self._outage(exc)
+            return 0
+        return self._unlink(keys)
+
+    def stats(self) -> BackendStats:
+        with self._stats_lock:
+            snap = replace(self._stats, extra=dict(self._stats.extra))
+        snap.extra["available"] = float(self.available)
+        snap.extra["breaker_trips"] = float(self._breaker.trips)
+        snap.extra["probes_failed"] = float(self._breaker.probes_failed)
+        snap.extra["retry_in_s"] = self._breaker.retry_in_s
+        return snap
+
+    def close(self) -> None:
+        self._closing.set()
+        self._breaker.wake()
+        self._prober.join(timeout=5.0)
+        self._io.shutdown(wait=True)
+        if self._topology is not None:
+            self._topology.close()
+
+    # -- extras -----------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        """Whether calls currently reach the server (False while the breaker is open)."""
+        return self._breaker.up
+
+    def wait_available(self, timeout_s: float) -> bool:
+        return self._breaker.wait_up(timeout_s)
+
+    def key(self, page_hash: bytes) -> bytes:
+        return self.prefix + page_hash.hex().encode()
+
+    @property
+    def endpoint(self) -> RemoteEndpoint:
+        return self._endpoint
+
+    # -- reads --------------------------------------------------------------
+
+    def _read_batch(self, call: _Call, node: NodeAddress, idx: list[int]) -> list[_PageRead]:
+        """GET pages `idx` (all on `node`) pipelined on one connection, into their slots."""
+        if call.late():
+            self._count(late_skipped=len(idx))
+            return [_PageRead(i, _Status.LATE) for i in idx]
+        done: list[_PageRead] = []
+        topo = self._topology
+        try:
+            if topo is None:
+                raise ConnectionError("remote tier not connected")
+            with topo.connection(node) as conn:
+                conn.send([b"".join(command(b"GET", call.keys[i]) for i in idx)])
+                for i in idx:
+                    done.append(self._read_page(conn, i, call))
+        except _OUTAGE as exc:
+            self._outage(exc)
+        return done + [_PageRead(i, _Status.FAILED) for i in idx[len(done) :]]
+
+    def _read_page(self, conn: RespConnection, i: int, call: _Call) -> _PageRead:
+        """One GET reply: header checked, payload straight into the slot, then its checksum."""
+        try:
+            n = conn.read_bulk_len()
+        except RespError as exc:
+            return self._error_reply(i, exc)
+        if n is None:
+            return _PageRead(i, _Status.MISSING)
+        head = bytearray(HEADER_ALIGN)
+        take = min(n, HEADER_ALIGN)
+        conn.read_into(memoryview(head)[:take])
+        header = self._parse_header(conn, head, take, n)
+        if isinstance(header, str):
+            return _PageRead(i, _Status.CORRUPT, reason=header)
+        problem = self._header_problem(header, call.keys[i], n)
+        if problem is not None:
+            conn.skip(n - header.header_len)
+            conn.end_bulk()
+            return _PageRead(i, _Status.CORRUPT, reason=problem)
+        dst = memoryview(call.pool[call.slots[i]])
+        conn.read_into(dst)
+        conn.end_bulk()
+        if payload_checksum(dst) != header.payload_checksum:
+            return _PageRead(i, _Status.CORRUPT, reason="payload checksum mismatch")
+        return _PageRead(i, _Status.OK, header.tokens)
+
+    def _parse_header(
+        self, conn: RespConnection, head: bytearray, take: int, n: int
+    ) -> PageHeader | str:
+        """The value's header, reading past the first block if it is longer; or why not."""
+        try:
+            header_len = peek_header_len(head[:take])
+            if header_len > n:
+                raise HeaderError(f"header of {header_len} bytes in a {n}-byte value")
+            if header_len > take:
+                head.extend(bytes(header_len - take))
+                conn.read_into(memoryview(head)[take:header_len])
+                take = header_len
+            return decode_header(head[:header_len])
+        except HeaderError as exc:
+            conn.skip(n - take)
+            conn.end_bulk()
+            return f"bad header ({exc})"
+
+    def _header_problem(self, header: PageHeader, key: bytes, n: int) -> str | None:
+        if header.namespace != self.config.namespace:
+            return "page of another namespace"
+        if self.key(header.page_hash) != key:
+            return "page hash does not match the key"
+        if header.layout != self.layout:
+            return f"layout {header.layout} != {self.layout}"
+        if header.payload_len != self.page_bytes:
+            return f"payload length {header.payload_len} != {self.page_bytes}"
+        if n != header.header_len + header.payload_len:
+            return f"value of {n} bytes != header + payload"
+        return None
+
+    def _error_reply(self, i: int, exc: RespError) -> _PageRead:
+        if exc.kind in ("MOVED", "ASK"):
+            self._count(moved=1)
+            self._refresh_topology()
+        else:
+            self._count(server_errors=1)
+            log.debug("redis GET error reply: %s", exc)
+        # WRONGTYPE: something that is not our value sits under our key; replace it.
+        status = _Status.CORRUPT if exc.kind == "WRONGTYPE" else _Status.FAILED
+        return _PageRead(i, status, reason=str(exc))
+
+    def _after_reads(self, reads: list[_PageRead], keys: list[bytes]) -> None:
+        bad = [r for r in reads if r.status is _Status.CORRUPT]
+        if not bad:
+            return
+        log.warning(
+            "remote: %d pages failed verification (first: %s); deleting them",
+            len(bad),
+            bad[0].reason,
+        )
+        self._count(corrupt_detected=len(bad))
+        self._unlink([keys[r.index] for r in bad])
+
+    # -- writes -------------------------------------------------------------
+
+    def _write_batch(
+        self, call: _Call, node: NodeAddress, idx: list[int], tokens: list[tuple[int, ...]]
+    ) -> list[_PageRead]:
+        """SET pages `idx` pipelined on one connection, each sent straight from its slot."""
+        if call.late():
+            return [_PageRead(i, _Status.LATE) for i in idx]
+        buffers: list[bytes | memoryview] = []
+        for i in idx:
+            buffers += self._set_command(
+                call.keys[i], tokens[i], memoryview(call.pool[call.slots[i]])
+            )
+        done: list[_PageRead] = []
+        topo = self._topology
+        try:
+            if topo is None:
+                raise ConnectionError("remote tier not connected")
+            with topo.connection(node) as conn:
+                conn.send(buffers)
+                for i in idx:
+                    try:
+                        conn.read_status()
+                        done.append(_PageRead(i, _Status.OK))
+                    except RespError as exc:  # e.g. OOM: maxmemory reached, noeviction
+                        self._count(server_errors=1)
+                        done.append(_PageRead(i, _Status.FAILED, reason=str(exc)))
+        except _OUTAGE as exc:
+            self._outage(exc)
+        failed = [r for r in done if r.status is not _Status.OK]
+        if failed:
+            log.warning("remote: %d pages not stored: %s", len(failed), failed[0].reason)
+        return done + [_PageRead(i, _Status.FAILED) for i in idx[len(done) :]]
+
+    def _set_command(
+        self, key: bytes, tokens: tuple[int, ...], payload: memoryview
+    ) -> list[bytes | memoryview]:
+        """SET key <header + payload> [EX ttl], framed around the slot's memory (no join)."""
+        header = encode_header(
+            PageHeader(
+                self.config.namespace,
+                bytes.fromhex(key[len(self.prefix) :].decode()),
+                tokens,
+                self.layout,
+                self.page_bytes,
+                payload_checksum(payload),
+            )
+        )
+        ttl = self.config.ttl_s
+        argc = 3 if ttl is None else 5
+        value_len = len(header) + len(payload)
+        head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (argc, len(key), key, value_len)
+        tail = b"\r\n"
+        if ttl is not None:
+            t = str(ttl).encode()
+            tail += b"$2\r\nEX\r\n$%d\r\n%s\r\n" % (len(t), t)
+        return [head, header, payload, tail]
+
+    # -- small commands (redis-py) -----------------------------------------
+
+    def _exists_flags(self, keys: list[bytes], touch: bool = False) -> list[bool]:
+        """Per key, whether it is stored ([] when the tier is down); `touch` renews TTLs."""
+        topo = self._usable()
+        if topo is None or not keys:
+            return []
+        try:
+            pipe = topo.client.pipeline(transaction=False)
+            for k in keys:
+                if touch:
+                    pipe.expire(k, self.config.ttl_s)  # 1 if it exists (and is renewed), else 0
+                else:
+                    pipe.exists(k)
+            return [bool(x) for x in pipe.execute()]
+        except _OUTAGE as exc:
+            self._outage(exc)
+        except ResponseError as exc:
+            self._count(server_errors=1)
+            log.warning("remote EXISTS failed: %s", exc)
+        return []
+
+    def _unlink(self, keys: list[bytes]) -> int:
+        topo = self._usable()
+        if topo is None or not keys:
+            return 0
+        removed = 0
+        try:
+            for k in range(0, len(keys), _UNLINK_BATCH):
+                pipe = topo.client.pipeline(transaction=False)
+                for key in keys[k : k + _UNLINK_BATCH]:
+                    pipe.unlink(key)
+                removed += sum(int(x) for x in pipe.execute())
+        except _OUTAGE as exc:
+            self._outage(exc)
+        except ResponseError as exc:
+            log.warning("remote UNLINK failed: %s", exc)
+        return removed
+
+    # -- fan-out, faults, probing --------------------------------------------
+
+    def _fan_out(self, topo: RedisTopology, call: _Call, batch_fn) -> list[_PageRead]:
+        """Run `batch_fn(call, node, indices)` per node and batch in parallel; results by index."""
+        by_node: dict[NodeAddress, list[int]] = {}
+        try:
+            for i, key in enumerate(call.keys):
+                by_node.setdefault(topo.node_of(key), []).append(i)
+        except _OUTAGE as exc:
+            self._outage(exc)
+            return [_PageRead(i, _Status.FAILED) for i in range(len(call.keys))]
+        step = self.config.batch_pages
+        futures = [
+            self._io.submit(batch_fn, call, node, idx[k : k + step])
+            for node, idx in by_node.items()
+            for k in range(0, len(idx), step)
+        ]
+        results = [r for f in futures for r in f.result()]
+        return sorted(results, key=lambda r: r.index)
+
+    def _usable(self) -> RedisTopology | None:
+        topo = self._topology
+        if topo is None or not self._breaker.up:
+            self._count(skipped_down=1)
+            return None
+        return topo
+
+    def _outage(self, exc: BaseException) -> None:
+        reason = f"{type(exc).__name__}: {exc}"
+        if self._breaker.trip(reason):
+            log.warning(
+                "remote tier %s unavailable (%s); serving without it until it answers again",
+                self._endpoint,
+                reason,
+            )
+        self._count(transport_errors=1)
+
+    def _refresh_topology(self) -> None:
+        topo = self._topology
+        if topo is None:
+            return
+        try:
+            topo.refresh()
+        except _OUTAGE as exc:
+            self._outage(exc)
+
+    def _probe_loop(self) -> None:
+        while self._breaker.wait_probe(self._closing):
+            try:
+                topo = RedisTopology(self._endpoint, self.config.control_timeout_s)
+            except _OUTAGE as exc:
+                self._probe_failed(exc)
+                continue
+            try:
+                topo.check()
+            except (*_OUTAGE, RespError) as exc:
+                topo.close()
+                self._probe_failed(exc)
+                continue
+            old, self._topology = self._topology, topo
+            if old is not None:
+                old.close()
+            self._breaker.recovered()
+            log.info("remote tier %s available (key prefix %s)", self._endpoint, self.prefix)
+
+    def _probe_failed(self, exc: BaseException) -> None:
+        reason = f"{type(exc).__name__}: {exc}"
+        first = self._breaker.probes_failed == 0 and self._breaker.trips == 0
+        self._breaker.probe_failed(reason)
+        level = logging.WARNING if first else logging.DEBUG
+        log.log(level, "remote tier %s not reachable: %s; retrying", self._endpoint, reason)
+
+    def _count(self, **deltas: int) -> None:
+        with self._stats_lock:
+            for name, delta in deltas.items():
+                if hasattr(self._stats, name):
+                    setattr(self._stats, name, getattr(self._stats, name) + delta)
+                else:
+                    self._stats.extra[name] = self._stats.extra.get(name, 0.0) + delta

@@ -1,0 +1,96 @@
+"""Fixtures for the remote-tier tests: real redis-server processes, pools, backends."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from remote_helpers import (
+    NAMESPACE,
+    SMALL,
+    Backends,
+    Pool,
+    RedisClusterNodes,
+    RedisServer,
+    redis_server_binary,
+)
+
+from asynchicache.storage.base import PageLayout
+from asynchicache.storage.redis import RedisBackend, RedisConfig
+
+
+@pytest.fixture(scope="session")
+def redis_binary() -> str:
+    return redis_server_binary()
+
+
+@pytest.fixture
+def redis_servers(redis_binary: str, tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """Start redis-servers (each in its own folder); all are stopped after the test."""
+    started: list[RedisServer] = []
+
+    def start(*extra: str, port: int | None = None) -> RedisServer:
+        server = RedisServer(redis_binary, tmp_path / f"redis-{len(started)}", port, *extra)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def redis_server(redis_servers: Callable[..., RedisServer]) -> RedisServer:
+    return redis_servers()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(redis_binary: str) -> Iterator[RedisClusterNodes]:
+    folder = Path(tempfile.mkdtemp(prefix="acredis-"))
+    cluster = RedisClusterNodes(redis_binary, folder)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def make_pool() -> Iterator[Callable[..., Pool]]:
+    pools: list[Pool] = []
+
+    def make(slots: int, layout: PageLayout = SMALL) -> Pool:
+        pools.append(Pool(slots, layout))
+        return pools[-1]
+
+    yield make
+    for p in pools:
+        p.close()
+
+
+@pytest.fixture
+def remote_backends() -> Iterator[Backends]:
+    """RedisBackends with fast reconnects; `wait=True` waits until the tier is up."""
+    opened: list[RedisBackend] = []
+
+    def make(
+        url: str,
+        layout: PageLayout = SMALL,
+        namespace: bytes = NAMESPACE,
+        wait: bool = True,
+        **kw: object,
+    ) -> RedisBackend:
+        kw.setdefault("retry_initial_s", 0.1)
+        kw.setdefault("retry_max_s", 0.4)
+        backend = RedisBackend(RedisConfig(url, namespace, layout, **kw))  # type: ignore[arg-type]
+        opened.append(backend)
+        if wait:
+            assert backend.wait_available(10.0), backend.stats()
+        return backend
+
+    yield make
+    for b in opened:
+        b.close()
