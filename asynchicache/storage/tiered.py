@@ -1,0 +1,204 @@
+"""L3 + L4 behind one backend: the disk first, then the remote tier.
+
+The cache service holds one `TieredBackend` per namespace, so the engine sees
+a single storage tier and its protocol does not change:
+
+* `exists` counts the chain's leading pages on disk, then continues the chain
+  in the remote tier;
+* `load` (and `get`) reads the disk part, then the rest from the remote tier,
+  and reports how many pages came from L4. Pages found only remotely are
+  copied to disk on the way up when admission allows (`promote_to_disk`), in
+  the background from private copies so the load does not wait for the disk;
+* `put` writes to disk and (`write_remote`) queues the same pages for the
+  remote tier from private copies, so stores do not wait on the network. When
+  the staging budget is spent the upload happens inline instead (the slots
+  are still pinned then), so no page is silently left out of L4.
+
+A remote tier that is down (circuit breaker open) is skipped at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from asynchicache.storage.base import BackendStats, PageRef
+from asynchicache.storage.disk import DiskBackend
+from asynchicache.storage.redis import RedisBackend
+from asynchicache.storage.write_behind import WriteBehind
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TieredConfig:
+    """How the disk and the remote tier cooperate."""
+
+    write_remote: bool = True  # every page stored on disk is also uploaded to L4
+    promote_to_disk: bool = True  # pages read only from L4 are written to disk too
+    # The engine's L2 -> L3 admission (CacheConfig.disk_admit_hits / _tokens), applied to
+    # promotions: a load is one hit; its chain is at least `pages * page_tokens` long.
+    admit_hits: int = 0
+    admit_tokens: int = 0
+    page_tokens: int = 16
+    staging_bytes: int = 1 << 30  # private copies awaiting background writes, per direction
+    close_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.admit_hits < 0 or self.admit_tokens < 0 or self.page_tokens <= 0:
+            raise ValueError("admission limits must be >= 0 and page_tokens positive")
+        if self.staging_bytes <= 0:
+            raise ValueError("staging_bytes must be positive")
+
+    def admits(self, pages: int) -> bool:
+        """Whether a chain of `pages` pages read from L4 may be written to disk."""
+        if self.admit_hits == 0 and self.admit_tokens == 0:
+            return True
+        return (0 < self.admit_hits <= 1) or (
+            self.admit_tokens > 0 and pages * self.page_tokens >= self.admit_tokens
+        )
+
+
+@dataclass(frozen=True)
+class TieredRead:
+    """A finished load: leading pages verified in L2, and how many of them came from L4."""
+
+    pages_ok: int
+    pages_from_remote: int = 0
+
+
+class TieredBackend:
+    """StorageBackend composing `DiskBackend` (L3) and an optional `RedisBackend` (L4)."""
+
+    def __init__(
+        self,
+        disk: DiskBackend,
+        remote: RedisBackend | None = None,
+        config: TieredConfig | None = None,
+    ) -> None:
+        self.disk = disk
+        self.remote = remote
+        self.config = config or TieredConfig()
+        self.layout = disk.layout
+        budget = self.config.staging_bytes
+        self._uploads = WriteBehind("remote-upload", budget) if remote else None
+        self._promotions = WriteBehind("disk-promotion", budget) if remote else None
+        self._counters = {"pages_from_remote": 0, "uploads_inline": 0, "promotions_skipped": 0}
+        self._lock = threading.Lock()  # the service's workers share this backend
+
+    # -- StorageBackend -------------------------------------------------
+
+    def exists(self, hashes: Sequence[bytes]) -> int:
+        on_disk = self.disk.exists(hashes)
+        if on_disk == len(hashes) or not self._remote_up():
+            return on_disk
+        assert self.remote is not None
+        return on_disk + self.remote.exists(hashes[on_disk:])
+
+    def get(
+        self,
+        hashes: Sequence[bytes],
+        slots: Sequence[int],
+        pool: np.ndarray,
+        deadline: float | None = None,
+    ) -> int:
+        return self.load(hashes, slots, pool, deadline).pages_ok
+
+    def load(
+        self,
+        hashes: Sequence[bytes],
+        slots: Sequence[int],
+        pool: np.ndarray,
+        deadline: float | None = None,
+    ) -> TieredRead:
+        """Disk first, then L4 for the rest of the chain; see the module docstring."""
+        on_disk = self.disk.get(hashes, slots, pool, deadline)
+        if on_disk == len(hashes) or not self._remote_up():
+            return TieredRead(on_disk)
+        assert self.remote is not None
+        rest_h, rest_s = list(hashes[on_disk:]), list(slots[on_disk:])
+        tokens = self.remote.read(rest_h, rest_s, pool, deadline)
+        got = len(tokens)
+        if got:
+            self._count("pages_from_remote", got)
+            pages = [PageRef(h, t, s) for h, t, s in zip(rest_h, tokens, rest_s, strict=False)]
+            self._promote(pages, pool, len(hashes))
+        return TieredRead(on_disk + got, got)
+
+    def put(self, pages: Sequence[PageRef], pool: np.ndarray, deadline: float | None = None) -> int:
+        stored = self.disk.put(pages, pool, deadline)
+        if self.config.write_remote and pages and self._remote_up():
+            self._upload(pages, pool, deadline)
+        return stored
+
+    def delete(self, hashes: Sequence[bytes]) -> int:
+        removed = self.disk.delete(hashes)
+        if self.remote is not None:
+            removed += self.remote.delete(hashes)
+        return removed
+
+    def clear(self) -> int:
+        """Every page of the namespace, on disk and (shared by all instances) in L4."""
+        removed = self.disk.clear()
+        if self.remote is not None:
+            removed += self.remote.clear()
+        return removed
+
+    def stats(self) -> BackendStats:
+        """The disk's stats, with the tiering counters in `extra`."""
+        snap = self.disk.stats()
+        with self._lock:
+            counters = dict(self._counters)
+        for name, value in counters.items():
+            snap.extra[name] = float(value)
+        for wb in (self._uploads, self._promotions):
+            if wb is not None:
+                for name, value in wb.counters.items():
+                    snap.extra[f"{wb.name}_{name}"] = float(value)
+                snap.extra[f"{wb.name}_staged_bytes"] = float(wb.staged_bytes)
+        return snap
+
+    def remote_stats(self) -> BackendStats | None:
+        return self.remote.stats() if self.remote is not None else None
+
+    def drain(self, timeout_s: float = 30.0) -> bool:
+        """Wait for queued uploads and promotions (tests, shutdown)."""
+        return all(
+            wb.drain(timeout_s) for wb in (self._uploads, self._promotions) if wb is not None
+        )
+
+    def close(self) -> None:
+        for wb in (self._uploads, self._promotions):
+            if wb is not None:
+                wb.close(self.config.close_timeout_s)
+        if self.remote is not None:
+            self.remote.close()
+        self.disk.close()
+
+    # -- internals ----------------------------------------------------------
+
+    def _remote_up(self) -> bool:
+        return self.remote is not None and self.remote.available
+
+    def _upload(self, pages: Sequence[PageRef], pool: np.ndarray, deadline: float | None) -> None:
+        assert self.remote is not None and self._uploads is not None
+        unique = list({p.page_hash: p for p in pages}.values())
+        if not self._uploads.submit(unique, pool, self.remote.put):
+            # Staging is full: upload now, while the store still pins its slots.
+            self._count("uploads_inline")
+            self.remote.put(unique, pool, deadline)
+
+    def _promote(self, pages: list[PageRef], pool: np.ndarray, chain_pages: int) -> None:
+        assert self._promotions is not None
+        if not (self.config.promote_to_disk and self.config.admits(chain_pages)):
+            return
+        if not self._promotions.submit(pages, pool, self.disk.put):
+            self._count("promotions_skipped")
+
+    def _count(self, name: str, delta: int = 1) -> None:
+        with self._lock:
+            self._counters[name] += delta
