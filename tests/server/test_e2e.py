@@ -223,8 +223,20 @@ def test_a_crashed_cache_service_is_restarted(served: dict[str, object]) -> None
     messages = [{"role": "user", "content": "Name three colours of the rainbow. " * 20}]
     _, text, usage = _timed_chat(server, messages)
     assert text and usage.prompt_tokens > 0  # type: ignore[attr-defined]
+
+
+def test_a_dead_engine_stops_the_server_and_leaves_nothing(served: dict[str, object]) -> None:
+    server = served.get("restarted")
+    assert isinstance(server, ServerProcess) and server.proc is not None
+    disk = served["disk"]
+    assert isinstance(disk, Path)
     children = children_of(server.proc.pid)
-    assert server.stop() == 0
+    (engine,) = [p for p in children if process_title(p) == "asynchicache: engine"]
+    segments = [s for s in list_segments() if f"-{engine}-" in s]
+    assert segments, "the engine should own the L2 segment"
+    os.kill(engine, signal.SIGKILL)  # no chance to unlink its segment
+    assert server.proc.wait(60) == 1
     time.sleep(0.5)
     assert [pid for pid in children if alive(pid)] == []
+    assert not set(segments) & set(list_segments())
     assert list(disk.rglob(".tmp-*")) == []
