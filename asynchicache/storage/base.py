@@ -140,7 +140,8 @@ class Completion:
     For a load, `pages_ok` is the number of leading pages that were read into
     their L2 slots and verified; the rest must be recomputed. For a store it is
     the number of pages persisted. `error` explains a failure (timeout, service
-    down, corrupt page) and is None on full success.
+    down, corrupt page) and is None on full success. `pages_from_remote` is how
+    many of a load's `pages_ok` came from the remote tier (L4) rather than disk.
     """
 
     ticket: int
@@ -148,6 +149,7 @@ class Completion:
     pages_ok: int
     pages_requested: int
     error: str | None = None
+    pages_from_remote: int = 0
 
 
 class StorageTier(Protocol):

@@ -334,7 +334,8 @@ class StorageClient:
             if reply.error:
                 log.warning("cache service refused registration: %s", reply.error)
         elif isinstance(reply, LoadReply | StoreReply):
-            self._complete(reply.req_id, reply.pages_ok, reply.error)
+            remote = reply.pages_from_remote if isinstance(reply, LoadReply) else 0
+            self._complete(reply.req_id, reply.pages_ok, reply.error, remote)
         elif isinstance(reply, ErrorReply) and reply.req_id in self._pending:
             self._retry_or_fail(reply)
         else:
@@ -351,10 +352,11 @@ class StorageClient:
                 return
         self._fail(reply.req_id, f"{reply.code}: {reply.message}")
 
-    def _complete(self, ticket: int, pages_ok: int, error: str | None) -> None:
+    def _complete(self, ticket: int, pages_ok: int, error: str | None, remote: int = 0) -> None:
         pending = self._pending.pop(ticket, None)
         if pending is not None:  # None: it already timed out or failed
-            self._done.append(Completion(ticket, pending.kind, pages_ok, pending.requested, error))
+            done = Completion(ticket, pending.kind, pages_ok, pending.requested, error, remote)
+            self._done.append(done)
 
     def _fail(self, ticket: int, error: str) -> None:
         self._complete(ticket, 0, error)

@@ -84,6 +84,7 @@ class LoadReply:
     pages_ok: int
     pages_requested: int
     error: str | None = None
+    pages_from_remote: int = 0  # of pages_ok, read from L4 (Redis) rather than disk
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class StatsReply:
     req_id: int
     disk: BackendStats | None = None
     service: dict[str, float] = field(default_factory=dict)
+    remote: BackendStats | None = None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The cache service: one process per machine that owns L3 (and later L4) for its engines.
+"""The cache service: one process per machine that owns L3 and L4 for its engines.
 
     python -m asynchicache.storage.service --disk-cache-dir DIR [--socket ipc://...]
 
@@ -34,7 +34,7 @@ import numpy as np
 import zmq
 
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.disk import DiskBackend, DiskConfig, SyncMode
+from asynchicache.storage.disk import DiskConfig, SyncMode
 from asynchicache.storage.fileio import make_private_dir
 from asynchicache.storage.messages import (
     Cancel,
@@ -57,6 +57,7 @@ from asynchicache.storage.messages import (
     encode,
 )
 from asynchicache.storage.shm import SharedSegment, owner_pid
+from asynchicache.storage.tiered import RemoteTierConfig, TieredBackend, open_tiered
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class ServiceConfig:
     sync: SyncMode = SyncMode.BATCH
     direct_io: bool = True
     client_ttl_s: float = 120.0  # a client silent this long (no heartbeat) is dropped
+    remote: RemoteTierConfig | None = None  # L4 (Redis/Valkey) behind the disk: --remote-url
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disk_cache_dir", Path(self.disk_cache_dir))
@@ -115,7 +117,7 @@ class _Client:
     """A registered engine: its namespace's backend and its L2 pool view."""
 
     segment: str
-    backend: DiskBackend
+    backend: TieredBackend
     pool: np.ndarray  # [slots, page_bytes] uint8 view of the client's L2 segment
     last_seen: float
 
@@ -128,7 +130,7 @@ class CacheService:
         self.stop = stop or threading.Event()
         self._clients: dict[bytes, _Client] = {}
         self._segments: dict[str, tuple[SharedSegment, int]] = {}
-        self._backends: dict[tuple[bytes, PageLayout], DiskBackend] = {}
+        self._backends: dict[tuple[bytes, PageLayout], TieredBackend] = {}
         self._running: dict[tuple[bytes, int], Future] = {}
         self._done: queue.SimpleQueue[tuple[bytes, Reply]] = queue.SimpleQueue()
         self._counters: dict[str, float] = {}
@@ -199,7 +201,8 @@ class CacheService:
             self._send(ident, self._register(ident, msg))
         elif isinstance(msg, Stats):
             disk = client.backend.stats() if client else None
-            self._send(ident, StatsReply(msg.req_id, disk, self._service_stats()))
+            remote = client.backend.remote_stats() if client else None
+            self._send(ident, StatsReply(msg.req_id, disk, self._service_stats(), remote))
         elif isinstance(msg, Cancel):
             future = self._running.get((ident, msg.target))
             self._send(ident, CancelReply(msg.req_id, msg.target, bool(future and future.cancel())))
@@ -236,11 +239,11 @@ class CacheService:
         log.info("cache service: client registered segment %s (%d slots)", msg.segment, slots)
         return RegisterReply(msg.req_id, slots)
 
-    def _backend(self, namespace: bytes, layout: PageLayout) -> DiskBackend:
+    def _backend(self, namespace: bytes, layout: PageLayout) -> TieredBackend:
         key = (namespace, layout)
         if key not in self._backends:
             cfg = self.config
-            self._backends[key] = DiskBackend(
+            self._backends[key] = open_tiered(
                 DiskConfig(
                     cfg.disk_cache_dir,
                     namespace,
@@ -249,7 +252,8 @@ class CacheService:
                     io_threads=cfg.io_threads,
                     sync=cfg.sync,
                     direct_io=cfg.direct_io,
-                )
+                ),
+                cfg.remote,
             )
         return self._backends[key]
 
@@ -357,9 +361,10 @@ class CacheService:
 
 def _execute(msg: Load | Store | Clear, client: _Client, deadline: float) -> Reply:
     if isinstance(msg, Load):
-        ok = client.backend.get(msg.hashes, msg.slots, client.pool, deadline)
-        n = len(msg.hashes)
-        return LoadReply(msg.req_id, ok, n, None if ok == n else f"{n - ok} of {n} pages missed")
+        read = client.backend.load(msg.hashes, msg.slots, client.pool, deadline)
+        ok, n = read.pages_ok, len(msg.hashes)
+        error = None if ok == n else f"{n - ok} of {n} pages missed"
+        return LoadReply(msg.req_id, ok, n, error, read.pages_from_remote)
     if isinstance(msg, Store):
         ok = client.backend.put(msg.pages, client.pool, deadline)
         n = len(msg.pages)
@@ -407,6 +412,8 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
     )
     p.add_argument("--no-direct-io", action="store_true", help="never use O_DIRECT")
     p.add_argument("--client-ttl", type=float, default=120.0, help="forget silent clients (s)")
+    p.add_argument("--remote-url", help="L4 Redis/Valkey, e.g. redis://127.0.0.1:6379/0")
+    p.add_argument("--remote-ttl", type=int, help="L4 value expiry in seconds (default: none)")
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
@@ -419,6 +426,7 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
         sync=SyncMode(a.disk_sync),
         direct_io=not a.no_direct_io,
         client_ttl_s=a.client_ttl,
+        remote=RemoteTierConfig(a.remote_url, a.remote_ttl) if a.remote_url else None,
     )
 
 

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from asynchicache.storage.base import BackendStats, PageRef
-from asynchicache.storage.disk import DiskBackend
-from asynchicache.storage.redis import RedisBackend
+from asynchicache.storage.disk import DiskBackend, DiskConfig
+from asynchicache.storage.redis import RedisBackend, RedisConfig
+from asynchicache.storage.redis_topology import parse_remote_url
 from asynchicache.storage.write_behind import WriteBehind
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,41 @@ class TieredConfig:
         return (0 < self.admit_hits <= 1) or (
             self.admit_tokens > 0 and pages * self.page_tokens >= self.admit_tokens
         )
+
+
+@dataclass(frozen=True)
+class RemoteTierConfig:
+    """The cache service's L4 settings, shared by every namespace it serves."""
+
+    url: str  # --remote-url: redis[s][+cluster]://[user:password@]host[:port][/db]
+    ttl_s: int | None = None  # --remote-ttl; None: the server's maxmemory-policy evicts
+    cluster: bool | None = None  # None: from the URL
+    write_remote: bool = True
+    promote_to_disk: bool = True
+    admit_hits: int = 0  # CacheConfig.disk_admit_hits
+    admit_tokens: int = 0  # CacheConfig.disk_admit_tokens
+
+    def __post_init__(self) -> None:
+        parse_remote_url(self.url, self.cluster)  # a bad URL fails at start, naming the flag
+        if self.ttl_s is not None and self.ttl_s <= 0:
+            raise ValueError(f"--remote-ttl must be positive seconds, got {self.ttl_s}")
+
+
+def open_tiered(disk: DiskConfig, remote: RemoteTierConfig | None) -> TieredBackend:
+    """The service's backend for one namespace: its disk store, and L4 when configured."""
+    if remote is None:
+        return TieredBackend(DiskBackend(disk))
+    redis_cfg = RedisConfig(
+        remote.url, disk.namespace, disk.layout, ttl_s=remote.ttl_s, cluster=remote.cluster
+    )
+    tiered = TieredConfig(
+        write_remote=remote.write_remote,
+        promote_to_disk=remote.promote_to_disk,
+        admit_hits=remote.admit_hits,
+        admit_tokens=remote.admit_tokens,
+        page_tokens=disk.layout.shape[2],  # [layers, 2, page_size, kv_heads, head_dim]
+    )
+    return TieredBackend(DiskBackend(disk), RedisBackend(redis_cfg), tiered)
 
 
 @dataclass(frozen=True)
