@@ -82,6 +82,7 @@ class GGUFFile:
             tie_embeddings="output.weight" not in names,
             qkv_bias="blk.0.attn_q.bias" in names,
             o_bias="blk.0.attn_output.bias" in names,
+            mlp_bias="blk.0.ffn_up.bias" in names,
             qk_norm="blk.0.attn_q_norm.weight" in names,
             sliding_windows=(None if window is None else int(window),) * layers,
             bos_token_id=self.value("tokenizer.ggml.bos_token_id"),
