@@ -106,6 +106,7 @@ class LoadTicket:
     id: int
     pages_from_host: int
     pages_from_storage: int
+    pages_from_remote: int = 0  # of the storage pages that arrived, those read from L4
     done: bool = False
     ok: bool = False
     device_pages: list[int] = field(default_factory=list)
@@ -650,6 +651,7 @@ class HiRadixCache:
 
     def _on_storage_loaded(self, job: _Load, slots: list[int], c: Completion) -> None:
         k = max(0, min(c.pages_ok, len(slots)))
+        job.ticket.pages_from_remote += min(c.pages_from_remote, k)
         if c.error is not None or k < len(slots):
             job.errors.append(f"storage delivered {k} of {len(slots)} pages: {c.error}")
         self._inflight_host.difference_update(slots)

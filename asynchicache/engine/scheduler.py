@@ -171,10 +171,12 @@ class Scheduler:
                 self.cache.unlock(ticket.handle)
                 continue
             ps = self.page_size
+            remote = min(ticket.pages_from_remote, ticket.pages_from_storage)
             cached = CachedTokens(
                 device=req.cached.device,
                 host=ticket.pages_from_host * ps,
-                disk=ticket.pages_from_storage * ps,
+                disk=(ticket.pages_from_storage - remote) * ps,
+                remote=remote * ps,
             )
             self._take_prefix(req, ticket.handle, list(ticket.device_pages), cached)
             self._observe_load(ticket)
