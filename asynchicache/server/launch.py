@@ -42,6 +42,7 @@ from asynchicache.server.options import LaunchConfig
 from asynchicache.server.supervisor import ChildSpec, Supervisor
 from asynchicache.storage.service import ServiceConfig, run_service
 from asynchicache.storage.shm import remove_stale_segments
+from asynchicache.storage.tiered import RemoteTierConfig
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +92,19 @@ def _service_spec(cache: CacheConfig, run_dir: Path, log_level: str) -> ChildSpe
     """The cache service child (restarted if it crashes), when the disk tier is on."""
     if not cache.disk_enabled or cache.disk_cache_dir is None:
         return None
+    remote = None
+    if cache.remote_url is not None:
+        remote = RemoteTierConfig(
+            cache.remote_url,
+            ttl_s=cache.remote_ttl_s,
+            admit_hits=cache.disk_admit_hits,
+            admit_tokens=cache.disk_admit_tokens,
+        )
     config = ServiceConfig(
         disk_cache_dir=cache.disk_cache_dir,
         address=f"ipc://{run_dir / 'cache-service'}",
         capacity_bytes=int(cache.disk_cache_gb * 1e9),
+        remote=remote,
     )
     return ChildSpec("cache-service", run_cache_service, ServiceLaunch(config, log_level), True)
 

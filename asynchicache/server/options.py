@@ -38,6 +38,11 @@ class LaunchConfig:
     host_cache_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if self.cache.remote_url is not None and not self.cache.disk_enabled:
+            raise ValueError(
+                "--remote-url needs the disk tier (drop --no-disk-cache/--no-prefix-cache): "
+                "the cache service keeps L4 behind L3"
+            )
         if self.host_cache_tokens is not None and self.host_cache_tokens <= 0:
             raise ValueError(
                 f"--hiradix_cache_token_num must be positive, got {self.host_cache_tokens}"
@@ -150,6 +155,9 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         "--remote-url", help="L4 Redis/Valkey URL, e.g. redis://127.0.0.1:6379/0 (default: off)"
     )
     g.add_argument(
+        "--remote-ttl", type=int, help="L4 value expiry in seconds (default: the server evicts)"
+    )
+    g.add_argument(
         "--write-policy",
         default=c.write_policy.value,
         choices=[w.value for w in WritePolicy],
@@ -233,7 +241,16 @@ def _device(args: argparse.Namespace) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _check_remote_url(url: str | None) -> None:
+    """A malformed --remote-url fails now, not in the cache service after the model loaded."""
+    if url is not None:
+        from asynchicache.storage.redis_topology import parse_remote_url  # pulls in redis-py
+
+        parse_remote_url(url)
+
+
 def _cache(args: argparse.Namespace) -> CacheConfig:
+    _check_remote_url(args.remote_url)
     return CacheConfig(
         page_size=args.page_size,
         device_cache_tokens=args.device_cache_tokens,
@@ -249,6 +266,7 @@ def _cache(args: argparse.Namespace) -> CacheConfig:
         disk_admit_hits=args.disk_admit_hits,
         disk_admit_tokens=args.disk_admit_tokens,
         remote_url=args.remote_url,
+        remote_ttl_s=args.remote_ttl,
     )
 
 

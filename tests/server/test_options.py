@@ -71,6 +71,7 @@ def test_flags_map_to_fields(tmp_path: Path) -> None:
     assert c.prefetch_policy is PrefetchPolicy.TIMEOUT
     assert (c.disk_admit_hits, c.disk_admit_tokens) == (2, 512)
     assert c.remote_url == "redis://127.0.0.1:6379/0"
+    assert _config("--remote-url", "redis://h:1/0", "--remote-ttl", "60").cache.remote_ttl_s == 60
 
 
 def test_tiers_can_be_switched_off() -> None:
@@ -104,6 +105,8 @@ def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--hiradix_cache_token_num", "-5"], "--hiradix_cache_token_num"),
         (["--dtype", "int3"], "--dtype"),
         (["--write-policy", "sometimes"], "--write-policy"),
+        (["--remote-url", "http://x"], "--remote-url"),
+        (["--remote-url", "redis://127.0.0.1:6379/0", "--no-disk-cache"], "--remote-url"),
     ],
 )
 def test_bad_values_exit_with_a_message_naming_the_flag(argv: list[str], flag: str) -> None:
