@@ -259,23 +259,26 @@ class HiRadixCache:
         if self.host_pool is None:
             return
         cfg = self.config
+        hot: list[RadixNode] = []
+        due: list[RadixNode] = []
+        if cfg.write_policy == WritePolicy.WRITE_THROUGH_SELECTIVE:
+            threshold = cfg.write_through_threshold
+            hot = [
+                n
+                for n in path
+                if n.device is not None and n.host is None and n.hit_count >= threshold
+            ]
+        if self.storage is not None and cfg.disk_admit_hits > 0:
+            due = [n for n in path if n.host is not None and n.hit_count >= cfg.disk_admit_hits]
+        if not hot and not due:
+            return
         deepest = path[-1]
-        self.tree.lock(deepest)  # writes below may evict L2; keep this match's nodes
+        self.tree.lock(deepest)  # the writes below may evict L2: keep this match's nodes
         try:
-            if cfg.write_policy == WritePolicy.WRITE_THROUGH_SELECTIVE:
-                hot = [
-                    n
-                    for n in path
-                    if n.device is not None
-                    and n.host is None
-                    and n.hit_count >= cfg.write_through_threshold
-                ]
-                if hot:
-                    self._write_nodes(hot, prompt_tokens)
-            if self.storage is not None and cfg.disk_admit_hits > 0:
-                due = [n for n in path if n.host is not None and n.hit_count >= cfg.disk_admit_hits]
-                if due:
-                    self._store_nodes(due)
+            if hot:
+                self._write_nodes(hot, prompt_tokens)
+            if due:
+                self._store_nodes(due)
         finally:
             self.tree.unlock(deepest)
 
@@ -717,7 +720,9 @@ class HiRadixCache:
         t.done = True
         t.device_pages = device
         t.handle = MatchHandle(last)
-        t.ok = len(device) >= job.expected_pages and not job.errors
+        if len(device) < job.expected_pages and not job.errors:
+            job.errors.append(f"{len(device)} of {job.expected_pages} pages reached L1")
+        t.ok = not job.errors
         t.error = "; ".join(job.errors) or None
         t.elapsed_s = time.monotonic() - job.started
         if not t.ok:
