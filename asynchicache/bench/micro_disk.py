@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--total-mb", type=int, default=768, help="bytes moved per measurement")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bench-dir", type=Path, default=None, help="default: under /var/tmp")
-    parser.add_argument("--io-threads", type=int, default=8)
+    parser.add_argument("--io-threads", type=int, default=16)
     parser.add_argument("--batch-pages", type=int, default=64, help="pages per put/get call")
     parser.add_argument("--no-direct-io", action="store_true", help="buffered I/O in the backend")
     parser.add_argument("--dd-direct", action="store_true", help="dd reads with iflag=direct")
@@ -63,7 +63,7 @@ class DiskBenchOptions:
     total_mb: int = 768
     repeats: int = 3
     bench_dir: Path | None = None
-    io_threads: int = 8
+    io_threads: int = 16
     batch_pages: int = 64
     no_direct_io: bool = False
     dd_direct: bool = False

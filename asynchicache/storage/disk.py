@@ -114,7 +114,7 @@ class DiskConfig:
     namespace: bytes
     layout: PageLayout
     capacity_bytes: int
-    io_threads: int = 8
+    io_threads: int = 16  # page reads/writes in flight: disks want a deep queue
     sync: SyncMode = SyncMode.BATCH
     direct_io: bool = True  # O_DIRECT when the layout and pool are aligned
     scan_wait_s: float = 0.5  # a start waits this long for the index; larger scans go on behind

@@ -93,7 +93,7 @@ class ServiceConfig:
     disk_cache_dir: Path
     address: str = field(default_factory=default_address)
     capacity_bytes: int = 20 * 10**9
-    io_threads: int = 8
+    io_threads: int = 16
     workers: int = 4
     sync: SyncMode = SyncMode.BATCH
     direct_io: bool = True
@@ -402,7 +402,7 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
     p.add_argument("--disk-cache-dir", type=Path, required=True)
     p.add_argument("--socket", default=default_address(), help="ZeroMQ address to bind")
     p.add_argument("--disk-cache-gb", type=float, default=20.0)
-    p.add_argument("--io-threads", type=int, default=8, help="parallel file I/O per namespace")
+    p.add_argument("--io-threads", type=int, default=16, help="parallel file I/O per namespace")
     p.add_argument("--workers", type=int, default=4, help="requests served at once")
     p.add_argument(
         "--disk-sync",
