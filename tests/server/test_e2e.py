@@ -135,6 +135,33 @@ def test_repeated_long_prompt_is_served_from_the_cache(served: dict[str, object]
     print(f"\ncold TTFT {cold_ttft:.3f}s, warm TTFT {warm_ttft:.3f}s, tiers {_tiers(warm_usage)}")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: the engine keeps cache_salt on the request but its radix tree and page "
+    "hashes ignore it, so tenants share pages (engine/cache fix pending)",
+)
+def test_cache_salt_separates_namespaces(served: dict[str, object]) -> None:
+    server = served["server"]
+    assert isinstance(server, ServerProcess)
+    client = _client(server)
+    prompt = "Salted prompt. " + " ".join(f"Line {i} of a private document." for i in range(20))
+
+    def cached(salt: str) -> int:
+        resp = client.completions.create(
+            model="SmolLM2-135M-Instruct",
+            prompt=prompt,
+            max_tokens=1,
+            temperature=0,
+            extra_body={"cache_salt": salt},
+        )
+        assert resp.usage is not None and resp.usage.prompt_tokens_details is not None
+        return resp.usage.prompt_tokens_details.cached_tokens or 0
+
+    assert cached("tenant-a") == 0
+    assert cached("tenant-a") >= 128
+    assert cached("tenant-b") == 0
+
+
 @pytest.mark.parametrize(
     "body",
     [
