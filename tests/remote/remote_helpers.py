@@ -7,10 +7,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 from asynchicache.storage.base import PageLayout, PageRef
@@ -208,3 +210,46 @@ def refs(hashes: list[bytes], slots: list[int] | range, page_tokens: int = 4) ->
         PageRef(h, tuple(range(i * page_tokens, (i + 1) * page_tokens)), s)
         for i, (h, s) in enumerate(zip(hashes, slots, strict=True))
     ]
+
+
+class Serve:
+    """`python -m asynchicache serve --remote-url ...` on a free port, logging to a file."""
+
+    def __init__(self, disk_dir: Path, log_path: Path, remote_url: str, *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.argv = [sys.executable, "-m", "asynchicache", "serve", "--port", str(self.port)]
+        self.argv += ["--device", "cpu", "--disk-cache-dir", str(disk_dir)]
+        self.argv += ["--device-cache-tokens", "4096", "--remote-url", remote_url, *extra]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 300.0) -> Serve:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"server not healthy in {timeout_s}s:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM (the service finishes its uploads), SIGKILL if that hangs."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(30)
+
+    def log_tail(self, n: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:]

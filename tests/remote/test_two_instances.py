@@ -1,0 +1,181 @@
+"""Two `asynchicache serve` instances, separate disk folders, one shared redis-server.
+
+Instance B serves a long prompt that A computed, from L4, with A's greedy
+answer, in a fraction of B's own cold time; then Redis is killed and
+restarted while B is under load, and no request fails.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+from remote_helpers import RedisServer, Serve
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+COLORS = ("red", "green", "blue", "amber", "violet", "teal", "ochre")
+
+
+def inventory(seed: int, boxes: int = 80) -> list[dict[str, str]]:
+    """A chat prompt of about 1,600 tokens for 80 boxes; `seed` changes every line."""
+    lines = [
+        f"Box {i}: a {COLORS[(i + seed) % 7]} box holding {(i * 37 + seed * 11) % 101} marbles "
+        f"and {(i * 11 + seed) % 17} keys."
+        for i in range(boxes)
+    ]
+    doc = "Read the inventory below, then answer.\n" + "\n".join(lines)
+    return [{"role": "user", "content": f"{doc}\nHow many marbles are in box 3?"}]
+
+
+def timed_chat(server: Serve, messages: list[dict[str, str]]) -> tuple[float, str, object]:
+    """(time to first content token, greedy text, usage) of a streamed chat completion."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    t0 = time.perf_counter()
+    ttft, text, usage = None, "", None
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            ttft = ttft or time.perf_counter() - t0
+            text += chunk.choices[0].delta.content
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert ttft is not None and usage is not None
+    return ttft, text, usage
+
+
+def by_tier(usage: object) -> dict[str, int]:
+    return usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]  # type: ignore[attr-defined]
+
+
+def wait_uploads_settle(server: RedisServer, at_least: int, timeout_s: float = 60.0) -> int:
+    """Wait until the key count reaches `at_least` and stops changing (uploads are async)."""
+    raw = redis.Redis(port=server.port)
+    deadline = time.monotonic() + timeout_s
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        n = raw.dbsize()
+        if n != last:
+            last, since = n, time.monotonic()
+        elif n >= at_least and time.monotonic() - since > 1.0:
+            return n
+        time.sleep(0.1)
+    raise AssertionError(f"Redis holds {last} keys, expected at least {at_least} to settle")
+
+
+@pytest.fixture(scope="module")
+def shared_redis(
+    redis_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisServer]:
+    server = RedisServer(redis_binary, tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def instances(
+    shared_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Serve, Serve]]:
+    root = tmp_path_factory.mktemp("two")
+    started: list[Serve] = []
+    try:
+        for name in ("a", "b"):
+            serve = Serve(root / f"kv-{name}", root / f"{name}.log", shared_redis.url)
+            started.append(serve)
+            serve.start()
+            # A first short request pays one-time costs, so cold times measure prefill only.
+            timed_chat(serve, [{"role": "user", "content": "Hello!"}])
+        yield started[0], started[1]
+    finally:
+        codes = [s.stop() for s in started]
+        assert all(code == 0 for code in codes), [s.log_tail() for s in started]
+
+
+def test_second_instance_serves_the_first_ones_prompt_from_redis(
+    instances: tuple[Serve, Serve], shared_redis: RedisServer
+) -> None:
+    a, b = instances
+    cold_b, _, cold_usage = timed_chat(b, inventory(seed=1))  # B's own cold time
+    assert cold_usage.prompt_tokens >= 1500  # type: ignore[attr-defined]
+    _, text_a, _ = timed_chat(a, inventory(seed=0))
+    wait_uploads_settle(shared_redis, at_least=2 * 1400 // 16)
+    ttft_b, text_b, usage = timed_chat(b, inventory(seed=0))
+    tiers = by_tier(usage)
+    print(f"\nB cold TTFT {cold_b:.3f}s, B from L4 TTFT {ttft_b:.3f}s, tiers {tiers}")
+    assert text_b == text_a
+    assert usage.prompt_tokens_details.cached_tokens >= 1400  # type: ignore[attr-defined]
+    assert tiers["remote"] >= 1400, tiers
+    assert ttft_b <= 0.2 * cold_b, (cold_b, ttft_b)
+
+
+def test_redis_killed_and_restarted_under_load(
+    instances: tuple[Serve, Serve], shared_redis: RedisServer, tmp_path: Path
+) -> None:
+    _, b = instances
+    stop = threading.Event()
+    failures: list[str] = []
+    done = [0]
+
+    def worker(k: int) -> None:
+        with httpx.Client(base_url=b.url, timeout=120) as http:
+            i = 0
+            while not stop.is_set():
+                # Half repeat a prompt (cache hits), half are new (stores and uploads).
+                seed = 100 + k if i % 2 else 1000 + 10 * k + i
+                body = {
+                    "model": MODEL,
+                    "messages": inventory(seed, boxes=20),
+                    "max_tokens": 4,
+                    "temperature": 0,
+                }
+                try:
+                    r = http.post("/v1/chat/completions", json=body)
+                    if r.status_code != 200 or not r.json()["choices"][0]["message"]["content"]:
+                        failures.append(f"{r.status_code}: {r.text[:200]}")
+                except httpx.HTTPError as exc:
+                    failures.append(repr(exc))
+                done[0] += 1
+                i += 1
+
+    def completed(n: int, timeout_s: float = 240.0) -> None:
+        """Wait until `n` more requests have finished (this machine's speed varies a lot)."""
+        target, deadline = done[0] + n, time.monotonic() + timeout_s
+        while done[0] < target and time.monotonic() < deadline and not failures:
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        completed(3)
+        shared_redis.kill()
+        before = done[0]
+        completed(4)  # served while Redis is dead
+        during = done[0] - before
+        shared_redis.start()  # same port, empty
+        completed(4)
+        after = done[0] - before - during
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=180)
+    assert not failures, failures[:5]
+    assert during >= 4 and after >= 4, (during, after)
+    # The tier came back: a new prompt's pages reach the restarted Redis.
+    timed_chat(b, inventory(seed=7))
+    wait_uploads_settle(shared_redis, at_least=1400 // 16)
