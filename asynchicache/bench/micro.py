@@ -11,6 +11,8 @@ Sections, each a function returning a dict of numbers (merged into one report):
   against a plain torch `copy_` of as many contiguous bytes, interleaved in the
   same run so the ratio compares like with like.
 * `disk` (when `asynchicache/bench/micro_disk.py` is present): its `measure`.
+* `redis` (`asynchicache/bench/micro_redis.py`): L4 put/get GB/s against a
+  redis-server on loopback started by the benchmark.
 
 Other engineers add a section by adding a module with `measure(args) -> dict`
 (and optionally `add_arguments(parser)`) and listing it in `_optional_sections`.
@@ -227,7 +229,10 @@ def add_copy_arguments(parser: argparse.ArgumentParser) -> None:
 def _optional_sections() -> list[Section]:
     """Sections other files provide; a missing module is skipped."""
     out = []
-    for name, module in (("disk", "asynchicache.bench.micro_disk"),):
+    for name, module in (
+        ("disk", "asynchicache.bench.micro_disk"),
+        ("redis", "asynchicache.bench.micro_redis"),
+    ):
         try:
             mod = importlib.import_module(module)
         except ImportError:

@@ -1,0 +1,247 @@
+"""Remote tier micro-benchmark: `RedisBackend` against a redis-server on loopback.
+
+    python -m asynchicache.bench.micro_redis [--redis-total-mb 256] [--redis-repeats 3]
+
+Pages are shaped like the default model's (30 layers x 2 x 16 tokens x 3 KV
+heads x 64 x float32 = 737,280 bytes) and move between a real shared-memory
+pool and a redis-server the benchmark starts (no persistence, its own temp
+folder; or `--redis-url` for one already running):
+
+* `redis_put_GBps`: `put` of every page (header + checksum per page, sent
+  straight from the slots), `--redis-call-pages` pages per call;
+* `redis_get_GBps`: `get` of every page into other slots, header and checksum
+  verified, payload received straight into the slots;
+* `redis_py_get_GBps`: the naive client in the same run: a redis-py (hiredis)
+  pipeline of GETs, each reply copied into its slot and checksummed;
+* `sweep`: get GB/s by I/O threads x pages per pipelined batch.
+
+GB/s count page payload bytes, 1e9 per GB; medians over the repeats.
+`measure(args)` returns the numbers (the `redis` section of `bench micro`);
+`main()` prints them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from asynchicache.storage.base import PageLayout, PageRef
+from asynchicache.storage.header import HEADER_ALIGN, payload_checksum
+from asynchicache.storage.redis import RedisBackend, RedisConfig
+from asynchicache.storage.shm import SharedSegment
+
+DEFAULT_LAYOUT = PageLayout("float32", (30, 2, 16, 3, 64))
+_NAMESPACE = b"bench-micro-redis\x1ffloat32\x1f16\x1f1\x1f"
+_MB = 1 << 20
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("redis section")
+    g.add_argument("--redis-total-mb", type=int, default=256, help="bytes moved per measurement")
+    g.add_argument("--redis-repeats", type=int, default=3)
+    g.add_argument("--redis-url", default=None, help="use this server (default: start one)")
+    g.add_argument("--redis-threads", type=int, default=RedisConfig.io_threads)
+    g.add_argument("--redis-batch-pages", type=int, default=RedisConfig.batch_pages)
+    g.add_argument("--redis-call-pages", type=int, default=128, help="pages per get/put call")
+    g.add_argument("--redis-no-sweep", action="store_true", help="skip the threads x batch sweep")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def local_redis() -> Iterator[str]:
+    """A throw-away redis-server on loopback (no persistence); yields its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server not found: run scripts/ensure-services.sh (as root)")
+    folder = Path(tempfile.mkdtemp(prefix="asynchicache-bench-redis-"))
+    port = _free_port()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    argv += ["--appendonly", "no", "--dir", str(folder), "--loglevel", "warning"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the benchmark's redis-server did not start") from None
+                time.sleep(0.02)
+        client.close()
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _fill(pool: np.ndarray, pages: int) -> None:
+    # [pages, page_bytes]: one random page made distinct per page, so every checksum differs.
+    base = np.frombuffer(os.urandom(pool.shape[1]), dtype=np.uint8)
+    for i in range(pages):
+        pool[i] = base
+        pool[i, :8] = np.frombuffer(i.to_bytes(8, "little"), dtype=np.uint8)
+
+
+def _put_all(backend: RedisBackend, pool: np.ndarray, hashes: list[bytes], step: int) -> float:
+    refs = [PageRef(h, tuple(range(16)), i) for i, h in enumerate(hashes)]
+    t0 = time.perf_counter()
+    for k in range(0, len(refs), step):
+        if backend.put(refs[k : k + step], pool) != len(refs[k : k + step]):
+            raise RuntimeError("the benchmark's put did not store every page")
+    return time.perf_counter() - t0
+
+
+def _get_all(backend: RedisBackend, pool: np.ndarray, hashes: list[bytes], step: int) -> float:
+    pages = len(hashes)
+    pool[pages:] = 0
+    t0 = time.perf_counter()
+    for k in range(0, pages, step):
+        slots = list(range(pages + k, pages + min(pages, k + step)))
+        if backend.get(hashes[k : k + step], slots, pool) != len(slots):
+            raise RuntimeError("the benchmark's get missed pages")
+    seconds = time.perf_counter() - t0
+    if not np.array_equal(pool[pages:], pool[:pages]):
+        raise RuntimeError("pages read back differ from pages written")
+    return seconds
+
+
+def _naive_get_all(client: redis.Redis, keys: list[bytes], pool: np.ndarray, step: int) -> float:
+    """The usual client code: pipeline GETs, copy each reply into its slot, checksum it."""
+    pages = len(keys)
+    pool[pages:] = 0
+    t0 = time.perf_counter()
+    for k in range(0, pages, step):
+        pipe = client.pipeline(transaction=False)
+        for key in keys[k : k + step]:
+            pipe.get(key)
+        for i, value in enumerate(pipe.execute()):
+            slot = pool[pages + k + i]
+            slot[:] = np.frombuffer(value, dtype=np.uint8, offset=HEADER_ALIGN)
+            payload_checksum(slot)
+    seconds = time.perf_counter() - t0
+    if not np.array_equal(pool[pages:], pool[:pages]):
+        raise RuntimeError("the naive client read different pages")
+    return seconds
+
+
+def _backend(url: str, threads: int, batch: int) -> RedisBackend:
+    cfg = RedisConfig(url, _NAMESPACE, DEFAULT_LAYOUT, io_threads=threads, batch_pages=batch)
+    backend = RedisBackend(cfg)
+    if not backend.wait_available(10.0):
+        backend.close()
+        raise RuntimeError(f"redis at {url} is not reachable")
+    return backend
+
+
+def _one_round(url: str, pool: np.ndarray, pages: int, args: argparse.Namespace) -> dict:
+    total = pages * DEFAULT_LAYOUT.page_bytes
+    backend = _backend(url, args.redis_threads, args.redis_batch_pages)
+    naive = redis.Redis.from_url(url)
+    try:
+        backend.clear()
+        hashes = [os.urandom(16) for _ in range(pages)]
+        put_s = _put_all(backend, pool, hashes, args.redis_call_pages)
+        get_s = _get_all(backend, pool, hashes, args.redis_call_pages)
+        keys = [backend.key(h) for h in hashes]
+        naive_s = _naive_get_all(naive, keys, pool, args.redis_call_pages)
+        backend.clear()
+    finally:
+        naive.close()
+        backend.close()
+    return {
+        "redis_put_GBps": total / put_s / 1e9,
+        "redis_get_GBps": total / get_s / 1e9,
+        "redis_py_get_GBps": total / naive_s / 1e9,
+    }
+
+
+def _sweep(url: str, pool: np.ndarray, pages: int, args: argparse.Namespace) -> dict[str, float]:
+    """get GB/s for a few threads x batch settings (one run each, after one put)."""
+    total = pages * DEFAULT_LAYOUT.page_bytes
+    hashes = [os.urandom(16) for _ in range(pages)]
+    writer = _backend(url, args.redis_threads, args.redis_batch_pages)
+    out: dict[str, float] = {}
+    try:
+        writer.clear()
+        _put_all(writer, pool, hashes, args.redis_call_pages)
+        for threads, batch in ((1, 8), (2, 8), (4, 8), (8, 8), (4, 2), (4, 32)):
+            reader = _backend(url, threads, batch)
+            try:
+                seconds = _get_all(reader, pool, hashes, args.redis_call_pages)
+            finally:
+                reader.close()
+            out[f"threads={threads},batch={batch}"] = round(total / seconds / 1e9, 3)
+        writer.clear()
+    finally:
+        writer.close()
+    return out
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Run the redis section; see the module docstring for what each number means."""
+    pages = max(1, args.redis_total_mb * _MB // DEFAULT_LAYOUT.page_bytes)
+    segment = SharedSegment.create(2 * pages * DEFAULT_LAYOUT.page_bytes, tag="bench")
+    try:
+        pool = segment.as_array().reshape(2 * pages, DEFAULT_LAYOUT.page_bytes)
+        _fill(pool, pages)
+        with _server(args.redis_url) as url:
+            runs = [_one_round(url, pool, pages, args) for _ in range(args.redis_repeats)]
+            sweep = {} if args.redis_no_sweep else _sweep(url, pool, pages, args)
+        del pool
+    finally:
+        segment.close()
+    keys = list(runs[0])
+    medians = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
+    return {
+        **medians,
+        "get_vs_redis_py": round(medians["redis_get_GBps"] / medians["redis_py_get_GBps"], 2),
+        "runs": [{k: round(r[k], 3) for k in keys} for r in runs],
+        "sweep_get_GBps": sweep,
+        "backend": f"{args.redis_threads} threads, {args.redis_batch_pages} pages per pipeline, "
+        f"{args.redis_call_pages} pages per call",
+        "server": args.redis_url or "redis-server on loopback started by the benchmark",
+        "pages": pages,
+        "page_bytes": DEFAULT_LAYOUT.page_bytes,
+        "total_MB": round(pages * DEFAULT_LAYOUT.page_bytes / 1e6, 1),
+    }
+
+
+@contextmanager
+def _server(url: str | None) -> Iterator[str]:
+    if url is not None:
+        yield url
+        return
+    with local_redis() as started:
+        yield started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="micro_redis", description="remote tier throughput")
+    add_arguments(parser)
+    print(json.dumps(measure(parser.parse_args(argv)), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
