@@ -152,9 +152,9 @@ class StorageClient:
         svc = CacheService(service, stop)  # binds before the client connects
         thread = threading.Thread(target=svc.run, name="cache-service", daemon=True)
         thread.start()
-        self = cls(dataclasses.replace(client, address=service.address))
-        self._service = (stop, thread)
-        return self
+        made = cls(dataclasses.replace(client, address=service.address))
+        made._service = (stop, thread)
+        return made
 
     # -- StorageTier ------------------------------------------------------
 
