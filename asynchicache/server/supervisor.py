@@ -53,7 +53,10 @@ class ChildSpec:
     target: Callable[[Any], None]
     arg: Any
     restart: bool = False  # restart it when it dies (the cache service)
-    max_restarts: int = 5
+    max_restarts: int = 5  # crashes in a row, each within `stable_s` of its start
+    # A child that ran this long was healthy: its next crash starts the count over,
+    # so only a crash loop stops the server, not crashes spread over days.
+    stable_s: float = 10.0
 
 
 class Child:
@@ -64,6 +67,7 @@ class Child:
         self.process: BaseProcess | None = None
         self.restarts = 0
         self.not_before = 0.0  # monotonic time of the earliest restart (crash-loop backoff)
+        self.started_at = 0.0  # monotonic time of the last start
         self.pids: list[int] = []  # every pid this child ever had (for cleanup)
 
     def start(self) -> None:
@@ -75,6 +79,7 @@ class Child:
             daemon=False,
         )
         proc.start()
+        self.started_at = time.monotonic()
         self.process = proc
         assert proc.pid is not None
         self.pids.append(proc.pid)
@@ -127,9 +132,11 @@ class Supervisor:
         for role, child in self.children.items():
             if child.alive:
                 continue
+            now = time.monotonic()
+            if child.not_before == 0.0 and now - child.started_at >= child.spec.stable_s:
+                child.restarts = 0  # first seen dead after a healthy run: not a crash loop
             if not child.spec.restart or child.restarts >= child.spec.max_restarts:
                 return role
-            now = time.monotonic()
             if child.not_before == 0.0:
                 child.not_before = now + min(0.2 * 2**child.restarts, 5.0)  # crash-loop backoff
             if now < child.not_before:

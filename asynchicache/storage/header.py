@@ -128,6 +128,9 @@ def decode_header(data: Buffer) -> PageHeader:
     (stored_check,) = _CHECK.unpack_from(view, end)
     if xxhash.xxh3_64_intdigest(view[:end]) != stored_check:
         raise HeaderError("header checksum mismatch")
+    padding = view[end + _CHECK.size : header_len]
+    if padding.tobytes() != bytes(len(padding)):  # outside the checksum: a flip must not pass
+        raise HeaderError("non-zero header padding")
     pos = _FIXED.size
     namespace = bytes(view[pos : pos + ns_len])
     pos += ns_len

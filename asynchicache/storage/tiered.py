@@ -120,6 +120,7 @@ class TieredBackend:
         self.remote = remote
         self.config = config or TieredConfig()
         self.layout = disk.layout
+        self.namespace = disk.namespace  # the service compares it on a heartbeat Register
         budget = self.config.staging_bytes
         self._uploads = WriteBehind("remote-upload", budget) if remote else None
         self._promotions = WriteBehind("disk-promotion", budget) if remote else None
