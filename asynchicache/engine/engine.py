@@ -34,6 +34,7 @@ from asynchicache.storage.base import PageLayout, StorageTier
 
 log = logging.getLogger(__name__)
 
+STORAGE_STATS_TIMEOUT_S = 0.5
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -212,14 +213,42 @@ class Engine:
             return dict(self.cache.lookup(list(msg.token_ids)))
         if msg.op == "clear":
             return {"cleared": self.cache.clear()}
-        raise ValueError(f"unknown admin op {msg.op!r}; known: health, stats, lookup, clear")
+        if msg.op == "integrity":
+            return self.integrity()
+        raise ValueError(
+            f"unknown admin op {msg.op!r}; known: health, stats, lookup, clear, integrity"
+        )
+
+    def integrity(self) -> dict:
+        """`check_integrity()` of the cache as a payload (soak and fault tests ask for it)."""
+        try:
+            self.cache.check_integrity()
+        except Exception as exc:  # IntegrityError, or a check that tripped over the breakage
+            return {"ok": False, "error": str(exc)}
+        return {"ok": True, "error": None}
 
     def stats(self) -> dict:
         return {
             "cache": _plain(self.cache.stats()),
+            "storage": self._storage_stats(),
             "queues": self.scheduler.queue_lengths(),
             "preemptions": self.scheduler.preemptions,
             "prefill_tok_s_estimate": self.cost.prefill_tok_s.value,
+        }
+
+    def _storage_stats(self) -> dict:
+        """The cache service's disk/remote counters (corrupt pages, store failures...).
+
+        A short request/reply on the admin path only; {} when there is no service
+        or it does not answer in time (it may be restarting)."""
+        ask = getattr(self.cache.storage, "stats", None)
+        reply = ask(timeout_s=STORAGE_STATS_TIMEOUT_S) if ask is not None else None
+        if reply is None:
+            return {}
+        return {
+            "disk": _plain(reply.disk),
+            "remote": _plain(reply.remote),
+            "service": dict(reply.service),
         }
 
     def close(self) -> None:

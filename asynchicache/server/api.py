@@ -119,8 +119,11 @@ def _routes(app: FastAPI, ctx: AppContext) -> None:
         return Response(ctx.metrics.render(payload), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/cache/stats")
-    async def cache_stats() -> dict[str, Any]:
-        return await _admin(ctx, "stats")
+    async def cache_stats(integrity: bool = False) -> dict[str, Any]:
+        payload = await _admin(ctx, "stats")
+        if integrity:  # ?integrity=true: also run the cache's check_integrity() (soak, tests)
+            payload["integrity"] = await _admin(ctx, "integrity")
+        return payload
 
     @app.post("/cache/lookup")
     async def cache_lookup(body: LookupRequest) -> dict[str, Any]:
