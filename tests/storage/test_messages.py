@@ -90,7 +90,7 @@ def test_malformed_is_a_value_error(plain: object) -> None:
 
 
 @given(st.binary(max_size=300))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 def test_random_bytes_only_raise_value_error(data: bytes) -> None:
     try:
         msg = decode(data)
@@ -128,7 +128,7 @@ _FIELDS = sorted(
 
 
 @given(st.sampled_from(list(MESSAGE_TYPES)), st.dictionaries(st.sampled_from(_FIELDS), _tree))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 def test_random_structures_only_raise_value_error(name: str, body: dict) -> None:
     try:
         msg = decode(msgpack.packb({**body, "__t": name}, use_bin_type=True))
