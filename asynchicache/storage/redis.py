@@ -76,7 +76,7 @@ class RedisConfig:
     ttl_s: int | None = None  # None: no expiry (rely on the server's maxmemory-policy)
     cluster: bool | None = None  # None: from the URL (redis+cluster://, ?cluster=true)
     io_threads: int = 4
-    batch_pages: int = 8  # pages per pipelined round trip on one connection
+    batch_pages: int = 4  # pages per pipelined round trip on one connection
     connect_timeout_s: float = 0.5
     socket_timeout_s: float = 2.0  # per send/recv of page traffic
     control_timeout_s: float = 0.5  # EXISTS and friends (the service's loop waits on these)
