@@ -431,3 +431,42 @@ def test_byte_check_of_a_page_through_storage(make_cache: MakeCache) -> None:
     assert torch.equal(cache.device_pool.tensor[ticket.device_pages[0]], payload)
     assert ticket.handle is not None
     cache.unlock(ticket.handle)
+
+
+def test_a_failed_copy_is_counted_and_later_copies_still_run(
+    make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = make_cache()
+    real_submit = cache.transfer.submit
+    wrong = torch.zeros(8, 3)  # a destination of the wrong shape makes the copy raise
+
+    def failing_submit(src, src_pages, dst, dst_pages):  # type: ignore[no-untyped-def]
+        return real_submit(src, src_pages, wrong, dst_pages)
+
+    monkeypatch.setattr(cache.transfer, "submit", failing_submit)
+    node = put(cache, tokens_for(1, 2)).handle.node
+    cache.drain()
+    cache.check_integrity()
+    assert node.host is None and cache.stats().counters.transfer_failures == 1
+    assert cache.stats().host is not None and cache.stats().host.free == 8  # type: ignore[union-attr]
+    monkeypatch.setattr(cache.transfer, "submit", real_submit)
+    other = put(cache, tokens_for(3)).handle.node
+    cache.drain()
+    assert other.host is not None and cache.stats().counters.device_to_host_pages == 1
+
+
+def test_a_failing_storage_store_is_counted_and_the_pages_stay_in_l2(
+    make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = make_cache(with_storage=True)
+
+    def broken(pages):  # type: ignore[no-untyped-def]
+        raise ConnectionError("service down")
+
+    monkeypatch.setattr(storage_of(cache), "submit_store", broken)
+    node = put(cache, tokens_for(1)).handle.node
+    cache.drain()
+    cache.check_integrity()
+    assert cache.stats().counters.store_failures == 1
+    assert node.host is not None and cache._slot_state[node.host[0]] == SlotState.READY
+    assert cache.evict_host(1) == 1  # nothing holds the slot after the failure
