@@ -139,7 +139,12 @@ def _get_all(disk: DiskBackend, pool: np.ndarray, hashes: list[bytes], step: int
 
 
 def _one_round(folder: Path, pool: np.ndarray, pages: int, opts: DiskBenchOptions) -> dict:
-    """dd, ours, ours, dd (writes, then cold reads): drift in the disk's speed cancels out."""
+    """dd, ours, ours, dd (writes, then cold reads): drift in the disk's speed cancels out.
+
+    Nothing is deleted until every round is done: deleting gigabytes makes this
+    disk (mounted with `discard`) slow for a while, which would hit whoever
+    comes next.
+    """
     total = pages * DEFAULT_LAYOUT.page_bytes
     cfg = DiskConfig(
         folder / "kv",
@@ -163,14 +168,11 @@ def _one_round(folder: Path, pool: np.ndarray, pages: int, opts: DiskBenchOption
         r += [_get_all(disk, pool, hashes, step) for hashes in sets]
         r.append(_dd_read(dd_files[1], opts.dd_direct))
         direct = disk.stats().extra.get("direct_reads", 0) == 2 * pages
-        disk.clear()
     finally:
         disk.close()
-        for f in (folder / "dd-a.bin", folder / "dd-b.bin"):
-            f.unlink(missing_ok=True)
-    gbps = [total / s / 1e9 for s in (*w, *r)]
-    ours_w, dd_w = (gbps[1] + gbps[2]) / 2, (gbps[0] + gbps[3]) / 2
-    ours_r, dd_r = (gbps[5] + gbps[6]) / 2, (gbps[4] + gbps[7]) / 2
+    # Each side moved 2 x total bytes: its rate is bytes over its summed seconds.
+    ours_w, dd_w = 2 * total / (w[1] + w[2]) / 1e9, 2 * total / (w[0] + w[3]) / 1e9
+    ours_r, dd_r = 2 * total / (r[1] + r[2]) / 1e9, 2 * total / (r[0] + r[3]) / 1e9
     return {
         "disk_write_GBps": ours_w,
         "disk_read_cold_GBps": ours_r,
@@ -194,13 +196,17 @@ def measure(args: argparse.Namespace | DiskBenchOptions) -> dict:
         folder = opts.bench_dir
         folder.mkdir(parents=True, exist_ok=True)
     segment = SharedSegment.create(2 * pages * DEFAULT_LAYOUT.page_bytes, tag="bench")
+    rounds: list[Path] = []
     try:
         pool = segment.as_array().reshape(2 * pages, DEFAULT_LAYOUT.page_bytes)
         _fill(pool, pages)
-        runs = [_one_round(folder, pool, pages, opts) for _ in range(opts.repeats)]
+        rounds = [folder / f"round-{i}" for i in range(opts.repeats)]
+        runs = [_one_round(r, pool, pages, opts) for r in rounds]
         del pool
     finally:
         segment.close()
+        for r in rounds:
+            shutil.rmtree(r, ignore_errors=True)
         if owned:
             shutil.rmtree(folder, ignore_errors=True)
     keys = [k for k in runs[0] if not k.startswith("_")]
@@ -212,7 +218,8 @@ def measure(args: argparse.Namespace | DiskBenchOptions) -> dict:
         "backend_io": ("O_DIRECT" if runs[0]["_direct"] else "buffered")
         + f", {opts.io_threads} threads, sync={opts.sync}, {opts.batch_pages} pages per put/get",
         "dd": "bs=1M conv=fsync; read bs=1M" + (" iflag=direct" if opts.dd_direct else ""),
-        "order": "per run: dd, ours, ours, dd writes; drop caches; the same order for reads",
+        "order": "per round: dd, ours, ours, dd writes; drop caches; the same order for reads;"
+        " files deleted only after the last round",
         "pages": pages,
         "page_bytes": DEFAULT_LAYOUT.page_bytes,
         "total_MB": round(pages * DEFAULT_LAYOUT.page_bytes / 1e6, 1),
