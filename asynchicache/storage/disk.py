@@ -268,6 +268,8 @@ class DiskBackend:
         errors.update({h: t for h, t in temps.items() if isinstance(t, str)})
         barrier = self._sync_barrier() if written else None
         for h, tmp in written.items():
+            if barrier is not None:  # not known to be durable: do not publish
+                tmp.unlink(missing_ok=True)
             errors[h] = barrier or _publish(tmp, self._path(h))
         if batch.direct and self._direct:
             self._count(direct_writes=sum(e is None for e in errors.values()))
