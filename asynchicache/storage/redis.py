@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -271,17 +271,43 @@ class RedisBackend:
         if call.late():
             self._count(late_skipped=len(idx))
             return [_PageRead(i, _Status.LATE) for i in idx]
+        request = b"".join(command(b"GET", call.keys[i]) for i in idx)
+
+        def work(conn: RespConnection, done: list[_PageRead]) -> None:
+            conn.send([request])
+            for i in idx:
+                done.append(self._read_page(conn, i, call))
+
+        return self._on_connection(node, idx, work)
+
+    def _on_connection(
+        self,
+        node: NodeAddress,
+        idx: list[int],
+        work: Callable[[RespConnection, list[_PageRead]], None],
+    ) -> list[_PageRead]:
+        """Run `work(conn, done)` on a pooled connection; pages it did not finish are FAILED.
+
+        A reused connection that breaks before any reply (the server or a proxy closed it
+        while it sat idle) is retried once on a new one; anything else trips the breaker.
+        """
         done: list[_PageRead] = []
-        topo = self._topology
-        try:
-            if topo is None:
-                raise ConnectionError("remote tier not connected")
-            with topo.connection(node) as conn:
-                conn.send([b"".join(command(b"GET", call.keys[i]) for i in idx)])
-                for i in idx:
-                    done.append(self._read_page(conn, i, call))
-        except _OUTAGE as exc:
-            self._outage(exc)
+        for fresh in (False, True):
+            reused = False
+            try:
+                topo = self._topology
+                if topo is None:
+                    raise ConnectionError("remote tier not connected")
+                with topo.connection(node, fresh) as conn:
+                    reused = conn.uses > 1
+                    work(conn, done)
+                break
+            except _OUTAGE as exc:
+                if reused and not done and not isinstance(exc, TimeoutError):
+                    self._count(stale_retries=1)
+                    continue
+                self._outage(exc)
+                break
         return done + [_PageRead(i, _Status.FAILED) for i in idx[len(done) :]]
 
     def _read_page(self, conn: RespConnection, i: int, call: _Call) -> _PageRead:
@@ -377,26 +403,22 @@ class RedisBackend:
             buffers += self._set_command(
                 call.keys[i], tokens[i], memoryview(call.pool[call.slots[i]])
             )
-        done: list[_PageRead] = []
-        topo = self._topology
-        try:
-            if topo is None:
-                raise ConnectionError("remote tier not connected")
-            with topo.connection(node) as conn:
-                conn.send(buffers)
-                for i in idx:
-                    try:
-                        conn.read_status()
-                        done.append(_PageRead(i, _Status.OK))
-                    except RespError as exc:  # e.g. OOM: maxmemory reached, noeviction
-                        self._count(server_errors=1)
-                        done.append(_PageRead(i, _Status.FAILED, reason=str(exc)))
-        except _OUTAGE as exc:
-            self._outage(exc)
-        failed = [r for r in done if r.status is not _Status.OK]
+
+        def work(conn: RespConnection, done: list[_PageRead]) -> None:
+            conn.send(buffers)  # SET is idempotent: a retry on a new connection is safe
+            for i in idx:
+                try:
+                    conn.read_status()
+                    done.append(_PageRead(i, _Status.OK))
+                except RespError as exc:  # e.g. OOM: maxmemory reached, noeviction
+                    self._count(server_errors=1)
+                    done.append(_PageRead(i, _Status.FAILED, reason=str(exc)))
+
+        results = self._on_connection(node, idx, work)
+        failed = [r for r in results if r.reason]
         if failed:
             log.warning("remote: %d pages not stored: %s", len(failed), failed[0].reason)
-        return done + [_PageRead(i, _Status.FAILED) for i in idx[len(done) :]]
+        return results
 
     def _set_command(
         self, key: bytes, tokens: tuple[int, ...], payload: memoryview

@@ -138,13 +138,17 @@ class RedisTopology:
             self.client.nodes_manager.initialize()
 
     @contextlib.contextmanager
-    def connection(self, node: NodeAddress) -> Iterator[RespConnection]:
-        """A data connection to `node`, back to the pool unless the block raised."""
-        with self._lock:
-            idle = self._idle.get(node)
-            conn = idle.pop() if idle else None
+    def connection(self, node: NodeAddress, fresh: bool = False) -> Iterator[RespConnection]:
+        """A data connection to `node` (a new one if `fresh`), back to the pool unless the
+        block raised."""
+        conn = None
+        if not fresh:
+            with self._lock:
+                idle = self._idle.get(node)
+                conn = idle.pop() if idle else None
         if conn is None:
             conn = RespConnection(node, self.endpoint.params)
+        conn.uses += 1
         try:
             yield conn
         except BaseException:

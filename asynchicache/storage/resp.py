@@ -81,6 +81,7 @@ class RespConnection:
 
     def __init__(self, address: NodeAddress, params: ConnectionParams) -> None:
         self.address = address
+        self.uses = 0  # times lent out by a pool (a reused connection may have gone stale)
         self._buf = bytearray(_READ_CHUNK)
         self._start = 0
         self._end = 0

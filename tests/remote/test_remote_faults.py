@@ -141,3 +141,23 @@ def test_concurrent_callers_survive_kill_and_restart(
     assert not errors, errors
     assert calls[0] > down_calls  # work went on after the restart
     assert backend.stats().extra["breaker_trips"] >= 1
+
+
+def test_idle_connections_closed_by_the_server_are_replaced(
+    redis_server: RedisServer, remote_backends: Backends, make_pool: Callable[..., Pool]
+) -> None:
+    """Redis's `timeout` (or a proxy) closes idle clients: that is not an outage."""
+    pool = make_pool(16)
+    pool.fill(range(8))
+    backend = remote_backends(redis_server.url, io_threads=2, batch_pages=2)
+    hashes = new_hashes(8)
+    assert backend.put(refs(hashes, range(8)), pool.array) == 8
+    redis_server.cli("config", "set", "timeout", "1")
+    deadline = time.monotonic() + 10
+    while int(redis_server.cli("info", "clients").split("connected_clients:")[1].split()[0]) > 2:
+        assert time.monotonic() < deadline, "Redis did not close the idle connections"
+        time.sleep(0.2)
+    assert backend.get(hashes, list(range(8, 16)), pool.array) == 8
+    assert np.array_equal(pool.array[8:16], pool.array[0:8])
+    stats = backend.stats()
+    assert stats.extra["breaker_trips"] == 0 and stats.extra["stale_retries"] >= 1
