@@ -27,11 +27,11 @@ COLORS = ("red", "green", "blue", "amber", "violet", "teal", "ochre")
 QUESTION = "How many marbles are in box 3?"
 
 
-def long_messages() -> list[dict[str, str]]:
-    """A chat prompt of about 1,500 tokens (1,606 with the SmolLM2 template)."""
+def long_messages(boxes: int = 80) -> list[dict[str, str]]:
+    """A chat prompt of about 20 tokens a box (80 boxes: 1,606 with the SmolLM2 template)."""
     lines = [
         f"Box {i}: a {COLORS[i % 7]} box holding {(i * 37) % 101} marbles and {(i * 11) % 17} keys."
-        for i in range(80)
+        for i in range(boxes)
     ]
     doc = "Read the inventory below, then answer.\n" + "\n".join(lines)
     return [{"role": "user", "content": f"{doc}\n{QUESTION}"}]

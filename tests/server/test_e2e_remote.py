@@ -66,18 +66,18 @@ def test_second_instance_serves_the_prompt_from_remote(tmp_path: Path, redis_url
     first = ServerProcess(tmp_path / "kv-a", tmp_path / "a.log", "--remote-url", redis_url)
     first.start()
     try:
-        cold_ttft, cold_text, _ = _timed_chat(first, long_messages())
+        cold_ttft, cold_text, _ = _timed_chat(first, long_messages(20))
         time.sleep(1.0)  # the service writes L4 behind L3
     finally:
         first.shutdown()
     second = ServerProcess(tmp_path / "kv-b", tmp_path / "b.log", "--remote-url", redis_url)
     second.start()
     try:
-        ttft, text, usage = _timed_chat(second, long_messages())
+        ttft, text, usage = _timed_chat(second, long_messages(20))
     finally:
         second.shutdown()
     tiers = _tiers(usage)
     print(f"\nremote: TTFT {ttft:.3f}s (cold {cold_ttft:.3f}s), tiers {tiers}")
     assert text == cold_text
-    assert tiers["remote"] >= 1400
+    assert tiers["remote"] >= 352  # all full pages of a ~410-token prompt
     assert ttft <= 0.5 * cold_ttft
