@@ -10,7 +10,8 @@ Prints one JSON object:
   decode_b8_tok_s     our runner, --batch requests decoding together
   hf_decode_b1_tok_s  transformers' greedy generate, batch 1
 Decode rates exclude the prompt's prefill on both sides (for transformers: the time
-of generate(N + 1 tokens) minus generate(1 token)). Best of --repeats runs.
+of generate(N + 1 tokens) minus generate(1 token)). Best of --repeats runs, our
+runner and transformers taking turns so that both see the same machine load.
 
 `collect` returns the dict, so other benchmarks (e.g. time to first token through
 the cache tiers) can add their keys to the same record.
@@ -65,15 +66,25 @@ def parse_args(argv: Sequence[str] | None) -> BenchArgs:
                      ns.repeats, ns.skip_hf)
 
 
-def best_time(fn: Callable[[], Any], repeats: int) -> float:
-    """Seconds of the fastest of `repeats` runs, after one warm-up run."""
+def interleaved_best(runs: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
+    """Fastest seconds of each run, taking turns (one warm-up round first).
+
+    Taking turns keeps a comparison fair on a machine whose load changes over
+    time: both sides see the same moments, so the ratio stays meaningful.
+    """
+    best = {name: float("inf") for name in runs}
+    for round_ in range(repeats + 1):
+        for name, run in runs.items():
+            seconds = run()
+            if round_ > 0:
+                best[name] = min(best[name], seconds)
+    return best
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
     fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return time.perf_counter() - start
 
 
 def prompt_ids(loaded: LoadedModel, n: int, seed: int) -> list[int]:
@@ -95,20 +106,22 @@ def new_runner(loaded: LoadedModel, tokens: int, seqs: int) -> tuple[ModelRunner
     return ModelRunner(loaded.model, pool, PAGE_SIZE), tables
 
 
-def our_prefill_tok_s(loaded: LoadedModel, args: BenchArgs) -> float:
+def our_prefill(loaded: LoadedModel, args: BenchArgs) -> Callable[[], float]:
+    """One whole prefill of a --prompt-tokens prompt; returns its seconds."""
     prompt = prompt_ids(loaded, args.prompt_tokens, 0)
     runner, tables = new_runner(loaded, args.prompt_tokens, 1)
     batch = ForwardBatch([prompt], [0], tables)
-    return args.prompt_tokens / best_time(lambda: runner.forward(batch), args.repeats)
+    return lambda: timed(lambda: runner.forward(batch))
 
 
-def our_decode_tok_s(loaded: LoadedModel, args: BenchArgs, batch: int) -> float:
-    """Greedy decode of `batch` requests together (prompt prefill not timed)."""
+def our_decode(loaded: LoadedModel, args: BenchArgs, batch: int) -> Callable[[], float]:
+    """Greedy decode of `batch` requests together; returns the seconds of the decode
+    steps (the prompts' prefill is not timed)."""
     prompts = [prompt_ids(loaded, 32, seed) for seed in range(batch)]
     runner, tables = new_runner(loaded, 32 + args.decode_tokens + 1, batch)
     params, gens = [GREEDY] * batch, [None] * batch
 
-    def decode() -> None:
+    def run() -> float:
         logits = runner.forward(ForwardBatch(prompts, [0] * batch, tables))
         tokens = sample(logits, params, gens)
         start = time.perf_counter()
@@ -116,12 +129,9 @@ def our_decode_tok_s(loaded: LoadedModel, args: BenchArgs, batch: int) -> float:
             starts = [32 + step] * batch
             logits = runner.forward(ForwardBatch([[t] for t in tokens], starts, tables))
             tokens = sample(logits, params, gens)
-        times.append(time.perf_counter() - start)
+        return time.perf_counter() - start
 
-    times: list[float] = []
-    for _ in range(args.repeats + 1):
-        decode()
-    return batch * args.decode_tokens / min(times[1:])
+    return run
 
 
 def load_hf(loaded: LoadedModel) -> Any:
@@ -137,17 +147,19 @@ def load_hf(loaded: LoadedModel) -> Any:
     return model.eval()
 
 
-def hf_prefill_tok_s(hf: Any, loaded: LoadedModel, args: BenchArgs) -> float:
+def hf_prefill(hf: Any, loaded: LoadedModel, args: BenchArgs) -> Callable[[], float]:
+    """transformers' fastest path to the first token: logits for the last position only."""
     ids = torch.tensor([prompt_ids(loaded, args.prompt_tokens, 0)])
 
     @torch.inference_mode()
     def first_token() -> None:
         hf(ids, logits_to_keep=1, use_cache=False)
 
-    return args.prompt_tokens / best_time(first_token, args.repeats)
+    return lambda: timed(first_token)
 
 
-def hf_decode_b1_tok_s(hf: Any, loaded: LoadedModel, args: BenchArgs) -> float:
+def hf_decode_b1(hf: Any, loaded: LoadedModel, args: BenchArgs) -> Callable[[], float]:
+    """Seconds of args.decode_tokens greedy steps: generate(N + 1) minus generate(1)."""
     ids = torch.tensor([prompt_ids(loaded, 32, 0)])
 
     @torch.inference_mode()
@@ -155,9 +167,7 @@ def hf_decode_b1_tok_s(hf: Any, loaded: LoadedModel, args: BenchArgs) -> float:
         hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
                     min_new_tokens=n, do_sample=False, pad_token_id=0)
 
-    full = best_time(lambda: generate(args.decode_tokens + 1), args.repeats)
-    first = best_time(lambda: generate(1), args.repeats)
-    return args.decode_tokens / (full - first)
+    return lambda: timed(lambda: generate(args.decode_tokens + 1)) - timed(lambda: generate(1))
 
 
 def collect(args: BenchArgs) -> dict[str, Any]:
@@ -173,14 +183,18 @@ def collect(args: BenchArgs) -> dict[str, Any]:
         "torch": torch.__version__,
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.system()}",
     }
-    results["prefill_tok_s"] = our_prefill_tok_s(loaded, args)
-    if not args.skip_hf:
-        hf = load_hf(loaded)
-        results["hf_prefill_tok_s"] = hf_prefill_tok_s(hf, loaded, args)
-        results["hf_decode_b1_tok_s"] = hf_decode_b1_tok_s(hf, loaded, args)
-        del hf
-    results["decode_b1_tok_s"] = our_decode_tok_s(loaded, args, 1)
-    results[f"decode_b{args.batch}_tok_s"] = our_decode_tok_s(loaded, args, args.batch)
+    hf = None if args.skip_hf else load_hf(loaded)
+    prefill = {"prefill": our_prefill(loaded, args)}
+    decode = {"decode_b1": our_decode(loaded, args, 1),
+              f"decode_b{args.batch}": our_decode(loaded, args, args.batch)}
+    if hf is not None:
+        prefill["hf_prefill"] = hf_prefill(hf, loaded, args)
+        decode["hf_decode_b1"] = hf_decode_b1(hf, loaded, args)
+    for name, seconds in interleaved_best(prefill, args.repeats).items():
+        results[f"{name}_tok_s"] = args.prompt_tokens / seconds
+    for name, seconds in interleaved_best(decode, args.repeats).items():
+        seqs = args.batch if name == f"decode_b{args.batch}" else 1
+        results[f"{name}_tok_s"] = seqs * args.decode_tokens / seconds
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in results.items()}
 
 
