@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -42,6 +43,7 @@ _SCHEMES = {
 }
 _QUERY_KEYS = ("cluster", "ssl_cert_reqs", "ssl_ca_certs")
 _IDLE_PER_NODE = 16
+_REFRESH_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,8 @@ class RedisTopology:
         self._idle: dict[NodeAddress, list[RespConnection]] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._refresh_lock = threading.Lock()
+        self._refreshed = 0.0
 
     def node_of(self, key: bytes) -> NodeAddress:
         if not isinstance(self.client, RedisCluster):
@@ -133,8 +137,16 @@ class RedisTopology:
                 conn.read_status()
 
     def refresh(self) -> None:
-        """Re-read the slot map after a MOVED reply (a resharded or failed-over cluster)."""
-        if isinstance(self.client, RedisCluster):
+        """Re-read the slot map after a MOVED reply (a resharded or failed-over cluster).
+
+        Every batch that met the move asks; one re-read per second is enough.
+        """
+        if not isinstance(self.client, RedisCluster):
+            return
+        with self._refresh_lock:
+            if time.monotonic() - self._refreshed < _REFRESH_EVERY_S:
+                return
+            self._refreshed = time.monotonic()
             self.client.nodes_manager.initialize()
 
     @contextlib.contextmanager
