@@ -349,8 +349,8 @@ class RadixTree:
             node = heapq.heappop(heap)[2]
             if node.parent is None or not self._is_leaf_of(node, tier):
                 continue  # changed since it was queued
+            parent = node.parent  # before the yield: a caller that removes `node` detaches it
             yield node
-            parent = node.parent
             if parent is not None and self._is_leaf_of(parent, tier):
                 heapq.heappush(heap, (prio(parent), next(seq), parent))
 
