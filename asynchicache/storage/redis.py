@@ -2,6 +2,7 @@
 
     key    ackv:<16 hex of namespace and layout>:<32 hex of the page hash>
     value  the page header of `storage.header` (as in disk files) + the page's bytes
+           (framed and verified by `storage.remote_value`)
 
 Pages are read and written on plain RESP connections (`storage.resp`) in
 parallel: the pages of a call are grouped by the node owning their slot, cut
@@ -39,16 +40,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
 from asynchicache.storage.breaker import CircuitBreaker
 from asynchicache.storage.disk import check_pool
-from asynchicache.storage.header import (
-    HEADER_ALIGN,
-    HeaderError,
-    PageHeader,
-    decode_header,
-    encode_header,
-    payload_checksum,
-    peek_header_len,
-)
 from asynchicache.storage.redis_topology import RedisTopology, RemoteEndpoint, parse_remote_url
+from asynchicache.storage.remote_value import ValueFormat, ValueRejected
 from asynchicache.storage.resp import NodeAddress, RespConnection, RespError, command
 
 log = logging.getLogger(__name__)
@@ -121,6 +114,7 @@ class _PageRead:
 class _Call:
     """What the pages of one get/put share."""
 
+    hashes: list[bytes]
     keys: list[bytes]
     slots: list[int]
     pool: np.ndarray  # [slots, page_bytes] uint8, the L2 pool
@@ -138,6 +132,7 @@ class RedisBackend:
         self.layout = config.layout
         self.page_bytes = config.layout.page_bytes
         self.prefix = remote_key_prefix(config.namespace, config.layout)
+        self._format = ValueFormat(config.namespace, config.layout, config.ttl_s)
         self._endpoint = config.endpoint
         self._stats = BackendStats()
         self._stats_lock = threading.Lock()
@@ -179,7 +174,7 @@ class RedisBackend:
         if topo is None or not hashes:
             self._count(misses=len(hashes))
             return []
-        call = _Call([self.key(h) for h in hashes], list(slots), pool, deadline)
+        call = _Call(list(hashes), [self.key(h) for h in hashes], list(slots), pool, deadline)
         reads = self._fan_out(topo, call, self._read_batch)
         ok = next((r.index for r in reads if r.status is not _Status.OK), len(reads))
         self._after_reads(reads, call.keys)
@@ -202,7 +197,13 @@ class RedisBackend:
             self._count(store_failures=len(unique))
             return 0
         todo = [i for i, here in enumerate(present) if not here]
-        call = _Call([keys[i] for i in todo], [unique[i].slot for i in todo], pool, deadline)
+        call = _Call(
+            [unique[i].page_hash for i in todo],
+            [keys[i] for i in todo],
+            [unique[i].slot for i in todo],
+            pool,
+            deadline,
+        )
         tokens = [unique[i].tokens for i in todo]
         writes = self._fan_out(topo, call, lambda c, n, idx: self._write_batch(c, n, idx, tokens))
         stored = {unique[i].page_hash for i, here in enumerate(present) if here}
@@ -312,60 +313,16 @@ class RedisBackend:
 
     def _read_page(self, conn: RespConnection, i: int, call: _Call) -> _PageRead:
         """One GET reply: header checked, payload straight into the slot, then its checksum."""
+        dst = memoryview(call.pool[call.slots[i]])
         try:
-            n = conn.read_bulk_len()
+            tokens = self._format.read_page(conn, call.hashes[i], dst)
         except RespError as exc:
             return self._error_reply(i, exc)
-        if n is None:
+        except ValueRejected as exc:
+            return _PageRead(i, _Status.CORRUPT, reason=str(exc))
+        if tokens is None:
             return _PageRead(i, _Status.MISSING)
-        head = bytearray(HEADER_ALIGN)
-        take = min(n, HEADER_ALIGN)
-        conn.read_into(memoryview(head)[:take])
-        header = self._parse_header(conn, head, take, n)
-        if isinstance(header, str):
-            return _PageRead(i, _Status.CORRUPT, reason=header)
-        problem = self._header_problem(header, call.keys[i], n)
-        if problem is not None:
-            conn.skip(n - header.header_len)
-            conn.end_bulk()
-            return _PageRead(i, _Status.CORRUPT, reason=problem)
-        dst = memoryview(call.pool[call.slots[i]])
-        conn.read_into(dst)
-        conn.end_bulk()
-        if payload_checksum(dst) != header.payload_checksum:
-            return _PageRead(i, _Status.CORRUPT, reason="payload checksum mismatch")
-        return _PageRead(i, _Status.OK, header.tokens)
-
-    def _parse_header(
-        self, conn: RespConnection, head: bytearray, take: int, n: int
-    ) -> PageHeader | str:
-        """The value's header, reading past the first block if it is longer; or why not."""
-        try:
-            header_len = peek_header_len(head[:take])
-            if header_len > n:
-                raise HeaderError(f"header of {header_len} bytes in a {n}-byte value")
-            if header_len > take:
-                head.extend(bytes(header_len - take))
-                conn.read_into(memoryview(head)[take:header_len])
-                take = header_len
-            return decode_header(head[:header_len])
-        except HeaderError as exc:
-            conn.skip(n - take)
-            conn.end_bulk()
-            return f"bad header ({exc})"
-
-    def _header_problem(self, header: PageHeader, key: bytes, n: int) -> str | None:
-        if header.namespace != self.config.namespace:
-            return "page of another namespace"
-        if self.key(header.page_hash) != key:
-            return "page hash does not match the key"
-        if header.layout != self.layout:
-            return f"layout {header.layout} != {self.layout}"
-        if header.payload_len != self.page_bytes:
-            return f"payload length {header.payload_len} != {self.page_bytes}"
-        if n != header.header_len + header.payload_len:
-            return f"value of {n} bytes != header + payload"
-        return None
+        return _PageRead(i, _Status.OK, tokens)
 
     def _error_reply(self, i: int, exc: RespError) -> _PageRead:
         if exc.kind in ("MOVED", "ASK"):
@@ -400,9 +357,8 @@ class RedisBackend:
             return [_PageRead(i, _Status.LATE) for i in idx]
         buffers: list[bytes | memoryview] = []
         for i in idx:
-            buffers += self._set_command(
-                call.keys[i], tokens[i], memoryview(call.pool[call.slots[i]])
-            )
+            payload = memoryview(call.pool[call.slots[i]])
+            buffers += self._format.set_command(call.keys[i], call.hashes[i], tokens[i], payload)
 
         def work(conn: RespConnection, done: list[_PageRead]) -> None:
             conn.send(buffers)  # SET is idempotent: a retry on a new connection is safe
@@ -419,30 +375,6 @@ class RedisBackend:
         if failed:
             log.warning("remote: %d pages not stored: %s", len(failed), failed[0].reason)
         return results
-
-    def _set_command(
-        self, key: bytes, tokens: tuple[int, ...], payload: memoryview
-    ) -> list[bytes | memoryview]:
-        """SET key <header + payload> [EX ttl], framed around the slot's memory (no join)."""
-        header = encode_header(
-            PageHeader(
-                self.config.namespace,
-                bytes.fromhex(key[len(self.prefix) :].decode()),
-                tokens,
-                self.layout,
-                self.page_bytes,
-                payload_checksum(payload),
-            )
-        )
-        ttl = self.config.ttl_s
-        argc = 3 if ttl is None else 5
-        value_len = len(header) + len(payload)
-        head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (argc, len(key), key, value_len)
-        tail = b"\r\n"
-        if ttl is not None:
-            t = str(ttl).encode()
-            tail += b"$2\r\nEX\r\n$%d\r\n%s\r\n" % (len(t), t)
-        return [head, header, payload, tail]
 
     # -- small commands (redis-py) -----------------------------------------
 
