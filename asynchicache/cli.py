@@ -21,6 +21,14 @@ def _cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
         from asynchicache.bench.micro import main as micro_main
 
         return micro_main(rest)
+    if args.bench_cmd == "serve":
+        from asynchicache.bench.client import main as serve_main
+
+        return serve_main(rest)
+    if args.bench_cmd == "sweep":
+        from asynchicache.bench.sweep import main as sweep_main
+
+        return sweep_main(rest)
     raise SystemExit(f"unknown bench command {args.bench_cmd!r}")
 
 
@@ -39,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
     serve = sub.add_parser("serve", help="run the OpenAI-compatible server", add_help=False)
     serve.set_defaults(func=_cmd_serve)
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench.add_argument("bench_cmd", choices=["micro"], help="which benchmark")
+    # No -h of its own: `bench serve --help` reaches the sub-command's parser.
+    bench = sub.add_parser("bench", help="benchmarks", add_help=False)
+    bench.add_argument("bench_cmd", choices=["micro", "serve", "sweep"], help="which benchmark")
     bench.set_defaults(func=_cmd_bench)
     cache = sub.add_parser("cache", help="inspect, verify or clear the disk cache (no service)")
     cache.add_argument("cache_cmd", choices=["stats", "verify", "clear"], help="what to do")

@@ -1,0 +1,347 @@
+"""`asynchicache bench sweep`: one workload against the server in every tier configuration.
+
+    asynchicache bench sweep --workload multiturn --out DIR [--scale X] [--remote-url URL]
+
+For each setup (no prefix cache; L1; L1+L2; L1+L2+L3; L1+L2+L3+L4 with a
+Redis URL) it starts `python -m asynchicache serve` on a free port with a
+fresh disk folder and tiers sized from the workload's working set
+(`setups.size_tiers`), sends one warm-up request, plays the workload, reads
+`/cache/stats`, and stops the server. `--workload restart` plays a base
+workload (`--restart-of`, default longdoc), restarts the server on the same
+disk folder and plays it again: the second run is the one measured (the L4
+setup restarts on an empty disk folder, as a second instance sharing Redis).
+
+Under --out: `summary.json`, `table.md`, PNG plots, and per setup the request
+results, the engine's cache stats and the server log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import platform
+import random
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from asynchicache.bench import text
+from asynchicache.bench.client import ClientConfig, Run, add_workload_arguments, run_workload
+from asynchicache.bench.prompts import chat_ids, ideal_of_run, planned_messages
+from asynchicache.bench.results import RequestResult, write_results
+from asynchicache.bench.server_process import BenchServer, ServerError
+from asynchicache.bench.setups import (
+    ServerPlan,
+    Setup,
+    Sizing,
+    pick_setups,
+    server_flags,
+    size_tiers,
+)
+from asynchicache.bench.summary import summarize
+from asynchicache.bench.workloads import WORKLOADS, Workload, make_workload
+from asynchicache.engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    workload: str  # a workload name, or "restart"
+    out: Path
+    restart_of: str = "longdoc"
+    seed: int = 0
+    scale: float = 1.0
+    assignments: tuple[str, ...] = ()
+    setups: tuple[str, ...] = ()  # slugs; empty = all that apply
+    remote_url: str | None = None
+    model: str | None = None
+    page_size: int = 16
+    l1_ratio: float = 4.0
+    l2_ratio: float = 2.0
+    max_concurrency: int | None = None
+    server_args: tuple[str, ...] = ()
+    work_dir: Path | None = None  # where disk folders go (default: the temp dir)
+    keep_disk: bool = False
+    progress: bool = True
+    startup_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.workload != "restart" and self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}; known: "
+                             f"{', '.join([*WORKLOADS, 'restart'])}")
+        if self.restart_of not in WORKLOADS:
+            raise ValueError(f"--restart-of must be one of {', '.join(WORKLOADS)}")
+
+    @property
+    def restart(self) -> bool:
+        return self.workload == "restart"
+
+    @property
+    def base_workload(self) -> str:
+        return self.restart_of if self.restart else self.workload
+
+
+@dataclass
+class _Context:
+    """What every setup of one sweep shares."""
+
+    opts: SweepOptions
+    workload: Workload
+    tokenizer: Tokenizer
+    kv_bytes_per_token: int
+    sizing: Sizing
+    salt: str
+    temp_dirs: list[Path] = field(default_factory=list)
+
+    def disk_dir(self) -> Path:
+        base = self.opts.work_dir
+        if base is not None:
+            base.mkdir(parents=True, exist_ok=True)
+        d = Path(tempfile.mkdtemp(prefix="asynchicache-sweep-", dir=base))
+        self.temp_dirs.append(d)
+        return d
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One run of the workload against one server."""
+
+    run: Run
+    cache_stats: dict[str, Any]
+    flags: tuple[str, ...]
+    startup_s: float  # from spawning the server to its first /health answer
+
+
+# ------------------------------------------------------------------- planning
+def plan_sizing(workload: Workload, tokenizer: Tokenizer, opts: SweepOptions) -> Sizing:
+    """Tier sizes from the prompts the workload will send (answers: max_tokens of filler)."""
+    from asynchicache.bench.ideal import replay
+
+    filler = text.paragraph(random.Random(opts.seed), workload.max_tokens)
+    ids = [chat_ids(tokenizer, m) for m in planned_messages(workload, filler)]
+    rep = replay(ids, opts.page_size)
+    largest = max(len(t) for t in ids) + workload.max_tokens
+    return size_tiers(rep.working_set_tokens, largest, opts.page_size, opts.l1_ratio,
+                      opts.l2_ratio)
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version()}
+
+
+# ------------------------------------------------------------------- running
+def _warm_up(url: str) -> None:
+    """One short request in its own namespace: the first forward pass is slow everywhere."""
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2,
+            "temperature": 0, "ignore_eos": True, "cache_salt": "bench-warmup"}
+    httpx.post(url + "/v1/chat/completions", json=body, timeout=600).raise_for_status()
+
+
+def _run_phase(ctx: _Context, setup: Setup, disk_dir: Path, out_dir: Path) -> Phase:
+    plan = ServerPlan(ctx.sizing, ctx.kv_bytes_per_token, disk_dir, ctx.opts.remote_url,
+                      extra=ctx.opts.server_args)
+    flags = server_flags(setup, plan)
+    server = BenchServer(flags, out_dir / "server.log", ctx.opts.startup_timeout_s)
+    started = time.perf_counter()
+    with server:
+        startup_s = time.perf_counter() - started
+        _warm_up(server.url)
+        cfg = ClientConfig(server.url, cache_salt=ctx.salt,
+                           max_concurrency=ctx.opts.max_concurrency,
+                           progress=ctx.opts.progress, label=setup.name)
+        run = run_workload(ctx.workload, cfg)
+        stats = server.get_json("/cache/stats")
+    write_results(out_dir / "results.jsonl", run.results)
+    (out_dir / "cache_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    return Phase(run, stats, tuple(flags), startup_s)
+
+
+def _describe(ctx: _Context, setup: Setup, phase: Phase,
+              warm: Sequence[RequestResult] = ()) -> dict[str, Any]:
+    s = summarize(phase.run.results, phase.run.duration_s)
+    ideal = ideal_of_run(ctx.workload, phase.run.results, ctx.opts.model, ctx.opts.page_size,
+                         ctx.tokenizer, warm=warm)
+    return {
+        "setup": setup.slug,
+        "mean_ttft_s": s.ttft.mean, "p50_ttft_s": s.ttft.p50, "p90_ttft_s": s.ttft.p90,
+        "p99_ttft_s": s.ttft.p99,
+        "hit_rate": s.hit_rate, "ideal_hit_rate": ideal["hit_rate"],
+        "hit_rate_by_tier": s.hit_rate_by_tier,
+        "requests_per_s": s.requests_per_s, "output_tokens_per_s": s.output_tokens_per_s,
+        "total_tokens_per_s": s.total_tokens_per_s,
+        "mean_itl_s": s.itl.mean, "mean_e2e_s": s.e2e.mean,
+        "requests": s.requests, "errors": s.errors, "duration_s": s.duration_s,
+        "preemptions": phase.cache_stats.get("preemptions"), "startup_s": phase.startup_s,
+        "flags": list(phase.flags), "run": s.to_dict(), "ideal": ideal,
+        "cache_stats": phase.cache_stats,
+    }
+
+
+def _run_setup(ctx: _Context, setup: Setup) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the measured run, the first run of a restart or None)."""
+    out = ctx.opts.out / setup.slug
+    disk = ctx.disk_dir()
+    if not (ctx.opts.restart and setup.persistent):
+        phase = _run_phase(ctx, setup, disk, out)
+        return _describe(ctx, setup, phase), None
+    first = _run_phase(ctx, setup, disk, out / "before-restart")
+    # A second instance sharing Redis has its own, empty disk.
+    disk_after = ctx.disk_dir() if setup.remote else disk
+    second = _run_phase(ctx, setup, disk_after, out)
+    warm = first.run.results
+    return _describe(ctx, setup, second, warm), _describe(ctx, setup, first)
+
+
+def _context(opts: SweepOptions) -> _Context:
+    from asynchicache.server.frontend import load_frontend
+
+    workload = make_workload(opts.base_workload, opts.seed, opts.scale, opts.assignments)
+    frontend = load_frontend(opts.model)
+    dtype = _server_dtype(opts.server_args)
+    sizing = plan_sizing(workload, frontend.tokenizer, opts)
+    return _Context(opts, workload, frontend.tokenizer, frontend.kv_bytes_per_token(dtype),
+                    sizing, salt=f"sweep-{secrets.token_hex(4)}")
+
+
+def _server_dtype(server_args: Sequence[str]) -> str:
+    args = list(server_args)
+    for i, a in enumerate(args):
+        if a == "--dtype" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--dtype="):
+            return a.split("=", 1)[1]
+    return "float32"
+
+
+def sweep(opts: SweepOptions) -> dict[str, Any]:
+    """Run every setup; write summary.json, table.md and the plots under `opts.out`."""
+    from asynchicache.bench.report import write_report
+
+    setups = pick_setups(opts.setups, opts.remote_url)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    ctx = _context(opts)
+    log.info("working set %d tokens; L1 %d tokens, L2 %d tokens", ctx.sizing.working_set_tokens,
+             ctx.sizing.device_cache_tokens, ctx.sizing.host_cache_tokens)
+    summary: dict[str, Any] = {
+        "workload": opts.workload, "base_workload": ctx.workload.name,
+        "params": dict(ctx.workload.params), "seed": opts.seed, "scale": opts.scale,
+        "requests": len(ctx.workload.requests),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine(), "sizing": {**asdict(ctx.sizing),
+                                         "working_set_over_l1": ctx.sizing.working_set_over_l1},
+        "configs": {}, "failed": {},
+    }
+    if opts.restart:
+        summary["before_restart"] = {}
+    try:
+        for setup in setups:
+            try:
+                measured, first = _run_setup(ctx, setup)
+            except (ServerError, httpx.HTTPError) as exc:
+                log.error("setup %s failed: %s", setup.name, exc)
+                summary["failed"][setup.name] = str(exc)[-2000:]
+                continue
+            summary["configs"][setup.name] = measured
+            if first is not None:
+                summary["before_restart"][setup.name] = first
+            log.info("%s: mean TTFT %.3fs, hit rate %.3f (ideal %.3f)", setup.name,
+                     measured["mean_ttft_s"], measured["hit_rate"], measured["ideal_hit_rate"])
+    finally:
+        if not opts.keep_disk:
+            for d in ctx.temp_dirs:
+                shutil.rmtree(d, ignore_errors=True)
+    (opts.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_report(opts.out, summary)
+    return summary
+
+
+# ------------------------------------------------------------------------ CLI
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="asynchicache bench sweep",
+        description="Start the server in each tier configuration and play one workload.",
+    )
+    p.add_argument("--out", type=Path, required=True, help="folder for every output")
+    p.add_argument("--restart-of", default="longdoc",
+                   help="the workload that --workload restart plays twice (default %(default)s)")
+    p.add_argument("--remote-url", help="Redis URL: adds the L1+L2+L3+L4 setup")
+    p.add_argument("--setups", help="comma-separated subset, e.g. l1,l1-l2-l3 (default: all)")
+    p.add_argument("--l1-ratio", type=float, default=4.0,
+                   help="working set / L1 size (default %(default)s)")
+    p.add_argument("--l2-ratio", type=float, default=2.0,
+                   help="L2 size / L1 size (default %(default)s)")
+    p.add_argument("--server-arg", dest="server_args", action="append", default=[],
+                   metavar="ARG", help="pass ARG to every `asynchicache serve` (repeatable; "
+                   "use --server-arg=--flag for flags)")
+    p.add_argument("--work-dir", type=Path, help="where the disk tier folders go (default: tmp)")
+    p.add_argument("--keep-disk", action="store_true", help="keep the disk tier folders")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the workload's size and the tier sizes, start nothing")
+    p.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="seconds to wait for each server (default %(default)s)")
+    add_workload_arguments(p)
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> SweepOptions:
+    setups = tuple(s.strip() for s in args.setups.split(",") if s.strip()) if args.setups else ()
+    server_args = tuple(args.server_args)
+    if args.model is not None:  # the server loads the same model the prompts are tokenized for
+        server_args = (*server_args, "--model", args.model)
+    return SweepOptions(
+        workload=args.workload, out=args.out, restart_of=args.restart_of, seed=args.seed,
+        scale=args.scale, assignments=tuple(args.assignments), setups=setups,
+        remote_url=args.remote_url, model=args.model, page_size=args.page_size,
+        l1_ratio=args.l1_ratio, l2_ratio=args.l2_ratio, max_concurrency=args.max_concurrency,
+        server_args=server_args, work_dir=args.work_dir, keep_disk=args.keep_disk,
+        progress=not args.no_progress, startup_timeout_s=args.startup_timeout,
+    )
+
+
+def plan(opts: SweepOptions) -> dict[str, Any]:
+    """What a sweep would run: the workload's size and the tiers' sizes."""
+    ctx = _context(opts)
+    filler = text.paragraph(random.Random(opts.seed), ctx.workload.max_tokens)
+    convs = planned_messages(ctx.workload, filler)
+    return {"workload": ctx.workload.name, "params": dict(ctx.workload.params),
+            "requests": len(ctx.workload.requests),
+            "planned_prompt_tokens": sum(len(chat_ids(ctx.tokenizer, m)) for m in convs),
+            "sizing": {**asdict(ctx.sizing),
+                       "working_set_over_l1": ctx.sizing.working_set_over_l1}}
+
+
+def main(argv: Sequence[str]) -> int:
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    args = _parser().parse_args(list(argv))
+    try:
+        opts = options_from_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"asynchicache bench sweep: {exc}") from exc
+    if args.dry_run:
+        print(json.dumps(plan(opts), indent=2))
+        return 0
+    summary = sweep(opts)
+    print((opts.out / "table.md").read_text())
+    bad = summary["failed"] or any(c["errors"] for c in summary["configs"].values())
+    return 1 if bad else 0
