@@ -197,8 +197,10 @@ class Scheduler:
 
     # ------------------------------------------------------------- batching
     def schedule(self) -> Batch:
-        self._collect_loads()
+        # Deadlines first: whether a load is late must not depend on how soon
+        # after its deadline this step happens to run.
         self._give_up_late_loads()
+        self._collect_loads()
         self._admit()
         batch = Batch()
         budget = self.config.chunked_prefill_size
