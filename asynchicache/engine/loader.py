@@ -15,6 +15,7 @@ import importlib.util
 import json
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -119,7 +120,7 @@ def _load_hf_folder(folder: Path, dtype: str, device: str) -> LoadedModel:
     )
 
 
-def _safetensors_tensors(files: list[Path]):  # -> Iterator[tuple[str, torch.Tensor]]
+def _safetensors_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
