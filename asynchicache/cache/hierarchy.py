@@ -717,6 +717,12 @@ class HiRadixCache:
         for node in job.locked:
             self.tree.unlock(node)
         t = job.ticket
+        # Report what reached L1, not what was asked for: a short load is partly recomputed.
+        already = job.expected_pages - t.pages_from_host - t.pages_from_storage  # L1 before
+        arrived = max(0, len(device) - already)
+        t.pages_from_host = min(t.pages_from_host, arrived)
+        t.pages_from_storage = min(t.pages_from_storage, arrived - t.pages_from_host)
+        t.pages_from_remote = min(t.pages_from_remote, t.pages_from_storage)
         t.done = True
         t.device_pages = device
         t.handle = MatchHandle(last)
