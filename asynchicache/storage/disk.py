@@ -71,6 +71,8 @@ PAGE_SUFFIX = ".kv"
 TMP_PREFIX = ".tmp-"
 # A temp file this old belongs to a writer that died (a live one renames in ms).
 STALE_TMP_S = 600.0
+# A read re-stamps a page file (its mtime is the LRU stamp) only when older than this.
+RESTAMP_AFTER_NS = 60 * 10**9
 
 
 def namespace_dir_name(namespace: bytes) -> str:
@@ -202,12 +204,13 @@ class DiskBackend:
         n = len(hashes) if not self.ready else self._index.leading(hashes)
         batch = self._batch(pool, deadline)
         futures = [
-            self._io.submit(self._read_one, h, s, batch, batch.stamp_ns - i)
-            for i, (h, s) in enumerate(zip(hashes[:n], slots[:n], strict=True))
+            self._io.submit(self._read_one, h, s, batch)
+            for h, s in zip(hashes[:n], slots[:n], strict=True)
         ]
         sizes = [f.result() for f in futures]
         ok = sizes.index(0) if 0 in sizes else n
         self._index.add_chain(list(zip(hashes[:ok], sizes[:ok], strict=True)))
+        self._restamp(hashes[:ok], batch.stamp_ns)
         self._count(
             hits=ok,
             misses=len(hashes) - ok,
@@ -234,11 +237,25 @@ class DiskBackend:
         size_of = {p.page_hash: self._file_size(len(p.tokens)) for p in pages}
         stored = [h for h in age if h not in lost]
         self._index.commit(grant.nbytes, [(h, size_of[h]) for h in stored])
-        for h in stored:
-            if h not in new:  # already on disk: persist its new LRU position
-                set_mtime(self._path(h), batch.stamp_ns - age[h])
+        self._index.record_stamps((h, batch.stamp_ns - age[h]) for h in stored if h in new)
+        self._restamp([h for h in stored if h not in new], batch.stamp_ns)
         self._count_writes(len(todo), [e for e in errors.values() if e is not None])
         return sum(p.page_hash not in lost for p in pages)
+
+    def _restamp(self, chain: Sequence[bytes], stamp_ns: int) -> None:
+        """Persist the LRU position of pages just read, first page newest.
+
+        Only pages whose file stamp is older than RESTAMP_AFTER_NS: a read then
+        costs no metadata write in the common case, and the order a restart
+        recovers is right to within that age.
+        """
+        due = set(self._index.due_stamps(chain, stamp_ns, RESTAMP_AFTER_NS))
+        done = []
+        for i, h in enumerate(chain):
+            if h in due:
+                set_mtime(self._path(h), stamp_ns - i)
+                done.append((h, stamp_ns - i))
+        self._index.record_stamps(done)
 
     def _batch(self, pool: np.ndarray, deadline: float | None) -> _Batch:
         direct = self._direct and direct_possible(self.page_bytes, pool)
@@ -392,7 +409,7 @@ class DiskBackend:
         self._index.remove(page_hash)
         self._count(corrupt_detected=1)
 
-    def _read_one(self, page_hash: bytes, slot: int, batch: _Batch, stamp_ns: int) -> int:
+    def _read_one(self, page_hash: bytes, slot: int, batch: _Batch) -> int:
         """Read and verify one page into its slot; its file size, or 0 on a miss."""
         if batch.late():
             self._count(late_skipped=1)
@@ -411,8 +428,6 @@ class DiskBackend:
             return 0
         try:
             result = self._read_verified(fd, page_hash, dst, direct)
-            if isinstance(result, int):
-                set_mtime(fd, stamp_ns)
         except OSError as exc:
             result = f"read failed: {exc}"
         finally:

@@ -42,6 +42,9 @@ class PageIndex:
         self._bytes = 0
         self._reserved = 0
         self._scan_stamps: dict[bytes, int] | None = None
+        # The LRU stamp each page carries on the medium (its file mtime), so that
+        # reads re-stamp a page only when its stored stamp has grown stale.
+        self._stored: dict[bytes, int] = {}
 
     def __contains__(self, page_hash: bytes) -> bool:
         return page_hash in self._lru
@@ -87,6 +90,20 @@ class PageIndex:
                     self._lru.move_to_end(h)
                     self._forget_stamp(h)
 
+    def record_stamps(self, stamps: Iterable[tuple[bytes, int]]) -> None:
+        """Remember the LRU stamps just written to the medium for these pages."""
+        with self._lock:
+            for h, stamp_ns in stamps:
+                if h in self._lru:
+                    self._stored[h] = stamp_ns
+
+    def due_stamps(self, hashes: Sequence[bytes], now_ns: int, max_age_ns: int) -> list[bytes]:
+        """Indexed pages whose stored stamp is older than `max_age_ns` (or unknown)."""
+        with self._lock:
+            return [
+                h for h in hashes if h in self._lru and now_ns - self._stored.get(h, 0) > max_age_ns
+            ]
+
     def remove(self, page_hash: bytes) -> int | None:
         """Drop a page; returns its size, or None when it was not indexed."""
         with self._lock:
@@ -94,12 +111,14 @@ class PageIndex:
             if size is not None:
                 self._bytes -= size
                 self._forget_stamp(page_hash)
+                self._stored.pop(page_hash, None)
             return size
 
     def clear(self) -> list[bytes]:
         with self._lock:
             hashes = list(self._lru)
             self._lru.clear()
+            self._stored.clear()
             self._bytes = 0
             return hashes
 
@@ -116,6 +135,7 @@ class PageIndex:
                 h, size = self._lru.popitem(last=False)
                 self._bytes -= size
                 self._forget_stamp(h)
+                self._stored.pop(h, None)
                 victims.append((h, size))
             granted = max(0, min(nbytes, capacity - self._bytes - self._reserved))
             self._reserved += granted
@@ -146,6 +166,7 @@ class PageIndex:
                 self._lru.move_to_end(page.page_hash, last=False)
                 self._bytes += page.size
                 stamps[page.page_hash] = page.stamp_ns
+                self._stored[page.page_hash] = page.stamp_ns
 
     def end_scan(self) -> None:
         """Order scanned, untouched pages by stored access time, all older than the rest."""

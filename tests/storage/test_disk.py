@@ -362,3 +362,24 @@ def test_falls_back_to_buffered_io_where_o_direct_is_refused(
     s = disk.stats()
     assert "direct_reads" not in s.extra or s.extra["direct_reads"] == 0
     assert s.store_failures == 0 and s.corrupt_detected == 0
+
+
+def test_reads_carry_lru_order_across_restarts(
+    backends: Backends, make_pool: Callable[..., Pool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = make_pool(8)
+    disk = backends()
+    a, b = new_hashes(2), new_hashes(2)
+    disk.put(refs(a, [0, 1]), pool.array)
+    disk.put(refs(b, [2, 3]), pool.array)
+    mtime = disk.path_of(a[0]).stat().st_mtime_ns
+    assert disk.get(a, [4, 5], pool.array) == 2
+    # Fresh stamps are not rewritten: a read costs no metadata write.
+    assert disk.path_of(a[0]).stat().st_mtime_ns == mtime
+    monkeypatch.setattr(disk_module, "RESTAMP_AFTER_NS", 0)
+    assert disk.get(a, [4, 5], pool.array) == 2
+    assert disk.lru_order() == [b[1], b[0], a[1], a[0]]
+    disk.close()
+    again = backends()
+    assert again.wait_ready(5)
+    assert again.lru_order() == [b[1], b[0], a[1], a[0]]
