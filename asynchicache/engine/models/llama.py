@@ -21,7 +21,7 @@ from torch import nn
 
 from asynchicache.engine.models.attention import AttentionBackend
 from asynchicache.engine.models.config import ModelConfig
-from asynchicache.engine.models.rotary import RotaryEmbedding, apply_rotary
+from asynchicache.engine.models.rotary import RotaryEmbedding, apply_rotary_
 
 
 class Linear(nn.Module):
@@ -56,9 +56,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in float32 like the reference, then scale in the model's dtype.
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        """x [..., dim]: normalized in float32 like the reference, scaled in x's dtype."""
+        xf = x.float()
+        # One reduction pass (vector_norm) instead of pow + mean: cheaper on CPU.
+        norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)  # [..., 1]
+        inv_rms = norm.square_().div_(x.shape[-1]).add_(self.eps).rsqrt_()
+        return torch.mul(xf, inv_rms).to(x.dtype).mul_(self.weight)
 
 
 class Attention(nn.Module):
@@ -79,13 +82,19 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)  # [T, heads, hd]
-        k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, kv_heads, hd]
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        heads, kv_heads, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)  # [T, (heads + 2 kv_heads) hd]
+        q, k, v = qkv.split(self.split, dim=-1)
+        q = q.view(t, heads, hd)  # [T, heads, hd]
+        k = k.view(t, kv_heads, hd)  # [T, kv_heads, hd]
+        v = v.view(t, kv_heads, hd)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            apply_rotary_(q, cos, sin)
+            apply_rotary_(k, cos, sin)
+        else:  # q and k side by side in qkv: rotate both in one pass
+            apply_rotary_(qkv[:, : self.split[0] + self.split[1]].view(t, heads + kv_heads, hd),
+                          cos, sin)
         out = attn.attend(self.layer, q, k, v)  # [T, heads, hd]
         return self.o_proj(out.reshape(t, -1))
 
@@ -103,7 +112,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # [T, inter] each
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class DecoderLayer(nn.Module):
