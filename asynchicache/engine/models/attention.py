@@ -78,7 +78,9 @@ class PagedAttention:
         self.page_size = kv_pool.shape[3]
         self.meta = meta
         self.windows = sliding_windows
+        # Masks depend on the batch and the window only: built once, shared by layers.
         self._decode_masks: dict[int | None, torch.Tensor] = {}
+        self._prefill_masks: dict[tuple[int, int | None], torch.Tensor] = {}
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -124,7 +126,10 @@ class PagedAttention:
             k, v = k[:total], v[:total]  # [total, kv_heads, hd]
         mask = None
         if span.start > 0 or (window is not None and window < total):
-            mask = _prefill_mask(span.start, n, total, window, q.device)  # [n, total]
+            key = (span.begin, window)
+            if key not in self._prefill_masks:
+                self._prefill_masks[key] = _prefill_mask(span.start, n, total, window, q.device)
+            mask = self._prefill_masks[key]  # [n, total]
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),  # [1, heads, n, hd]
             k.transpose(0, 1).unsqueeze(0),  # [1, kv_heads, total, hd]
