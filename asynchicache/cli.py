@@ -29,6 +29,10 @@ def _cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
         from asynchicache.bench.sweep import main as sweep_main
 
         return sweep_main(rest)
+    if args.bench_cmd == "soak":
+        from asynchicache.bench.soak import main as soak_main
+
+        return soak_main(rest)
     raise SystemExit(f"unknown bench command {args.bench_cmd!r}")
 
 
@@ -49,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_cmd_serve)
     # No -h of its own: `bench serve --help` reaches the sub-command's parser.
     bench = sub.add_parser("bench", help="benchmarks", add_help=False)
-    bench.add_argument("bench_cmd", choices=["micro", "serve", "sweep"], help="which benchmark")
+    bench.add_argument(
+        "bench_cmd", choices=["micro", "serve", "sweep", "soak"], help="which benchmark"
+    )
     bench.set_defaults(func=_cmd_bench)
     cache = sub.add_parser("cache", help="inspect, verify or clear the disk cache (no service)")
     cache.add_argument("cache_cmd", choices=["stats", "verify", "clear"], help="what to do")
