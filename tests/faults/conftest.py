@@ -1,0 +1,46 @@
+"""Fixtures of the fault matrix: one live server on a disk folder, prompts and their
+cold greedy answers (see fault_helpers for the scale knobs)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fault_helpers import LiveServer, Prompt, knob, make_prompts, references, tokenizer
+
+from asynchicache.engine.tokenizer import Tokenizer
+
+
+@dataclass
+class Matrix:
+    """The server under test (replaced when a test restarts it) and what it must answer."""
+
+    root: Path
+    tok: Tokenizer
+    server: LiveServer
+    prompts: list[Prompt]
+    expected: dict[str, str]
+
+    @property
+    def disk(self) -> Path:
+        assert self.server.disk_dir is not None
+        return self.server.disk_dir
+
+
+@pytest.fixture(scope="session")
+def tok() -> Tokenizer:
+    return tokenizer()
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory: pytest.TempPathFactory, tok: Tokenizer) -> Iterator[Matrix]:
+    root = tmp_path_factory.mktemp("faults")
+    server = LiveServer(root / "kv", root / "server.log").start()
+    state = Matrix(root, tok, server, make_prompts(tok, "s", knob("prompts")), {})
+    try:
+        state.expected = references(server.url, state.prompts, knob("clients"))
+        yield state
+    finally:
+        state.server.shutdown()
