@@ -104,7 +104,11 @@ def role_of(pid: int) -> str:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     except OSError:
         return "?"
-    return cmd[len(TITLE_PREFIX) :] if cmd.startswith(TITLE_PREFIX) else cmd[:60]
+    if cmd.startswith(TITLE_PREFIX):
+        return cmd[len(TITLE_PREFIX) :]
+    if "multiprocessing.resource_tracker" in cmd:  # the spawn context's helper
+        return "resource-tracker"
+    return cmd[:60]
 
 
 def sample_process(pid: int) -> ProcSample | None:

@@ -58,6 +58,7 @@ class SoakConfig:
     max_tokens: int = 12
     disconnect_rate: float = 0.1  # share of requests abandoned mid-stream on purpose
     prompts: int = 48
+    prefix_lines: int = 40  # lines of each shared system prefix (about 21 tokens each)
     sample_s: float = 5.0
     warmup_s: float | None = None  # default: a fifth of the run
     api_key: str | None = None
@@ -72,8 +73,10 @@ class SoakConfig:
             raise ValueError(f"--duration must be positive, got {self.duration_s}")
         if not 0 <= self.disconnect_rate < 1:
             raise ValueError(f"--disconnect-rate must be in [0, 1), got {self.disconnect_rate}")
-        if self.prompts <= 0 or self.max_tokens <= 0 or self.sample_s <= 0:
-            raise ValueError("--prompts, --max-tokens and --sample-interval must be positive")
+        if min(self.prompts, self.max_tokens, self.sample_s, self.prefix_lines) <= 0:
+            raise ValueError(
+                "--prompts, --max-tokens, --sample-interval and --prefix-lines must be positive"
+            )
         if urlparse(self.url).scheme not in ("http", "https"):
             raise ValueError(f"--url must be like http://127.0.0.1:8000, got {self.url}")
 
@@ -109,22 +112,22 @@ class SoakPrompt:
         return {"prompt": self.prompt, **common}
 
 
-def _system(topic: str, rng: random.Random) -> str:
+def _system(topic: str, rng: random.Random, n_lines: int) -> str:
     lines = [
         f"Record {i}: the {topic} report {rng.randint(100, 999)} units on day {i}."
-        for i in range(40)
+        for i in range(n_lines)
     ]
     return f"You answer questions about {topic}.\n" + "\n".join(lines)
 
 
-def make_prompts(n: int, seed: int) -> list[SoakPrompt]:
+def make_prompts(n: int, seed: int, prefix_lines: int = 40) -> list[SoakPrompt]:
     """`n` prompts over a few long shared prefixes: chat and completions, half each."""
     rng = random.Random(seed)
-    systems = [_system(t, rng) for t in _TOPICS]
+    systems = [_system(t, rng, prefix_lines) for t in _TOPICS]
     out = []
     for k in range(n):
         system = systems[k % len(systems)]
-        question = f"Question {k}: what happened on day {rng.randint(0, 39)}?"
+        question = f"Question {k}: what happened on day {rng.randint(0, prefix_lines - 1)}?"
         if k % 2 == 0:
             out.append(SoakPrompt(f"c{k}", True, (("system", system), ("user", question))))
         else:
@@ -482,7 +485,7 @@ async def run_soak(cfg: SoakConfig) -> SoakReport:
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     limits = httpx.Limits(max_connections=cfg.clients + 4, max_keepalive_connections=cfg.clients)
     tally, samples, stats = Tally(), [], []
-    prompts = make_prompts(cfg.prompts, cfg.seed)
+    prompts = make_prompts(cfg.prompts, cfg.seed, cfg.prefix_lines)
     async with httpx.AsyncClient(
         base_url=cfg.url, headers=headers, timeout=cfg.request_timeout_s, limits=limits
     ) as http:
@@ -511,6 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disconnect-rate", type=float, default=d.disconnect_rate,
                    help="share of requests abandoned mid-stream on purpose")  # fmt: skip
     p.add_argument("--prompts", type=int, default=d.prompts, help="distinct prompts")
+    p.add_argument("--prefix-lines", type=int, default=d.prefix_lines,
+                   help="lines of each shared system prefix (~21 tokens each)")  # fmt: skip
     p.add_argument("--sample-interval", type=float, default=d.sample_s, help="seconds")
     p.add_argument("--warmup", type=float, help="seconds before memory must stay flat")
     p.add_argument("--api-key", help="bearer token, when the server wants one")
@@ -525,7 +530,8 @@ def main(argv: list[str]) -> int:
         cfg = SoakConfig(
             url=args.url.rstrip("/"), clients=args.clients, duration_s=args.duration,
             max_tokens=args.max_tokens, disconnect_rate=args.disconnect_rate,
-            prompts=args.prompts, sample_s=args.sample_interval, warmup_s=args.warmup,
+            prompts=args.prompts, prefix_lines=args.prefix_lines, sample_s=args.sample_interval,
+            warmup_s=args.warmup,
             api_key=args.api_key, seed=args.seed,
         )  # fmt: skip
     except ValueError as exc:
