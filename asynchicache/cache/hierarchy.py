@@ -206,7 +206,15 @@ class HiRadixCache:
 
     # -- match, lock --------------------------------------------------------------------------
 
-    def match(self, tokens: Sequence[int], max_pages: int | None = None) -> MatchResult:
+    def _root(self, salt: str) -> RadixNode:
+        """The tree root of a `cache_salt` (tenants never share a page, in any tier)."""
+        if not salt:
+            return self.tree.root
+        return self.tree.root_for(salt, lambda: self.namespace.with_salt(salt).digest())
+
+    def match(
+        self, tokens: Sequence[int], max_pages: int | None = None, salt: str = ""
+    ) -> MatchResult:
         """Longest cached page prefix of `tokens`, split by tier; at most `max_pages` pages.
 
         Touches LRU and hit counts. The result's handle is not locked: `lock` it
@@ -215,9 +223,10 @@ class HiRadixCache:
         tokens = tokens if type(tokens) is list else list(tokens)
         ps = self.page_size
         limit = len(tokens) // ps if max_pages is None else min(max_pages, len(tokens) // ps)
+        root = self._root(salt)
         if not self.config.enable_prefix_cache or limit <= 0:
-            return MatchResult([], 0, 0, MatchHandle(self.tree.root), ps)
-        path = self.tree.match(tokens, limit)
+            return MatchResult([], 0, 0, MatchHandle(root), ps)
+        path = self.tree.match(tokens, limit, root)
         device: list[int] = []
         host_pages = 0
         for node in path:
@@ -225,7 +234,7 @@ class HiRadixCache:
                 device += node.device
             else:
                 host_pages += node.num_pages
-        node = path[-1] if path else self.tree.root
+        node = path[-1] if path else root
         hashes = self._storage_hits(node, tokens, limit)
         if path:
             self.tree.touch(node)
@@ -243,7 +252,7 @@ class HiRadixCache:
         if self.storage is None or node.end_page >= limit:
             return ()
         ps = self.page_size
-        last = node.hashes[-1] if node.hashes else self.tree.root_hash
+        last = self.tree.last_hash(node)
         hashes = chain_hashes(last, tokens[node.end_page * ps : limit * ps], ps)
         try:
             found = self.storage.exists(hashes)
@@ -293,11 +302,12 @@ class HiRadixCache:
             raise ValueError("unlock of a handle that holds no lock (its node is gone)")
         self.tree.unlock(handle.node)
 
-    def lookup(self, tokens: Sequence[int]) -> dict[str, int]:
+    def lookup(self, tokens: Sequence[int], salt: str = "") -> dict[str, int]:
         """Cached tokens of `tokens` per tier, without touching LRU or splitting nodes."""
         tokens = tokens if type(tokens) is list else list(tokens)
         ps = self.page_size
-        walk = self.tree.walk(tokens)
+        root = self._root(salt)
+        walk = self.tree.walk(tokens, root=root)
         counts = {"device": 0, "host": 0, "storage": 0}
         pairs = [(n, n.num_pages) for n in walk.path]
         if walk.partial is not None:
@@ -305,9 +315,9 @@ class HiRadixCache:
         for node, k in pairs:
             counts["device" if node.device is not None else "host"] += k * ps
         if self.storage is not None:
-            node, k = pairs[-1] if pairs else (self.tree.root, 0)
+            node, k = pairs[-1] if pairs else (root, 0)
             end = node.start_page + k if pairs else 0
-            last = node.hashes[k - 1] if k else self.tree.root_hash
+            last = node.hashes[k - 1] if k else self.tree.last_hash(root)
             rest = tokens[end * ps : (len(tokens) // ps) * ps]
             if rest:
                 try:
@@ -369,7 +379,9 @@ class HiRadixCache:
 
     # -- insert -------------------------------------------------------------------------------
 
-    def insert(self, tokens: Sequence[int], device_pages: Sequence[int]) -> InsertResult:
+    def insert(
+        self, tokens: Sequence[int], device_pages: Sequence[int], salt: str = ""
+    ) -> InsertResult:
         """Hand the full pages of a prompt (and output) to the tree.
 
         `device_pages[i]` holds page i of `tokens`; each must be private to the
@@ -384,11 +396,12 @@ class HiRadixCache:
         n = len(tokens) // self.page_size
         if len(pages) < n:
             raise ValueError(f"{len(tokens)} tokens need {n} full pages, got {len(pages)}")
+        root = self._root(salt)
         if not self.config.enable_prefix_cache or n == 0:
-            return InsertResult(MatchHandle(self.tree.root), pages)
+            return InsertResult(MatchHandle(root), pages)
         full = pages[:n]
-        self._check_insertable(tokens, full)
-        out = self.tree.insert(tokens, full, Tier.DEVICE)
+        self._check_insertable(tokens, full, root)
+        out = self.tree.insert(tokens, full, Tier.DEVICE, start=root)
         self._private.difference_update(out.taken)
         if out.duplicates:
             self._private.difference_update(out.duplicates)
@@ -400,14 +413,14 @@ class HiRadixCache:
         self._write_through(node, len(tokens))
         return InsertResult(MatchHandle(node), out.pages + pages[n:])
 
-    def _check_insertable(self, tokens: list[int], full: list[int]) -> None:
+    def _check_insertable(self, tokens: list[int], full: list[int], root: RadixNode) -> None:
         if len(set(full)) != len(full):
             raise ValueError("the same device page appears twice in one insert")
         private = self._private
         foreign = [i for i, p in enumerate(full) if p not in private]
         if not foreign:
             return
-        walk = self.tree.walk(tokens, foreign[-1] + 1)
+        walk = self.tree.walk(tokens, foreign[-1] + 1, root)
         tree_pages: list[int] = []
         for node in walk.path:
             tree_pages += node.device or [-1] * node.num_pages
@@ -551,7 +564,7 @@ class HiRadixCache:
         hashes = match.handle.storage_hashes if self.storage is not None else ()
         if n_host + len(hashes) == 0:
             return None
-        anchor = path[-1] if path else self.tree.root
+        anchor = match.handle.node  # the path's last node, or the (salt's) root
         prefix = sum(n.num_pages for n in path[:first_host])
         ticket = LoadTicket(next(self._load_ids), n_host, len(hashes))
         job = _Load(ticket, anchor, anchor, prefix + n_host + len(hashes), match.handle.tokens)
@@ -616,7 +629,7 @@ class HiRadixCache:
             seg = pages[node.start_page - start : node.end_page - start]
             if not seg or seg[0] is None:
                 continue
-            parent_on_l1 = node.parent is self.tree.root or node.parent.device is not None
+            parent_on_l1 = node.parent.is_root or node.parent.device is not None
             if done.ok and node.device is None and parent_on_l1:
                 node.device = seg  # type: ignore[assignment]
             else:
@@ -706,7 +719,7 @@ class HiRadixCache:
     def _finish_load(self, job: _Load) -> None:
         self._drop_spare(job)
         device: list[int] = []
-        last = self.tree.root
+        last = self.tree.root_of(job.anchor)
         if self.tree.is_attached(job.final):
             for node in self.tree.path(job.final):
                 if node.device is None:
@@ -733,7 +746,7 @@ class HiRadixCache:
         t.elapsed_s = time.monotonic() - job.started
         if not t.ok:
             self.counters.load_failures += 1
-        if last is not self.tree.root:
+        if not last.is_root:
             self.tree.touch(last)
         self._finished_loads.append(t)
 
@@ -928,7 +941,7 @@ class HiRadixCache:
             out.append(f"{where}: {len(node.tokens)} tokens for {node.num_pages} pages")
         if node.start_page != parent.end_page:
             out.append(f"{where}: starts at {node.start_page}, parent ends at {parent.end_page}")
-        last = parent.hashes[-1] if parent.hashes else self.tree.root_hash
+        last = self.tree.last_hash(parent)
         if chain_hashes(last, node.tokens, ps) != node.hashes:
             out.append(f"{where}: page hashes are not the chain of its tokens")
         for name in ("lock_ref", "host_ref"):
@@ -940,7 +953,7 @@ class HiRadixCache:
                 out.append(f"{where}: {name} {mine} below its children's {below}")
         if node.device is None and node.host is None:
             out.append(f"{where}: lives in no tier")
-        if node.device is not None and parent is not self.tree.root and parent.device is None:
+        if node.device is not None and not parent.is_root and parent.device is None:
             out.append(f"{where}: on L1 but its parent is not")
         for tier, owned in ((node.device, dev_owned), (node.host, host_owned)):
             if tier is None:

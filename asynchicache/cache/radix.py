@@ -126,18 +126,42 @@ class RadixTree:
         self.page_size = page_size
         self.root_hash = root_hash
         self.root = RadixNode(None, [], [], 0)
+        # One root per cache_salt: tenants never share a path, and their page
+        # hashes chain from different namespace digests.
+        self._roots: dict[str, RadixNode] = {"": self.root}
+        self._root_hashes: dict[RadixNode, bytes] = {self.root: root_hash}
         self._clock = 0
+
+    def root_for(self, salt: str, root_hash: Callable[[], bytes]) -> RadixNode:
+        """The root of `salt`'s tree (made on first use with `root_hash()`)."""
+        root = self._roots.get(salt)
+        if root is None:
+            root = RadixNode(None, [], [], 0)
+            self._roots[salt] = root
+            self._root_hashes[root] = root_hash()
+        return root
+
+    def root_of(self, node: RadixNode) -> RadixNode:
+        while not node.is_root:
+            node = node.parent  # type: ignore[assignment]
+        return node
+
+    def last_hash(self, node: RadixNode) -> bytes:
+        """The chained hash at the end of `node` (its root's namespace digest for a root)."""
+        return node.hashes[-1] if node.hashes else self._root_hashes[node]
 
     # -- lookup -----------------------------------------------------------------------------
 
-    def walk(self, tokens: list[int], max_pages: int | None = None) -> Walk:
-        """Follow `tokens` (a list) from the root; neither splits nor touches."""
+    def walk(
+        self, tokens: list[int], max_pages: int | None = None, root: RadixNode | None = None
+    ) -> Walk:
+        """Follow `tokens` (a list) from `root` (default: the unsalted root); no split, no touch."""
         ps = self.page_size
         n_pages = len(tokens) // ps
         if max_pages is not None:
             n_pages = min(n_pages, max_pages)
         end = n_pages * ps
-        node, pos, path = self.root, 0, []
+        node, pos, path = root or self.root, 0, []
         while pos < end:
             child = node.children.get(tuple(tokens[pos : pos + ps]))
             if child is None:
@@ -160,12 +184,14 @@ class RadixTree:
                 return k
         return node.num_pages
 
-    def match(self, tokens: list[int], max_pages: int | None = None) -> list[RadixNode]:
+    def match(
+        self, tokens: list[int], max_pages: int | None = None, root: RadixNode | None = None
+    ) -> list[RadixNode]:
         """The path of nodes covering the longest cached page prefix of `tokens`.
 
         A partially matched node is split so the path ends exactly at the match.
         """
-        walk = self.walk(tokens, max_pages)
+        walk = self.walk(tokens, max_pages, root)
         path = walk.path
         if walk.partial is not None:
             path.append(self.split(walk.partial, walk.partial_pages))
@@ -254,7 +280,7 @@ class RadixTree:
     def _add_leaf(
         self, parent: RadixNode, run: list[int], tier: Tier, values: list[int]
     ) -> RadixNode:
-        last = parent.hashes[-1] if parent.hashes else self.root_hash
+        last = self.last_hash(parent)
         hashes = chain_hashes(last, run, self.page_size)
         leaf = RadixNode(parent, run, hashes, parent.end_page + len(hashes))
         setattr(leaf, tier, values)
@@ -276,55 +302,53 @@ class RadixTree:
         return removed
 
     def is_attached(self, node: RadixNode) -> bool:
-        return node is self.root or node.parent is not None
+        return node in self._root_hashes or node.parent is not None
 
     # -- locks and LRU ----------------------------------------------------------------------
 
     def lock(self, node: RadixNode) -> None:
-        root = self.root
-        while node is not root:
+        while not node.is_root:
             node.lock_ref += 1
             node = node.parent  # type: ignore[assignment]
 
     def unlock(self, node: RadixNode) -> None:
-        root, n = self.root, node
-        while n is not root:
+        n = node
+        while not n.is_root:
             if n.lock_ref <= 0:
                 raise RuntimeError(f"unlock without a matching lock at {n}")
             n = n.parent  # type: ignore[assignment]
-        while node is not root:
+        while not node.is_root:
             node.lock_ref -= 1
             node = node.parent  # type: ignore[assignment]
 
     def hold_host(self, node: RadixNode) -> None:
         """Protect the L2 copies on the path to `node` (its L1 copies stay evictable)."""
-        root = self.root
-        while node is not root:
+        while not node.is_root:
             node.host_ref += 1
             node = node.parent  # type: ignore[assignment]
 
     def release_host(self, node: RadixNode) -> None:
-        root, n = self.root, node
-        while n is not root:
+        n = node
+        while not n.is_root:
             if n.host_ref <= 0:
                 raise RuntimeError(f"release_host without a matching hold at {n}")
             n = n.parent  # type: ignore[assignment]
-        while node is not root:
+        while not node.is_root:
             node.host_ref -= 1
             node = node.parent  # type: ignore[assignment]
 
     def touch(self, node: RadixNode) -> None:
         """Mark the path to `node` used now (one tick for the whole path)."""
         self._clock += 1
-        now, root = self._clock, self.root
-        while node is not root:
+        now = self._clock
+        while not node.is_root:
             node.last_access = now
             node = node.parent  # type: ignore[assignment]
 
     def path(self, node: RadixNode) -> list[RadixNode]:
         """Nodes from the root's child down to `node`."""
-        out, root = [], self.root
-        while node is not root:
+        out: list[RadixNode] = []
+        while not node.is_root:
             out.append(node)
             node = node.parent  # type: ignore[assignment]
         out.reverse()
@@ -355,7 +379,7 @@ class RadixTree:
                 heapq.heappush(heap, (prio(parent), next(seq), parent))
 
     def _is_leaf_of(self, node: RadixNode, tier: Tier) -> bool:
-        if node is self.root or node.lock_ref or getattr(node, tier) is None:
+        if node.is_root or node.lock_ref or getattr(node, tier) is None:
             return False
         if node.host_ref and (tier == Tier.HOST or node.host is None):
             return False  # its L2 copy is held, or dropping L1 would drop the node
@@ -363,8 +387,9 @@ class RadixTree:
 
     def iter_nodes(self) -> Iterator[RadixNode]:
         """Every node except the root, parents before children."""
-        for child in list(self.root.children.values()):
-            yield from self._iter_from(child)
+        for root in list(self._roots.values()):
+            for child in list(root.children.values()):
+                yield from self._iter_from(child)
 
     def _iter_from(self, node: RadixNode) -> Iterator[RadixNode]:
         stack = [node]

@@ -210,7 +210,7 @@ class Engine:
         if msg.op == "stats":
             return self.stats()
         if msg.op == "lookup":
-            return dict(self.cache.lookup(list(msg.token_ids)))
+            return dict(self.cache.lookup(list(msg.token_ids), salt=msg.cache_salt))
         if msg.op == "clear":
             return {"cleared": self.cache.clear()}
         if msg.op == "integrity":

@@ -96,7 +96,7 @@ class Scheduler:
             return
         tokens = req.tokens
         max_pages = (len(tokens) - 1) // self.page_size  # keep >= 1 token to compute
-        match = self.cache.match(tokens, max_pages=max_pages)
+        match = self.cache.match(tokens, max_pages=max_pages, salt=req.cache_salt)
         lower = match.host_hit_pages + match.storage_hit_pages
         if lower and self.cost.worth_loading(match.host_hit_pages, match.storage_hit_pages):
             ticket = self.cache.load(match)
@@ -310,7 +310,7 @@ class Scheduler:
         if full <= req.shared_pages:
             return
         tokens = req.tokens[: full * self.page_size]
-        result = self.cache.insert(tokens, req.page_table[:full])
+        result = self.cache.insert(tokens, req.page_table[:full], salt=req.cache_salt)
         if req.handle is not None:
             self.cache.unlock(req.handle)
         req.handle = result.handle

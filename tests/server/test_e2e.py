@@ -135,11 +135,6 @@ def test_repeated_long_prompt_is_served_from_the_cache(served: dict[str, object]
     print(f"\ncold TTFT {cold_ttft:.3f}s, warm TTFT {warm_ttft:.3f}s, tiers {_tiers(warm_usage)}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: the engine keeps cache_salt on the request but its radix tree and page "
-    "hashes ignore it, so tenants share pages (engine/cache fix pending)",
-)
 def test_cache_salt_separates_namespaces(served: dict[str, object]) -> None:
     server = served["server"]
     assert isinstance(server, ServerProcess)
