@@ -6,6 +6,7 @@ Sub-commands import their layer lazily so `--help` stays fast.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -16,24 +17,19 @@ def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
     return serve_main(rest)
 
 
+# bench sub-command -> module whose `main(argv) -> int` runs it
+BENCHMARKS = {
+    "micro": "asynchicache.bench.micro",
+    "engine": "asynchicache.bench.engine",
+    "serve": "asynchicache.bench.client",
+    "sweep": "asynchicache.bench.sweep",
+    "soak": "asynchicache.bench.soak",
+}
+
+
 def _cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
-    if args.bench_cmd == "micro":
-        from asynchicache.bench.micro import main as micro_main
-
-        return micro_main(rest)
-    if args.bench_cmd == "serve":
-        from asynchicache.bench.client import main as serve_main
-
-        return serve_main(rest)
-    if args.bench_cmd == "sweep":
-        from asynchicache.bench.sweep import main as sweep_main
-
-        return sweep_main(rest)
-    if args.bench_cmd == "soak":
-        from asynchicache.bench.soak import main as soak_main
-
-        return soak_main(rest)
-    raise SystemExit(f"unknown bench command {args.bench_cmd!r}")
+    module = importlib.import_module(BENCHMARKS[args.bench_cmd])
+    return int(module.main(rest) or 0)
 
 
 def _cmd_cache(args: argparse.Namespace, rest: list[str]) -> int:
@@ -54,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     # No -h of its own: `bench serve --help` reaches the sub-command's parser.
     bench = sub.add_parser("bench", help="benchmarks", add_help=False)
     bench.add_argument(
-        "bench_cmd", choices=["micro", "serve", "sweep", "soak"], help="which benchmark"
+        "bench_cmd", choices=sorted(BENCHMARKS), help="which benchmark"
     )
     bench.set_defaults(func=_cmd_bench)
     cache = sub.add_parser("cache", help="inspect, verify or clear the disk cache (no service)")
