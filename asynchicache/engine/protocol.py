@@ -8,6 +8,8 @@ HTTP process tokenizes and detokenizes.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,7 +152,7 @@ def encode(msg: Any) -> bytes:
 
 
 def decode(data: bytes) -> Any:
-    """Decode one message; raises ValueError on anything malformed."""
+    """Decode one message; raises ValueError on anything malformed or mistyped."""
     try:
         plain = msgpack.unpackb(data, raw=False)
         msg = _from_plain(plain)
@@ -158,4 +160,37 @@ def decode(data: bytes) -> Any:
         raise ValueError(f"malformed engine message: {exc}") from exc
     if not dataclasses.is_dataclass(msg):
         raise ValueError("malformed engine message: not a typed message")
+    _check_types(msg)
     return msg
+
+
+def _check_types(msg: Any) -> None:
+    """Every field holds what its annotation says (a mistyped field would fail deep in the
+    engine, taking it down, instead of here)."""
+    hints = typing.get_type_hints(type(msg))
+    for f in dataclasses.fields(msg):
+        if not _conforms(getattr(msg, f.name), hints[f.name]):
+            raise ValueError(f"malformed engine message: {type(msg).__name__}.{f.name} mistyped")
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (types.UnionType, typing.Union):
+        return any(_conforms(value, h) for h in typing.get_args(hint))
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        return isinstance(value, tuple) and all(_conforms(v, item) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, hint):
+            _check_types(value)
+            return True
+        return False
+    if hint is float:  # msgpack keeps 0 an int
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
