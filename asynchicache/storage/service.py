@@ -19,6 +19,7 @@ the loop keeps going.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import queue
@@ -110,6 +111,25 @@ class ServiceConfig:
             raise ValueError(
                 f"--socket must be a ZeroMQ address like ipc://PATH, got {self.address}"
             )
+        _check_local(self.address)
+
+
+def _check_local(address: str) -> None:
+    """The service trusts whoever connects (it maps their segments, writes their pages):
+    it listens on an ipc:// file in a private folder, or on loopback TCP, nowhere else."""
+    scheme, _, rest = address.partition("://")
+    if scheme == "ipc":
+        return
+    host = rest.rsplit(":", 1)[0].strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # an interface name or a host name: not provably local
+        loopback = False
+    if scheme != "tcp" or not loopback:
+        raise ValueError(
+            f"--socket must be ipc://PATH or tcp://127.0.0.1:PORT (the service has no "
+            f"authentication), got {address}"
+        )
 
 
 @dataclass

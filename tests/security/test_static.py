@@ -1,0 +1,137 @@
+"""What the package's source may not do with untrusted data, checked on its syntax tree.
+
+Nothing is unpickled or evaluated from a socket, a file or Redis: no pickle,
+marshal, shelve (or their friends) anywhere; no eval/exec; torch.load only with
+weights_only; numpy never loads pickles; msgpack never builds objects through
+hooks; chat templates (which come with model files) render in jinja2's sandbox;
+no shell commands. The only pickling left is `multiprocessing`'s spawn, which
+hands the launcher's own config to its children over a pipe it created.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "asynchicache"
+BANNED_MODULES = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle",
+                  "joblib", "yaml", "jsonpickle"}  # fmt: skip
+BANNED_CALLS = {"eval", "exec", "compile", "__import__", "execfile", "input"}
+
+
+def _trees() -> Iterator[tuple[Path, ast.AST]]:
+    for path in sorted(PKG.rglob("*.py")):
+        yield path, ast.parse(path.read_text(), filename=str(path))
+
+
+def _calls(tree: ast.AST) -> Iterator[ast.Call]:
+    return (n for n in ast.walk(tree) if isinstance(n, ast.Call))
+
+
+def _name(func: ast.expr) -> str:
+    """'a.b.c' for a call target (as far as it is plain names and attributes)."""
+    parts = []
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    if isinstance(func, ast.Name):
+        parts.append(func.id)
+    return ".".join(reversed(parts))
+
+
+def _kw(call: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _where(path: Path, node: ast.AST) -> str:
+    return f"{path.relative_to(PKG.parent)}:{getattr(node, 'lineno', '?')}"
+
+
+def test_no_unpickling_modules_anywhere() -> None:
+    found = []
+    for path, tree in _trees():
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [
+                f"{_where(path, node)} imports {n}"
+                for n in names
+                if n.split(".")[0] in BANNED_MODULES
+            ]
+    assert found == []
+
+
+def test_no_eval_exec_or_shell() -> None:
+    found = []
+    for path, tree in _trees():
+        for call in _calls(tree):
+            name = _name(call.func)
+            if name in BANNED_CALLS or name in ("os.system", "os.popen"):
+                found.append(f"{_where(path, call)} calls {name}")
+            shell = _kw(call, "shell")
+            if name.startswith("subprocess.") and not (
+                shell is None or (isinstance(shell, ast.Constant) and shell.value is False)
+            ):
+                found.append(f"{_where(path, call)} runs a shell")
+    assert found == []
+
+
+def test_loaders_never_unpickle() -> None:
+    found = []
+    for path, tree in _trees():
+        for call in _calls(tree):
+            name = _name(call.func)
+            if name.endswith("torch.load"):
+                wo = _kw(call, "weights_only")
+                if not (isinstance(wo, ast.Constant) and wo.value is True):
+                    found.append(f"{_where(path, call)} torch.load without weights_only=True")
+            if name.split(".")[-1] in ("load", "loads") and name.split(".")[0] in ("np", "numpy"):
+                ap = _kw(call, "allow_pickle")
+                if ap is not None and not (isinstance(ap, ast.Constant) and ap.value is False):
+                    found.append(f"{_where(path, call)} numpy load with allow_pickle")
+            if name.split(".")[-1] in ("unpackb", "Unpacker", "unpack"):
+                for hook in ("object_hook", "object_pairs_hook", "ext_hook", "list_hook"):
+                    if _kw(call, hook) is not None:
+                        found.append(f"{_where(path, call)} msgpack {hook}")
+                raw = _kw(call, "raw")
+                if not (isinstance(raw, ast.Constant) and raw.value is False):
+                    found.append(f"{_where(path, call)} msgpack without raw=False")
+    assert found == []
+
+
+def test_msgpack_decoders_exist_and_are_the_only_ones() -> None:
+    """Every msgpack decode goes through one of the two checked codecs."""
+    users = set()
+    for path, tree in _trees():
+        for call in _calls(tree):
+            if _name(call.func).split(".")[-1] in ("unpackb", "Unpacker", "unpack"):
+                users.add(str(path.relative_to(PKG)))
+    assert users == {"storage/messages.py", "engine/protocol.py"}
+
+
+def test_templates_render_in_the_sandbox() -> None:
+    """Chat templates ship with model files: they must not reach Python objects."""
+    found, sandboxed = [], 0
+    for path, tree in _trees():
+        for call in _calls(tree):
+            name = _name(call.func)
+            last = name.split(".")[-1]
+            if last in ("Environment", "Template", "NativeEnvironment"):
+                found.append(f"{_where(path, call)} builds an unsandboxed jinja2 {last}")
+            sandboxed += last in ("ImmutableSandboxedEnvironment", "SandboxedEnvironment")
+    assert found == [] and sandboxed >= 1
+
+
+def test_sandbox_refuses_a_hostile_template() -> None:
+    import jinja2.exceptions
+    import pytest
+
+    from asynchicache.engine.tokenizer import _compile
+
+    evil = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        _compile(evil).render(messages=[])
