@@ -9,11 +9,23 @@ does for fields it does not know; fields we know but do not implement
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 TIERS = ("device", "host", "disk", "remote")
+
+
+def _utf8(value: str) -> str:
+    # JSON may carry lone surrogates ("\ud800"); no tokenizer or encoder downstream takes them.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text is not valid Unicode: {exc.reason}") from exc
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
 
 
 # Requests are strict: "5" is not an int and "yes" is not a bool, as in OpenAI's API.
@@ -28,19 +40,19 @@ class SamplingFields(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    model: str | None = None
+    model: Text | None = None
     max_tokens: int | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1)  # vLLM's; -1 and 0 disable it
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # what torch accepts
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     n: int = Field(default=1, ge=1)
     best_of: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
-    cache_salt: str | None = None  # per-request cache namespace, as vLLM names it
+    cache_salt: Text | None = None  # per-request cache namespace, as vLLM names it
     ignore_eos: bool = False  # vLLM extension: keep going past end-of-sequence
 
     @property
@@ -57,24 +69,24 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     # One prompt: text, or token ids. A list of several prompts is rejected in api.py.
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Text | list[Text] | list[int] | list[list[int]]
     echo: bool = False
-    suffix: str | None = None
+    suffix: Text | None = None
 
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -99,9 +111,9 @@ class LookupRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    prompt: str | list[int] | None = None
-    messages: list[ChatMessage] | None = None
-    cache_salt: str | None = None
+    prompt: Text | list[int] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    cache_salt: Text | None = None
 
 
 # ---- responses ----

@@ -1,0 +1,254 @@
+"""Property-based fuzzing of every HTTP endpoint of a live `asynchicache serve`.
+
+Hypothesis builds JSON bodies of wrong shapes, types and values around each
+endpoint's real fields (and some that fit), raw non-JSON bodies, and odd query
+strings. Whatever comes in: no 5xx, no error event inside a 200 stream, and the
+server is healthy with the same processes at the end. `--max-model-len 48`
+bounds the work of the bodies that happen to be valid.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fault_helpers import LiveServer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+EXAMPLES = int(os.environ.get("FUZZ_HTTP_EXAMPLES", "60"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    root = tmp_path_factory.mktemp("fuzz")
+    srv = LiveServer(None, root / "server.log", "--max-model-len", "48").start()
+    srv.first_pids = srv.pids()  # type: ignore[attr-defined]
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def http(server: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        yield client
+
+
+# ------------------------------------------------------------------------- strategies
+
+_NUMBERS = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([0, -1, 1, 2**31, 2**63, 2**64, -(2**63) - 1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+_SCALARS = st.one_of(st.none(), st.booleans(), _NUMBERS, st.text(max_size=30))
+_JSON = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5)
+    ),
+    max_leaves=15,
+)
+_TOKENS = st.lists(st.integers(-5, 50_000) | st.sampled_from([10**9, -(2**40)]), max_size=20)
+_MESSAGE = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": st.sampled_from(["user", "system", "assistant", "tool", "developer", "root", ""])
+        | _JSON,
+        "content": st.text(max_size=40)
+        | st.lists(
+            st.fixed_dictionaries(
+                {
+                    "type": st.sampled_from(["text", "image"]) | _JSON,
+                    "text": st.text(max_size=20) | _JSON,
+                }
+            )
+        )
+        | _JSON,
+        "name": st.text(max_size=8) | _JSON,
+    },
+)
+_SAMPLING = {
+    "model": st.sampled_from([MODEL, "gpt-4", ""]) | _JSON,
+    "max_tokens": st.integers(-3, 60) | _JSON,
+    "temperature": st.floats(-1, 3) | _JSON,
+    "top_p": st.floats(-0.5, 1.5) | _JSON,
+    "top_k": st.integers(-3, 100) | _JSON,
+    "seed": _NUMBERS | _JSON,
+    "stop": st.text(max_size=5) | st.lists(st.text(max_size=5), max_size=5) | _JSON,
+    "n": st.integers(-1, 3) | _JSON,
+    "best_of": st.integers(-1, 3) | _JSON,
+    "stream": st.booleans() | _JSON,
+    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans() | _JSON})
+    | _JSON,
+    "logprobs": st.booleans() | st.integers(0, 5) | _JSON,
+    "cache_salt": st.text(max_size=10) | _JSON,
+    "ignore_eos": st.booleans() | _JSON,
+    "echo": st.booleans() | _JSON,
+    "suffix": st.text(max_size=5) | _JSON,
+}
+_PROMPT = (
+    st.text(max_size=60)
+    | _TOKENS
+    | st.lists(_TOKENS, max_size=3)
+    | st.lists(st.text(max_size=10), max_size=3)
+    | _JSON
+)
+_MESSAGES = st.lists(_MESSAGE, max_size=4) | _JSON
+
+
+def _body(fields: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[Any]:
+    """Mostly dicts over the endpoint's own fields (some extra keys); sometimes any JSON."""
+    dicts = st.fixed_dictionaries({}, optional=fields).flatmap(
+        lambda d: st.dictionaries(st.text(max_size=6), _JSON, max_size=2).map(lambda x: {**x, **d})
+    )
+    return st.one_of(dicts, dicts, dicts, _JSON)
+
+
+COMPLETION = _body({**_SAMPLING, "prompt": _PROMPT})
+CHAT = _body(
+    {**_SAMPLING, "messages": _MESSAGES, "max_completion_tokens": st.integers(-2, 60) | _JSON}
+)
+LOOKUP = _body(
+    {"prompt": _PROMPT, "messages": _MESSAGES, "cache_salt": st.text(max_size=8) | _JSON}
+)
+
+
+# ------------------------------------------------------------------------- checks
+
+
+def _encode(body: Any) -> bytes:
+    # allow_nan: NaN/Infinity are not JSON, but clients send them and parsers accept them
+    return json.dumps(body, allow_nan=True).encode()
+
+
+def _check(r: httpx.Response, path: str, body: Any) -> None:
+    assert r.status_code < 500, f"{path} {body!r} -> {r.status_code}: {r.text[:500]}"
+    if r.status_code >= 400:
+        error = r.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        return
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        lines = [line for line in r.text.splitlines() if line.startswith("data: ")]
+        assert lines and lines[-1] == "data: [DONE]", f"{path} {body!r}: {r.text[-300:]}"
+        for line in lines[:-1]:
+            assert "error" not in json.loads(line[6:]), f"{path} {body!r}: {line}"
+    else:
+        r.json()
+
+
+def _post(http: httpx.Client, path: str, body: Any) -> None:
+    r = http.post(path, content=_encode(body), headers={"Content-Type": "application/json"})
+    _check(r, path, body)
+
+
+@FUZZ
+@given(COMPLETION)
+def test_completions(http: httpx.Client, body: Any) -> None:
+    _post(http, "/v1/completions", body)
+
+
+@FUZZ
+@given(CHAT)
+def test_chat_completions(http: httpx.Client, body: Any) -> None:
+    _post(http, "/v1/chat/completions", body)
+
+
+@FUZZ
+@given(LOOKUP)
+def test_cache_lookup(http: httpx.Client, body: Any) -> None:
+    _post(http, "/cache/lookup", body)
+
+
+@FUZZ
+@given(
+    st.sampled_from(["/v1/completions", "/v1/chat/completions", "/cache/lookup", "/cache/clear"]),
+    st.binary(max_size=200) | st.text(max_size=50).map(str.encode),
+    st.sampled_from(["application/json", "text/plain", "application/x-www-form-urlencoded", ""]),
+)
+def test_raw_bodies(http: httpx.Client, path: str, raw: bytes, ctype: str) -> None:
+    r = http.post(path, content=raw, headers={"Content-Type": ctype} if ctype else {})
+    _check(r, path, raw)
+
+
+@FUZZ
+@given(
+    st.sampled_from(["/v1/models", "/health", "/metrics", "/cache/stats", "/v1/completions"]),
+    st.dictionaries(st.sampled_from(["integrity", "x", ""]), st.text(max_size=10), max_size=3),
+    st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
+)
+def test_methods_and_queries(http: httpx.Client, path: str, query: dict, method: str) -> None:
+    r = http.request(method, path, params=query)
+    if path == "/metrics" and r.status_code == 200:
+        assert r.text.startswith("#") or "asynchicache" in r.text
+        return
+    _check(r, path, (method, query))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"[" * 100_000 + b"]" * 100_000,  # nesting deeper than the JSON parser's recursion
+        b'{"prompt": ' * 50_000 + b'"x"' + b"}" * 50_000,
+        b'{"prompt": "' + b"word " * 400_000 + b'"}',  # 2 MB of prompt text
+        b'{"prompt": [' + b"1," * 300_000 + b"1]}",  # 300k token ids
+        b'{"prompt": "hi", "max_tokens": 1e400}',
+        b'{"prompt": "hi", "seed": 123456789012345678901234567890}',
+        b'{"prompt": "\xff\xfe"}',
+        b'{"prompt": "\\ud800"}',
+        b"",
+    ],
+    ids=[
+        "deep-list",
+        "deep-dict",
+        "2MB-text",
+        "300k-ids",
+        "1e400",
+        "huge-seed",
+        "bad-utf8",
+        "lone-surrogate",
+        "empty",
+    ],
+)
+def test_hostile_bodies(http: httpx.Client, raw: bytes) -> None:
+    for path in ("/v1/completions", "/v1/chat/completions", "/cache/lookup"):
+        r = http.post(path, content=raw, headers={"Content-Type": "application/json"})
+        _check(r, path, raw[:80])
+
+
+def test_nan_is_not_a_number_we_accept(http: httpx.Client) -> None:
+    r = http.post(
+        "/v1/completions",
+        content=_encode({"prompt": "hi", "temperature": math.nan, "max_tokens": 2}),
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 400, r.text
+
+
+def test_server_survived(server: LiveServer, http: httpx.Client) -> None:
+    """Runs last: same processes, healthy, a normal request still answered, cache intact."""
+    assert http.get("/health").status_code == 200
+    assert server.pids() == server.first_pids  # type: ignore[attr-defined]
+    r = http.post(
+        "/v1/completions", json={"prompt": "The sky is", "max_tokens": 4, "temperature": 0}
+    )
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    assert server.stats(integrity=True)["integrity"]["ok"]
+    log = Path(server.log_path).read_text(errors="replace")
+    assert "Traceback" not in log, log[log.index("Traceback") - 200 :][:3000]
