@@ -4,29 +4,11 @@ cold greedy answers (see fault_helpers for the scale knobs)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from fault_helpers import LiveServer, Prompt, knob, make_prompts, references, tokenizer
+from fault_helpers import LiveServer, Matrix, knob, make_prompts, references, tokenizer
 
 from asynchicache.engine.tokenizer import Tokenizer
-
-
-@dataclass
-class Matrix:
-    """The server under test (replaced when a test restarts it) and what it must answer."""
-
-    root: Path
-    tok: Tokenizer
-    server: LiveServer
-    prompts: list[Prompt]
-    expected: dict[str, str]
-
-    @property
-    def disk(self) -> Path:
-        assert self.server.disk_dir is not None
-        return self.server.disk_dir
 
 
 @pytest.fixture(scope="session")

@@ -479,6 +479,22 @@ def corrupt_detected(server: LiveServer) -> float:
     return metric(server.metrics(), name, tier="disk")
 
 
+@dataclass
+class Matrix:
+    """The server under test (replaced when a test restarts it) and what it must answer."""
+
+    root: Path
+    tok: Tokenizer
+    server: LiveServer
+    prompts: list[Prompt]
+    expected: dict[str, str]
+
+    @property
+    def disk(self) -> Path:
+        assert self.server.disk_dir is not None
+        return self.server.disk_dir
+
+
 # --------------------------------------------------------------------------- disk files
 
 

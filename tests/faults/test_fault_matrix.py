@@ -22,12 +22,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Matrix
 from fault_helpers import (
     PAGE_SIZE,
     FaultRecord,
     LiveServer,
     Load,
+    Matrix,
     Prompt,
     RequestFailed,
     ask_all,
