@@ -77,6 +77,8 @@ class Engine:
             self.layout.page_bytes, cache_config.page_size, engine_config.min_load_tokens
         )
         self.scheduler = Scheduler(engine_config, cache_config, self.cache, self.cost)
+        self.device_tokens = self.cache.stats().device.total * cache_config.page_size
+        self.last_batch_size = 0
         self.eos_ids = frozenset(self.loaded.tokenizer.eos_token_ids)
         self.steps = 0
 
@@ -98,6 +100,11 @@ class Engine:
             error = "the prompt is empty"
         elif n + 1 > self.max_model_len:
             error = f"the prompt has {n} tokens; this model's context is {self.max_model_len}"
+        elif n + 1 > self.device_tokens:
+            error = (
+                f"the prompt has {n} tokens; the device cache holds {self.device_tokens} "
+                "(--device-cache-tokens)"
+            )
         if error is not None:
             return TokenOutput(msg.rid, (), True, "error", n, 0, error=error)
         req = Request(msg.rid, list(msg.prompt_token_ids), msg.sampling, msg.cache_salt)
@@ -115,6 +122,7 @@ class Engine:
     def step(self) -> list[TokenOutput]:
         """Run one scheduler step and one forward pass; returns new tokens."""
         batch = self.scheduler.schedule()
+        self.last_batch_size = len(batch.seqs)
         outputs: list[TokenOutput] = []
         if batch.seqs:
             outputs += self._run(batch)
@@ -191,8 +199,8 @@ class Engine:
                     tokens[out.rid] += out.token_ids
                     if out.finished:
                         final[out.rid] = out
-            if not self.scheduler.running and self.scheduler.loading:
-                time.sleep(0.0005)  # only loads in flight: let the copies land
+            if self.last_batch_size == 0:
+                time.sleep(0.0005)  # waiting on loads or copies: let them land
         return [
             TokenOutput(**{**_fields(final[rid]), "token_ids": tuple(tokens[rid])}) for rid in rids
         ]

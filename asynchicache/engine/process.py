@@ -104,6 +104,9 @@ class EngineLoop:
             outputs: list[TokenOutput] = self.engine.step()
             for out in outputs:
                 self._send(out)
+            if self.engine.last_batch_size == 0:
+                # Only loads or background copies to wait for: don't spin a core.
+                self._drain(1)
 
 
 def run_engine(config: EngineProcessConfig) -> None:

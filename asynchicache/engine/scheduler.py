@@ -231,8 +231,11 @@ class Scheduler:
                 return True
             victim = self._preemption_victim(req, batch)
             if victim is None:
-                if not batch.seqs and len(self.running) == 1:
-                    self._finish(req, "error", "prompt does not fit in the device cache")
+                total = self.cache.stats().device.total
+                if -(-upto // self.page_size) > total:
+                    self._finish(req, "error", "the request no longer fits in the device cache")
+                # Otherwise pages are held by background copies or loads that
+                # will release them: wait for a later step.
                 return False
             self._preempt(victim)
         return True
