@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from asynchicache.bench import ttft
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.runner import ForwardBatch, ModelRunner
@@ -49,6 +50,7 @@ class BenchArgs:
     batch: int
     repeats: int
     skip_hf: bool
+    skip_ttft: bool = False
 
 
 def parse_args(argv: Sequence[str] | None) -> BenchArgs:
@@ -62,10 +64,12 @@ def parse_args(argv: Sequence[str] | None) -> BenchArgs:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-hf", action="store_true", help="only our runner")
+    parser.add_argument("--skip-ttft", action="store_true",
+                        help="skip time to first token through the cache tiers")
     ns = parser.parse_args(argv)
     threads = ns.threads if ns.threads is not None else idle_cores()
     return BenchArgs(ns.model, threads, ns.prompt_tokens, ns.decode_tokens, ns.batch,
-                     ns.repeats, ns.skip_hf)
+                     ns.repeats, ns.skip_hf, ns.skip_ttft)
 
 
 def idle_cores() -> int:
@@ -210,7 +214,9 @@ def collect(args: BenchArgs) -> dict[str, Any]:
     for name, seconds in interleaved_best(decode, args.repeats).items():
         seqs = args.batch if name == f"decode_b{args.batch}" else 1
         results[f"{name}_tok_s"] = seqs * args.decode_tokens / seconds
-    return {k: round(v, 1) if isinstance(v, float) else v for k, v in results.items()}
+    if not args.skip_ttft:
+        results.update(ttft.measure(loaded, args.prompt_tokens))
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -96,8 +96,11 @@ class Engine:
         """Queue a request; returns an immediate error output when it cannot run."""
         n = len(msg.prompt_token_ids)
         error = None
+        vocab = self.loaded.config.vocab_size
         if n == 0:
             error = "the prompt is empty"
+        elif min(msg.prompt_token_ids) < 0 or max(msg.prompt_token_ids) >= vocab:
+            error = f"token ids must be in [0, {vocab})"
         elif n + 1 > self.max_model_len:
             error = f"the prompt has {n} tokens; this model's context is {self.max_model_len}"
         elif n + 1 > self.device_tokens:

@@ -10,7 +10,7 @@ import pytest
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel
-from asynchicache.engine.protocol import SamplingParams
+from asynchicache.engine.protocol import GenerateRequest, SamplingParams
 from asynchicache.storage.client import ClientConfig, StorageClient
 from asynchicache.storage.service import ServiceConfig
 
@@ -154,3 +154,21 @@ def test_a_late_load_is_given_up_and_the_rest_recomputed(
     engine.cache.drain()  # the abandoned load lands and is unlocked
     engine.generate([prompt[:8]], GREEDY)  # a step collects it
     assert not engine.scheduler.abandoned
+
+
+def test_requests_the_engine_cannot_run_get_a_clear_error(
+    smollm: LoadedModel, engines: list[Engine]
+) -> None:
+    engine = _engine(smollm, device_cache_tokens=256)
+    engines.append(engine)
+    vocab = smollm.config.vocab_size
+    cases = {
+        "empty": [],
+        "token ids must be in": [1, vocab],
+        "device cache holds 256": [1] * 300,
+    }
+    for i, (reason, prompt) in enumerate(cases.items()):
+        out = engine.add_request(GenerateRequest(f"bad-{i}", tuple(prompt), GREEDY))
+        assert out is not None and out.finished and out.finish_reason == "error"
+        assert reason in (out.error or "")
+    assert not engine.has_work
