@@ -57,6 +57,8 @@ def test_redis_down_and_back_under_load(tmp_path: Path, tok: Tokenizer) -> None:
             load.prompts += down
             time.sleep(phase / 2)
             remote_down = _remote(server)
+            disk_extra = (server.stats()["storage"].get("disk") or {}).get("extra", {})
+            uploads_down = {k: v for k, v in disk_extra.items() if k.startswith("remote-upload")}
             failures_down = remote_down.get("store_failures", 0)
             skipped_down = remote_down.get("extra", {}).get("skipped_down", 0)
             unavailable = _remote(server).get("extra", {}).get("available") == 0.0
@@ -79,6 +81,7 @@ def test_redis_down_and_back_under_load(tmp_path: Path, tok: Tokenizer) -> None:
                 notes={
                     "remote_store_failures_while_down": failures_down,
                     "remote_ops_skipped_while_down": skipped_down,
+                    "uploads_while_down": uploads_down,
                     "reported_unavailable": unavailable,
                     "keys_after_restart": keys_after,
                     "cached_tokens_by_tier": result.tiers,
