@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,12 +22,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> LiveServer:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     root = tmp_path_factory.mktemp("soak")
     # L1 for a few of the soak's ~900-token prompts at once; L2 small enough to evict.
     srv = LiveServer(root / "kv", root / "server.log", "--device-cache-tokens", "8192").start()
-    yield srv  # type: ignore[misc]
-    srv.shutdown()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
 
 
 def test_procwatch_finds_the_server_processes(server: LiveServer) -> None:
