@@ -45,8 +45,10 @@ def test_multiturn_waits_for_answers_and_times_tokens(scripted_server: ScriptedS
     assert body["cache_salt"] == "tenant"
     for r in run.results:
         assert r.ttft_s is not None and r.ttft_s >= 0.05  # the scripted first-token delay
-        assert len(r.itl_s) == 2 and all(g >= 0.009 for g in r.itl_s)
-        assert r.e2e_s is not None and r.e2e_s >= r.ttft_s + 0.02
+        # Gaps between arrivals are not bounded below by the server's 10 ms pauses
+        # (a late first chunk shortens the next gap), so check only their consistency.
+        assert len(r.itl_s) == 2 and all(g >= 0 for g in r.itl_s)
+        assert r.e2e_s is not None and r.e2e_s >= r.ttft_s + sum(r.itl_s) - 1e-6
         assert r.cached_tokens == 16 * r.turn
         tier = "device" if r.turn % 2 == 0 else "disk"
         assert r.cached_by_tier[tier] == 16 * r.turn
