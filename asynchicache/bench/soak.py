@@ -330,13 +330,13 @@ def _memory(samples: list[ServerSample], cfg: SoakConfig, end: float) -> dict[st
         b = _window_median(samples, *late, name)
         out[name] = {"after_warmup": a, "end": b, "growth": None if a is None else (b or 0) - a}
     out["peak_rss"] = max((s.total("rss") for s in samples), default=0)
-    anon = out["anon"]
-    flat_mem = anon["growth"] is not None and anon["growth"] <= max(
+    anon, files = out["anon"], out["open_files"]
+    # Too short a run has no samples after the warm-up: nothing to judge, nothing failed.
+    out["judged"] = anon["growth"] is not None and files["growth"] is not None
+    out["memory_flat"] = anon["growth"] is None or anon["growth"] <= max(
         FLAT_MB * MB, FLAT_SHARE * anon["after_warmup"]
     )
-    files = out["open_files"]
-    out["memory_flat"] = bool(flat_mem)
-    out["open_files_flat"] = files["growth"] is not None and files["growth"] <= FD_SLACK
+    out["open_files_flat"] = files["growth"] is None or files["growth"] <= FD_SLACK
     return out
 
 
@@ -470,6 +470,8 @@ def render(report: SoakReport) -> str:
             )
     files = mem["open_files"]
     lines.append(f"  open files after warm-up {files['after_warmup']}, end {files['end']}")
+    if not mem["judged"]:
+        lines.append("  (too few samples after the warm-up to judge memory and open files)")
     lines.append(f"  /dev/shm: {report.shm}")
     lines.append(f"  restarts: {report.restarts}; integrity: {report.end_state['integrity']}")
     lines.append("  PASS" if report.passed else "  FAIL: " + "; ".join(report.problems))
