@@ -40,10 +40,10 @@ _CI = {
     "corruptions": 10,
     "prompts": 16,
     "clients": 3,
-    "heavy_prompts": 12,
-    "disk_full_prompts": 10,
-    "redis_prompts": 6,
-    "phase_s": 6,
+    "heavy_prompts": 9,
+    "disk_full_prompts": 6,
+    "redis_prompts": 4,
+    "phase_s": 5,
 }
 _FULL = {
     "service_kills": 20,

@@ -42,7 +42,7 @@ def test_procwatch_finds_the_server_processes(server: LiveServer) -> None:
 
 
 def test_short_soak(server: LiveServer) -> None:
-    duration = float(os.environ.get("SOAK_SECONDS", "150" if scale() == "full" else "40"))
+    duration = float(os.environ.get("SOAK_SECONDS", "150" if scale() == "full" else "30"))
     cfg = SoakConfig(server.url, clients=6, duration_s=duration, sample_s=2.0, max_tokens=8,
                      disconnect_rate=0.2, prompts=24, prefix_lines=12)  # fmt: skip
     report = asyncio.run(run_soak(cfg))
