@@ -59,6 +59,7 @@ class SoakConfig:
     disconnect_rate: float = 0.1  # share of requests abandoned mid-stream on purpose
     prompts: int = 48
     prefix_lines: int = 40  # lines of each shared system prefix (about 21 tokens each)
+    prefixes: int = 4  # distinct system prefixes (more than the tiers hold: L2/L3 churn)
     sample_s: float = 5.0
     warmup_s: float | None = None  # default: a fifth of the run
     api_key: str | None = None
@@ -73,9 +74,10 @@ class SoakConfig:
             raise ValueError(f"--duration must be positive, got {self.duration_s}")
         if not 0 <= self.disconnect_rate < 1:
             raise ValueError(f"--disconnect-rate must be in [0, 1), got {self.disconnect_rate}")
-        if min(self.prompts, self.max_tokens, self.sample_s, self.prefix_lines) <= 0:
+        if min(self.prompts, self.max_tokens, self.sample_s, self.prefix_lines, self.prefixes) <= 0:
             raise ValueError(
-                "--prompts, --max-tokens, --sample-interval and --prefix-lines must be positive"
+                "--prompts, --max-tokens, --sample-interval, --prefix-lines and --prefixes "
+                "must be positive"
             )
         if urlparse(self.url).scheme not in ("http", "https"):
             raise ValueError(f"--url must be like http://127.0.0.1:8000, got {self.url}")
@@ -120,10 +122,13 @@ def _system(topic: str, rng: random.Random, n_lines: int) -> str:
     return f"You answer questions about {topic}.\n" + "\n".join(lines)
 
 
-def make_prompts(n: int, seed: int, prefix_lines: int = 40) -> list[SoakPrompt]:
-    """`n` prompts over a few long shared prefixes: chat and completions, half each."""
+def make_prompts(
+    n: int, seed: int, prefix_lines: int = 40, prefixes: int = len(_TOPICS)
+) -> list[SoakPrompt]:
+    """`n` prompts over `prefixes` long shared prefixes: chat and completions, half each."""
     rng = random.Random(seed)
-    systems = [_system(t, rng, prefix_lines) for t in _TOPICS]
+    topics = [f"{_TOPICS[i % len(_TOPICS)]} (series {i // len(_TOPICS)})" for i in range(prefixes)]
+    systems = [_system(t, rng, prefix_lines) for t in topics]
     out = []
     for k in range(n):
         system = systems[k % len(systems)]
@@ -487,7 +492,7 @@ async def run_soak(cfg: SoakConfig) -> SoakReport:
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     limits = httpx.Limits(max_connections=cfg.clients + 4, max_keepalive_connections=cfg.clients)
     tally, samples, stats = Tally(), [], []
-    prompts = make_prompts(cfg.prompts, cfg.seed, cfg.prefix_lines)
+    prompts = make_prompts(cfg.prompts, cfg.seed, cfg.prefix_lines, cfg.prefixes)
     async with httpx.AsyncClient(
         base_url=cfg.url, headers=headers, timeout=cfg.request_timeout_s, limits=limits
     ) as http:
@@ -518,6 +523,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=d.prompts, help="distinct prompts")
     p.add_argument("--prefix-lines", type=int, default=d.prefix_lines,
                    help="lines of each shared system prefix (~21 tokens each)")  # fmt: skip
+    p.add_argument("--prefixes", type=int, default=d.prefixes,
+                   help="distinct shared prefixes (raise it to churn L2/L3)")  # fmt: skip
     p.add_argument("--sample-interval", type=float, default=d.sample_s, help="seconds")
     p.add_argument("--warmup", type=float, help="seconds before memory must stay flat")
     p.add_argument("--api-key", help="bearer token, when the server wants one")
@@ -532,7 +539,8 @@ def main(argv: list[str]) -> int:
         cfg = SoakConfig(
             url=args.url.rstrip("/"), clients=args.clients, duration_s=args.duration,
             max_tokens=args.max_tokens, disconnect_rate=args.disconnect_rate,
-            prompts=args.prompts, prefix_lines=args.prefix_lines, sample_s=args.sample_interval,
+            prompts=args.prompts, prefix_lines=args.prefix_lines, prefixes=args.prefixes,
+            sample_s=args.sample_interval,
             warmup_s=args.warmup,
             api_key=args.api_key, seed=args.seed,
         )  # fmt: skip
