@@ -43,8 +43,8 @@ def config_table(configs: Configs, reference: str = "L1") -> str:
     """One row per configuration; 'TTFT / L1' compares mean TTFTs with the L1-only row."""
     ref = configs.get(reference, {}).get("mean_ttft_s")
     head = ("| configuration | mean TTFT (s) | p50 | p90 | p99 | TTFT / L1 | hit rate | ideal | "
-            "L1 | L2 | L3 | L4 | req/s | tokens/s | preemptions | errors |")
-    rows = [head, "|" + "---|" * 16]
+            "L1 | L2 | L3 | L4 | req/s | tokens/s | prefill tok/s | preemptions | errors |")
+    rows = [head, "|" + "---|" * 17]
     for name, c in configs.items():
         tiers = c["hit_rate_by_tier"]
         ratio = _fmt(c["mean_ttft_s"] / ref) + "x" if ref else "n/a"
@@ -54,9 +54,32 @@ def config_table(configs: Configs, reference: str = "L1") -> str:
             f"{_pct(c['hit_rate'])} | {_pct(c['ideal_hit_rate'])} | "
             + " | ".join(_pct(tiers.get(t, 0.0)) for t in TIERS)
             + f" | {_fmt(c['requests_per_s'], 3)} | {_fmt(c['total_tokens_per_s'], 1)} | "
-            f"{c.get('preemptions', 'n/a')} | {c['errors']}/{c['requests']} |"
+            f"{_fmt(c.get('engine_prefill_tok_s'), 0)} | {c.get('preemptions', 'n/a')} | "
+            f"{c['errors']}/{c['requests']} |"
         )
     return "\n".join(rows) + "\n"
+
+
+TABLE_NOTES = (
+    "TTFT / L1: mean TTFT over the L1-only row's. Hit rate: cached prompt tokens / prompt "
+    "tokens, as the server reported them (L1..L4: the share from each tier); ideal: the same "
+    "requests replayed through an unbounded page cache. prefill tok/s: the engine's running "
+    "estimate of its prefill speed, a gauge of how busy the machine was during that run."
+)
+
+
+def _load_notes(configs: Configs) -> list[str]:
+    """One line per setup whose engine recomputed a prefix it had found in a lower tier."""
+    notes = []
+    for name, c in configs.items():
+        ev = c.get("load_events") or {}
+        if not (ev.get("late_loads") or ev.get("short_loads") or ev.get("failed_stores")):
+            continue
+        why = "; ".join(f"{n}x {r}" for r, n in ev.get("reasons", {}).items())
+        notes.append(f"- {name}: {ev.get('late_loads', 0)} loads given up as late, "
+                     f"{ev.get('short_loads', 0)} short loads, {ev.get('failed_stores', 0)} "
+                     f"failed stores{': ' + why if why else ''}")
+    return [*notes, ""] if notes else []
 
 
 def markdown(summary: Mapping[str, Any]) -> str:
@@ -70,7 +93,10 @@ def markdown(summary: Mapping[str, Any]) -> str:
         f"L2 {s['host_cache_tokens']} tokens, page {s['page_size']} tokens.",
         "",
         config_table(summary["configs"]),
+        TABLE_NOTES,
+        "",
     ]
+    lines += _load_notes(summary["configs"])
     if summary.get("before_restart"):
         lines += ["Before the restart (the run that filled the persistent tiers):", "",
                   config_table(summary["before_restart"])]
@@ -107,25 +133,28 @@ def plot_ttft(out_dir: Path, configs: Configs, title: str) -> Path:
 
 def plot_tokens_by_tier(out_dir: Path, configs: Configs, title: str) -> Path:
     names = list(configs)
+    xs = list(range(len(names)))
     fig, ax = plt.subplots(figsize=FIGSIZE)
     bottoms = [0.0] * len(names)
     for tier in TIERS:
         shares = [100 * configs[n]["hit_rate_by_tier"].get(tier, 0.0) for n in names]
         if not any(shares) and tier == "remote":
             continue
-        ax.bar(names, shares, bottom=bottoms, color=TIER_COLORS[tier], label=TIER_LABELS[tier])
+        ax.bar(xs, shares, bottom=bottoms, color=TIER_COLORS[tier], label=TIER_LABELS[tier])
         bottoms = [b + s for b, s in zip(bottoms, shares, strict=True)]
-    computed = [100 - b for b in bottoms]
-    ax.bar(names, computed, bottom=bottoms, color=COMPUTED_COLOR, label="computed (prefill)")
+    ax.bar(xs, [100 - b for b in bottoms], bottom=bottoms, color=COMPUTED_COLOR,
+           label="computed (prefill)")
     ideal = [100 * configs[n]["ideal_hit_rate"] for n in names]
-    ax.scatter(names, ideal, marker="_", s=900, color="black", zorder=3,
-               label="ideal hit rate (unbounded cache)")
+    ax.hlines(ideal, [x - 0.4 for x in xs], [x + 0.4 for x in xs], colors="black",
+              linestyles="--", linewidth=1.5, label="ideal (unbounded cache)")
+    for x, hit in zip(xs, bottoms, strict=True):
+        ax.text(x, hit / 2 if hit > 8 else hit + 2, f"{hit:.0f}%", ha="center", fontsize=8)
+    ax.set_xticks(xs, names, fontsize=8)
     ax.set_ylabel("share of prompt tokens (%)")
-    ax.set_xlabel("configuration")
+    ax.set_xlabel("configuration (label: cached share)")
     ax.set_ylim(0, 100)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(f"{title}: where prompt tokens came from")
-    ax.tick_params(axis="x", labelsize=8)
     return _save(fig, out_dir / "tokens_by_tier.png")
 
 
@@ -147,7 +176,7 @@ def plot_throughput(out_dir: Path, configs: Configs, title: str,
                      label=f"offered {offered_rate:g} req/s")
         left.legend(fontsize=7, loc="lower right")
     _bars(right, names, [configs[n]["total_tokens_per_s"] for n in names],
-          "prompt + output tokens / s", "{:.0f}")
+          "prompt + output tokens served / s", "{:.0f}")
     fig.suptitle(f"{title}: throughput over the whole run")
     return _save(fig, out_dir / "throughput.png")
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -29,10 +30,14 @@ class ServerError(RuntimeError):
 class BenchServer:
     """One server instance; `start` waits until /health answers, `stop` until it exited."""
 
-    def __init__(self, flags: Sequence[str], log_path: Path, startup_timeout_s: float = 600.0):
+    def __init__(
+        self, flags: Sequence[str], log_path: Path, startup_timeout_s: float = 600.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.flags = list(flags)
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
+        self.env = {**os.environ, **(env or {})}
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -59,7 +64,9 @@ class BenchServer:
     def _start_once(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                self.argv(), stdout=out, stderr=subprocess.STDOUT, env=self.env
+            )
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

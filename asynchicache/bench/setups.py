@@ -5,6 +5,12 @@ an unbounded cache would hold) is about `l1_ratio` times L1, and L2 to
 `l2_ratio` times L1 so that it cannot hold the working set either: only a
 tier below L2 can keep every prefix. L1 is never smaller than the largest
 request (prompt + answer) plus two pages, or that request could not run.
+
+L1 also holds the KV of the running requests, and the engine admits requests
+without checking that their prompts fit: with more admitted requests than L1
+holds, each preempts the newest and throws its prefill away, again and again
+(thousands of preemptions in a few minutes). So the engine is told to run at
+most as many requests as L1 holds at their largest (`max_running_requests`).
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ class Sizing:
     largest_request_tokens: int
     device_cache_tokens: int
     host_cache_tokens: int
+    max_running_requests: int | None = None  # None: the engine's default
 
     @property
     def working_set_over_l1(self) -> float:
@@ -86,7 +93,8 @@ def size_tiers(
     floor = _pages_up(largest_request_tokens, page_size) + 2 * page_size
     l1 = max(_pages_up(working_set_tokens / l1_ratio, page_size), floor)
     l2 = _pages_up(l1 * l2_ratio, page_size)
-    return Sizing(page_size, working_set_tokens, largest_request_tokens, l1, l2)
+    running = max(1, l1 // _pages_up(largest_request_tokens, page_size))
+    return Sizing(page_size, working_set_tokens, largest_request_tokens, l1, l2, running)
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,11 @@ def server_flags(setup: Setup, plan: ServerPlan) -> list[str]:
     """`asynchicache serve` flags (all but --port) for `setup`."""
     s = plan.sizing
     flags = ["--page-size", str(s.page_size), "--device-cache-tokens", str(s.device_cache_tokens),
-             "--disk-cache-dir", str(plan.disk_dir), "--log-level", "warning"]
+             "--disk-cache-dir", str(plan.disk_dir),
+             # INFO: the engine then logs each load it gave up on, and why (server_log.py).
+             "--log-level", "info"]
+    if s.max_running_requests is not None:
+        flags += ["--max-running-requests", str(s.max_running_requests)]
     if not setup.prefix_cache:
         flags.append("--no-prefix-cache")
     if setup.host:

@@ -26,10 +26,11 @@ import platform
 import random
 import secrets
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from asynchicache.bench import text
 from asynchicache.bench.client import ClientConfig, Run, add_workload_arguments, run_workload
 from asynchicache.bench.prompts import chat_ids, ideal_of_run, planned_messages
 from asynchicache.bench.results import RequestResult, write_results
+from asynchicache.bench.server_log import read_load_events
 from asynchicache.bench.server_process import BenchServer, ServerError
 from asynchicache.bench.setups import (
     ServerPlan,
@@ -69,7 +71,9 @@ class SweepOptions:
     page_size: int = 16
     l1_ratio: float = 4.0
     l2_ratio: float = 2.0
+    max_running_requests: int | None = None  # None: as many as L1 holds (setups.size_tiers)
     max_concurrency: int | None = None
+    torch_threads: int | None = None  # OMP_NUM_THREADS of the servers; None: see server_env
     server_args: tuple[str, ...] = ()
     work_dir: Path | None = None  # where disk folders go (default: the temp dir)
     keep_disk: bool = False
@@ -121,6 +125,7 @@ class Phase:
     cache_stats: dict[str, Any]
     flags: tuple[str, ...]
     startup_s: float  # from spawning the server to its first /health answer
+    load_events: dict[str, Any]  # late / short loads and failed stores, from the server log
 
 
 # ------------------------------------------------------------------- planning
@@ -132,8 +137,11 @@ def plan_sizing(workload: Workload, tokenizer: Tokenizer, opts: SweepOptions) ->
     ids = [chat_ids(tokenizer, m) for m in planned_messages(workload, filler)]
     rep = replay(ids, opts.page_size)
     largest = max(len(t) for t in ids) + workload.max_tokens
-    return size_tiers(rep.working_set_tokens, largest, opts.page_size, opts.l1_ratio,
-                      opts.l2_ratio)
+    sizing = size_tiers(rep.working_set_tokens, largest, opts.page_size, opts.l1_ratio,
+                        opts.l2_ratio)
+    if opts.max_running_requests is not None:
+        sizing = replace(sizing, max_running_requests=opts.max_running_requests)
+    return sizing
 
 
 def machine() -> dict[str, Any]:
@@ -150,6 +158,22 @@ def machine() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------- running
+def server_env(torch_threads: int | None) -> dict[str, str]:
+    """OMP_NUM_THREADS for the server's processes.
+
+    torch on CPU starts one OpenMP thread per core. The HTTP process, the cache
+    service and this client share those cores, and an OpenMP barrier whose
+    thread was descheduled stalls the whole forward pass: on 2 cores, 2 threads
+    made prefill and decode about 6x slower than 1 thread. So by default the
+    engine gets every core but one, unless OMP_NUM_THREADS is already set.
+    """
+    if torch_threads is not None:
+        return {"OMP_NUM_THREADS": str(torch_threads)}
+    if "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) - 1))}
+
+
 def _warm_up(url: str) -> None:
     """One short request in its own namespace: the first forward pass is slow everywhere."""
     body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2,
@@ -161,7 +185,9 @@ def _run_phase(ctx: _Context, setup: Setup, disk_dir: Path, out_dir: Path) -> Ph
     plan = ServerPlan(ctx.sizing, ctx.kv_bytes_per_token, disk_dir, ctx.opts.remote_url,
                       extra=ctx.opts.server_args)
     flags = server_flags(setup, plan)
-    server = BenchServer(flags, out_dir / "server.log", ctx.opts.startup_timeout_s)
+    (out_dir / "server.log").unlink(missing_ok=True)
+    server = BenchServer(flags, out_dir / "server.log", ctx.opts.startup_timeout_s,
+                         server_env(ctx.opts.torch_threads))
     started = time.perf_counter()
     with server:
         startup_s = time.perf_counter() - started
@@ -173,7 +199,8 @@ def _run_phase(ctx: _Context, setup: Setup, disk_dir: Path, out_dir: Path) -> Ph
         stats = server.get_json("/cache/stats")
     write_results(out_dir / "results.jsonl", run.results)
     (out_dir / "cache_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-    return Phase(run, stats, tuple(flags), startup_s)
+    events = read_load_events(out_dir / "server.log")
+    return Phase(run, stats, tuple(flags), startup_s, events)
 
 
 def _describe(ctx: _Context, setup: Setup, phase: Phase,
@@ -192,6 +219,9 @@ def _describe(ctx: _Context, setup: Setup, phase: Phase,
         "mean_itl_s": s.itl.mean, "mean_e2e_s": s.e2e.mean,
         "requests": s.requests, "errors": s.errors, "duration_s": s.duration_s,
         "preemptions": phase.cache_stats.get("preemptions"), "startup_s": phase.startup_s,
+        # The engine's own running estimate: how fast this machine was during the run.
+        "engine_prefill_tok_s": phase.cache_stats.get("prefill_tok_s_estimate"),
+        "load_events": phase.load_events,
         "flags": list(phase.flags), "run": s.to_dict(), "ideal": ideal,
         "cache_stats": phase.cache_stats,
     }
@@ -247,8 +277,8 @@ def sweep(opts: SweepOptions) -> dict[str, Any]:
         "params": dict(ctx.workload.params), "seed": opts.seed, "scale": opts.scale,
         "requests": len(ctx.workload.requests),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": machine(), "sizing": {**asdict(ctx.sizing),
-                                         "working_set_over_l1": ctx.sizing.working_set_over_l1},
+        "machine": machine(), "server_env": server_env(opts.torch_threads),
+        "sizing": {**asdict(ctx.sizing), "working_set_over_l1": ctx.sizing.working_set_over_l1},
         "configs": {}, "failed": {},
     }
     if opts.restart:
@@ -290,6 +320,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="working set / L1 size (default %(default)s)")
     p.add_argument("--l2-ratio", type=float, default=2.0,
                    help="L2 size / L1 size (default %(default)s)")
+    p.add_argument("--max-running-requests", type=int,
+                   help="the engine's cap on running requests (default: as many as L1 holds)")
+    p.add_argument("--torch-threads", type=int,
+                   help="OMP_NUM_THREADS of the servers (default: cores - 1, or the "
+                   "environment's)")
     p.add_argument("--server-arg", dest="server_args", action="append", default=[],
                    metavar="ARG", help="pass ARG to every `asynchicache serve` (repeatable; "
                    "use --server-arg=--flag for flags)")
@@ -312,7 +347,9 @@ def options_from_args(args: argparse.Namespace) -> SweepOptions:
         workload=args.workload, out=args.out, restart_of=args.restart_of, seed=args.seed,
         scale=args.scale, assignments=tuple(args.assignments), setups=setups,
         remote_url=args.remote_url, model=args.model, page_size=args.page_size,
-        l1_ratio=args.l1_ratio, l2_ratio=args.l2_ratio, max_concurrency=args.max_concurrency,
+        l1_ratio=args.l1_ratio, l2_ratio=args.l2_ratio,
+        max_running_requests=args.max_running_requests, max_concurrency=args.max_concurrency,
+        torch_threads=args.torch_threads,
         server_args=server_args, work_dir=args.work_dir, keep_disk=args.keep_disk,
         progress=not args.no_progress, startup_timeout_s=args.startup_timeout,
     )
@@ -330,7 +367,12 @@ def plan(opts: SweepOptions) -> dict[str, Any]:
                        "working_set_over_l1": ctx.sizing.working_set_over_l1}}
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through `with server:`, which stops it
+
+
 def main(argv: Sequence[str]) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     args = _parser().parse_args(list(argv))

@@ -90,12 +90,12 @@ def _scaled(tokens: int, scale: float) -> int:
 
 @dataclass(frozen=True)
 class MultiturnParams:
-    users: int = 12
-    rounds: int = 5
-    system_tokens: int = 300
-    question_tokens: int = 50
-    max_tokens: int = 32
-    rate: float = 1.0  # requests/s
+    users: int = 16
+    rounds: int = 4
+    system_tokens: int = 200
+    question_tokens: int = 40
+    max_tokens: int = 8
+    rate: float = 0.5  # requests/s
 
     def scaled(self, x: float) -> MultiturnParams:
         return dataclasses.replace(
@@ -112,7 +112,7 @@ class LongdocParams:
     max_doc_tokens: int = 8000
     questions: int = 3
     question_tokens: int = 30
-    max_tokens: int = 16
+    max_tokens: int = 8
     rate: float = 0.2
 
     def scaled(self, x: float) -> LongdocParams:
@@ -129,7 +129,7 @@ class SyspromptParams:
     system_tokens: int = 1500
     requests: int = 64
     question_tokens: int = 30
-    max_tokens: int = 16
+    max_tokens: int = 8
     rate: float = 2.0
 
     def scaled(self, x: float) -> SyspromptParams:

@@ -1,0 +1,65 @@
+"""What a sweep plans before it starts a server: options, tier sizes, server environment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asynchicache.bench import sweep
+from asynchicache.bench.sweep import SweepOptions, options_from_args, plan, server_env
+
+
+def test_plan_sizes_l1_to_a_quarter_of_the_working_set(tmp_path: Path) -> None:
+    opts = SweepOptions("multiturn", tmp_path, scale=0.5,
+                        assignments=("users=24", "rounds=3", "max_tokens=8"))
+    p = plan(opts)
+    s = p["sizing"]
+    assert p["requests"] == 72
+    assert s["working_set_over_l1"] == pytest.approx(4.0, rel=0.02)
+    assert s["host_cache_tokens"] == 2 * s["device_cache_tokens"]
+    assert s["device_cache_tokens"] >= s["largest_request_tokens"]
+    # As many running requests as L1 holds at their largest.
+    assert s["max_running_requests"] == s["device_cache_tokens"] // (
+        -(-s["largest_request_tokens"] // 16) * 16)
+    # Every prompt is re-sent with its history: far more prompt tokens than distinct ones.
+    assert p["planned_prompt_tokens"] > 2 * s["working_set_tokens"]
+
+
+def test_restart_plans_its_base_workload(tmp_path: Path) -> None:
+    opts = SweepOptions("restart", tmp_path, restart_of="sysprompt", scale=0.1,
+                        assignments=("requests=4",))
+    assert plan(opts)["workload"] == "sysprompt"
+    with pytest.raises(ValueError, match="restart-of"):
+        SweepOptions("restart", tmp_path, restart_of="restart")
+    with pytest.raises(ValueError, match="unknown workload"):
+        SweepOptions("nope", tmp_path)
+
+
+def test_dry_run_cli_prints_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = sweep.main(["--workload", "longdoc", "--scale", "0.1", "--set", "docs=3",
+                       "--out", str(tmp_path), "--dry-run"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["workload"] == "longdoc" and out["requests"] == 9
+    assert not list(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_options_from_args_model_goes_to_the_server_too(tmp_path: Path) -> None:
+    args = sweep._parser().parse_args([
+        "--workload", "multiturn", "--out", str(tmp_path), "--model", "/m.gguf",
+        "--setups", "l1, l1-l2-l3", "--server-arg=--chunked-prefill-size", "--server-arg=256",
+        "--torch-threads", "3"])  # fmt: skip
+    opts = options_from_args(args)
+    assert opts.setups == ("l1", "l1-l2-l3") and opts.torch_threads == 3
+    assert opts.server_args == ("--chunked-prefill-size", "256", "--model", "/m.gguf")
+
+
+def test_server_env_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert server_env(3) == {"OMP_NUM_THREADS": "3"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert server_env(None) == {}  # the caller's setting stands
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert server_env(None) == {"OMP_NUM_THREADS": "1"}  # one core left to HTTP and client
