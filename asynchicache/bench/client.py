@@ -224,7 +224,8 @@ def run_workload(workload: Workload, cfg: ClientConfig) -> Run:
 # ---------------------------------------------------------------- bench serve
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by `bench serve` and `bench sweep`."""
-    p.add_argument("--workload", required=True, help="multiturn, longdoc or sysprompt")
+    p.add_argument("--workload", required=True,
+                   help="multiturn, longdoc or sysprompt (bench sweep: also restart)")
     p.add_argument("--seed", type=int, default=0, help="text and arrival times (default 0)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply every prompt length (system prompts, documents, questions)")
@@ -232,9 +233,10 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="NAME=VALUE",
                    help="override a workload parameter, e.g. --set users=4 --set rate=0.5")
     p.add_argument("--max-concurrency", type=int, help="cap on requests in flight (default none)")
-    p.add_argument("--model", help="model files, to tokenize prompts for the ideal hit rate "
-                   "(default: the embedded model)")
-    p.add_argument("--page-size", type=int, default=16, help="page size of the ideal replay")
+    p.add_argument("--model", help="model files: tokenizer of the ideal hit rate (bench sweep: "
+                   "also the servers' model; default: the embedded model)")
+    p.add_argument("--page-size", type=int, default=16,
+                   help="tokens per KV page of the ideal replay (bench sweep: also the servers')")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
