@@ -75,7 +75,7 @@ def _load_notes(configs: Configs) -> list[str]:
         ev = c.get("load_events") or {}
         if not (ev.get("late_loads") or ev.get("short_loads") or ev.get("failed_stores")):
             continue
-        why = "; ".join(f"{n}x {r}" for r, n in ev.get("reasons", {}).items())
+        why = ", ".join(f'{n}x "{r}"' for r, n in ev.get("reasons", {}).items())
         notes.append(f"- {name}: {ev.get('late_loads', 0)} loads given up as late, "
                      f"{ev.get('short_loads', 0)} short loads, {ev.get('failed_stores', 0)} "
                      f"failed stores{': ' + why if why else ''}")
@@ -147,11 +147,10 @@ def plot_tokens_by_tier(out_dir: Path, configs: Configs, title: str) -> Path:
     ideal = [100 * configs[n]["ideal_hit_rate"] for n in names]
     ax.hlines(ideal, [x - 0.4 for x in xs], [x + 0.4 for x in xs], colors="black",
               linestyles="--", linewidth=1.5, label="ideal (unbounded cache)")
-    for x, hit in zip(xs, bottoms, strict=True):
-        ax.text(x, hit / 2 if hit > 8 else hit + 2, f"{hit:.0f}%", ha="center", fontsize=8)
-    ax.set_xticks(xs, names, fontsize=8)
+    labels = [f"{n}\n{hit:.0f}% cached" for n, hit in zip(names, bottoms, strict=True)]
+    ax.set_xticks(xs, labels, fontsize=8)
     ax.set_ylabel("share of prompt tokens (%)")
-    ax.set_xlabel("configuration (label: cached share)")
+    ax.set_xlabel("configuration")
     ax.set_ylim(0, 100)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(f"{title}: where prompt tokens came from")
@@ -198,6 +197,8 @@ def write_report(out_dir: Path, summary: Mapping[str, Any]) -> list[Path]:
     if not configs:
         return written
     title = summary["workload"]
+    if title == "restart":
+        title = f"restart of {summary.get('base_workload', '?')}, after the restart"
     rate = summary.get("params", {}).get("rate")
     written += [
         plot_ttft(out_dir, configs, title),

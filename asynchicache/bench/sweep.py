@@ -233,7 +233,11 @@ def _run_setup(ctx: _Context, setup: Setup) -> tuple[dict[str, Any], dict[str, A
     disk = ctx.disk_dir()
     if not (ctx.opts.restart and setup.persistent):
         phase = _run_phase(ctx, setup, disk, out)
-        return _describe(ctx, setup, phase), None
+        # After a restart the ideal is an unbounded cache that kept the first run's
+        # pages; a setup that keeps nothing across restarts runs once, and the same
+        # prompts stand in for that first run, so every row has the same ideal.
+        warm = phase.run.results if ctx.opts.restart else ()
+        return _describe(ctx, setup, phase, warm), None
     first = _run_phase(ctx, setup, disk, out / "before-restart")
     # A second instance sharing Redis has its own, empty disk.
     disk_after = ctx.disk_dir() if setup.remote else disk

@@ -50,4 +50,4 @@ def test_report_names_the_setup_that_recomputed() -> None:
                "configs": {"L1+L2+L3": config}}
     text = markdown(summary)
     assert "- L1+L2+L3: 1 loads given up as late, 3 short loads, 1 failed stores" in text
-    assert "2x storage delivered N of N pages: timeout" in text
+    assert '2x "storage delivered N of N pages: timeout", 1x "no L2 room' in text
