@@ -39,7 +39,7 @@ from asynchicache.cache.radix import RadixNode, RadixTree, Tier
 from asynchicache.cache.stats import CacheStats, Counters, Occupancy
 from asynchicache.cache.transfer import TransferDone, TransferEngine
 from asynchicache.config import CacheConfig, WritePolicy
-from asynchicache.storage.base import Completion, PageRef, StorageTier, TicketKind
+from asynchicache.storage.base import Completion, PageRef, Settled, StorageTier, TicketKind
 
 log = logging.getLogger(__name__)
 
@@ -513,10 +513,11 @@ class HiRadixCache:
         assert self.storage is not None
         ps, refs = self.page_size, []
         for node in nodes:
+            parents = [self.tree.last_hash(node.parent), *node.hashes[:-1]]
             for j, s in enumerate(node.host or ()):
                 if self._slot_state[s] == SlotState.READY:
                     page_tokens = tuple(node.tokens[j * ps : (j + 1) * ps])
-                    refs.append(PageRef(node.hashes[j], page_tokens, s))
+                    refs.append(PageRef(node.hashes[j], page_tokens, s, parents[j]))
         if not refs:
             return
         slots = [r.slot for r in refs]
@@ -763,6 +764,8 @@ class HiRadixCache:
                 log.exception("storage.poll failed")
                 completions = []
             for c in completions:
+                if isinstance(c, Settled):
+                    continue  # quarantine is not tracked yet (issue 11)
                 self._dispatch(self._on_storage.pop(c.ticket, None), c)
         out, self._finished_loads = self._finished_loads, []
         return out

@@ -78,11 +78,18 @@ class PageLayout:
 
 @dataclass(frozen=True)
 class PageRef:
-    """One page to store: its chained hash, its tokens, and the L2 slot holding its bytes."""
+    """One page to store: its chained hash, its tokens, and the L2 slot holding its bytes.
+
+    `parent` is the hash the page's hash was chained from (the previous page's
+    hash, or the namespace digest for page 0), so a stored page names its
+    predecessor and an audit can rebuild whole chains from a folder. Empty
+    when unknown (tools that store pages outside any chain).
+    """
 
     page_hash: bytes
     tokens: tuple[int, ...]
     slot: int
+    parent: bytes = b""
 
 
 @dataclass
@@ -142,6 +149,8 @@ class Completion:
     the number of pages persisted. `error` explains a failure (timeout, service
     down, corrupt page) and is None on full success. `pages_from_remote` is how
     many of a load's `pages_ok` came from the remote tier (L4) rather than disk.
+    `settled` is False when the service may still touch the ticket's L2 slots
+    (see `Settled`): the caller keeps them quarantined until then.
     """
 
     ticket: int
@@ -150,6 +159,23 @@ class Completion:
     pages_requested: int
     error: str | None = None
     pages_from_remote: int = 0
+    settled: bool = True
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The service will touch the L2 slots of `ticket` no more.
+
+    A `Completion` with `settled=False` (the client gave up on the ticket, e.g.
+    a timeout, while the service may still read into or write from its slots)
+    is followed, once, by a `Settled` for the same ticket: when the late reply
+    arrives, when the service acknowledges a cancel of work it never started,
+    or when the service process is gone. Until then the slots are quarantined:
+    never freed, never reused. `reason` says which signal it was.
+    """
+
+    ticket: int
+    reason: str
 
 
 class StorageTier(Protocol):
@@ -169,8 +195,12 @@ class StorageTier(Protocol):
 
     def cancel(self, ticket: int) -> None: ...
 
-    def poll(self) -> list[Completion]:
-        """Tickets finished since the last call. Never blocks."""
+    def poll(self) -> list[Completion | Settled]:
+        """Tickets finished (and unsettled tickets settled) since the last call. Never blocks.
+
+        Every submitted ticket yields exactly one `Completion`; one whose
+        `settled` is False later yields exactly one `Settled`.
+        """
         ...
 
     def close(self) -> None: ...
