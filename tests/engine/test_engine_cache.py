@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from loop_harness import LoopHarness
 
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
@@ -154,6 +155,51 @@ def test_a_late_load_is_given_up_and_the_rest_recomputed(
     engine.cache.drain()  # the abandoned load lands and is unlocked
     engine.generate([prompt[:8]], GREEDY)  # a step collects it
     assert not engine.scheduler.abandoned
+
+
+@pytest.mark.slow
+def test_loads_given_up_then_idle_then_clear_leave_nothing_cached(
+    smollm: LoadedModel, engines: list[Engine], tmp_path: Path
+) -> None:
+    """The outside repro of issue 11: disk filled first, restart with `--prefetch-policy
+    timeout --prefetch-timeout 0.01`, each prompt once with max_tokens 1, wait until idle,
+    `/cache/clear`: pages stayed cached in L1 and L2, held by locks nobody owned."""
+    tok = smollm.tokenizer
+    prompts = [tok.encode(f"Logbook {i}. " + TEXT * 5) for i in range(8)]  # ~300 tokens each
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+    def disk_engine(**cache: object) -> Engine:
+        service = ServiceConfig(tmp_path / "kv", address=f"ipc://{tmp_path}/svc.sock")
+        client = StorageClient.in_thread(service, ClientConfig(service.address))
+        config = CacheConfig(disk_cache_dir=tmp_path / "kv", host_cache_gb=0.25, **cache)
+        engine = Engine(EngineConfig(), config, storage=client, loaded=smollm)
+        assert client.wait_ready(10)
+        return engine
+
+    first = disk_engine()
+    first.generate(prompts, one)
+    first.cache.drain()  # every page is on disk
+    first.close()
+    first.cache.storage.close()  # type: ignore[union-attr]
+
+    second = disk_engine(prefetch_policy="timeout", prefetch_timeout_s=0.01)
+    engines.append(second)
+    harness = LoopHarness(second)
+    try:
+        outs = [harness.generate([p], one)[0] for p in prompts]  # one at a time
+        harness.wait_quiet()  # idle: nothing queued, no copy or storage ticket pending
+        harness.admin("clear")
+        stats = harness.admin("stats")["cache"]
+    finally:
+        harness.stop()
+    assert all(o.finish_reason == "length" for o in outs)
+    assert stats["device"]["cached"] == 0 and stats["host"]["cached"] == 0, (
+        f"pages stayed cached after clear: {stats['device']}, {stats['host']}"
+    )
+    for node in second.cache.tree.iter_nodes():
+        assert node.lock_ref == 0 and node.host_ref == 0, f"a lock nobody holds at {node}"
+    given_up = sum(o.cached.disk < len(p) - 2 * 16 for o, p in zip(outs, prompts, strict=True))
+    assert given_up > 0, "no load was given up: the test proves nothing"
 
 
 def test_requests_the_engine_cannot_run_get_a_clear_error(

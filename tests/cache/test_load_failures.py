@@ -1,0 +1,81 @@
+"""A load always finishes, even when its own completion handling fails (issue 11, defect 5)."""
+
+from __future__ import annotations
+
+import pytest
+from cache_helpers import PAGE, MakeCache, tokens_for
+
+from asynchicache.cache.hierarchy import HiRadixCache
+
+
+def put(cache: HiRadixCache, tokens: list[int], value: float) -> None:
+    pages = cache.allocate(len(tokens) // PAGE)
+    assert pages is not None
+    for i, p in enumerate(pages):
+        cache.device_pool.tensor[p].fill_(value + i)
+    cache.unlock(cache.insert(tokens, pages).handle)
+
+
+def assert_idle_and_unlocked(cache: HiRadixCache) -> None:
+    cache.check_integrity()
+    stats = cache.stats()
+    assert stats.device.in_use == 0, "L1 pages of the load leaked"
+    assert stats.host is not None and stats.host.in_use == 0, "L2 slots of the load leaked"
+    for node in cache.tree.iter_nodes():
+        assert node.lock_ref == 0, f"lock left at {node}"
+
+
+def test_a_failing_storage_completion_finishes_the_load_with_an_error(
+    make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = make_cache(with_storage=True)
+    tokens = tokens_for(1, 2, 3)
+    put(cache, tokens, 10.0)
+    cache.drain()
+    cache.clear()
+    ticket = cache.load(cache.match(tokens))
+    assert ticket is not None
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(cache.tree, "insert", broken)
+    done = cache.drain()
+    monkeypatch.undo()
+    assert ticket in done and ticket.done, "the load never finished"
+    assert not ticket.ok and ticket.error is not None and "injected" in ticket.error
+    assert ticket.handle is not None
+    cache.unlock(ticket.handle)
+    assert_idle_and_unlocked(cache)
+    # The cache still works: the same prefix loads now.
+    ticket = cache.load(cache.match(tokens))
+    assert ticket is not None and ticket in cache.drain() and ticket.ok
+    assert ticket.handle is not None
+    cache.unlock(ticket.handle)
+    assert_idle_and_unlocked(cache)
+
+
+def test_a_failing_fill_completion_finishes_the_load_with_an_error(
+    make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = make_cache()
+    tokens = tokens_for(1, 2, 3)
+    put(cache, tokens, 10.0)
+    cache.drain()
+    cache.evict(8)  # only in L2 now
+    ticket = cache.load(cache.match(tokens))
+    assert ticket is not None
+    cache.transfer.flush()
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(cache.tree, "path", broken)
+    done = cache.poll()
+    monkeypatch.undo()
+    done += cache.drain()
+    assert ticket in done and ticket.done, "the load never finished"
+    assert not ticket.ok and ticket.error is not None and "injected" in ticket.error
+    assert ticket.handle is not None
+    cache.unlock(ticket.handle)
+    assert_idle_and_unlocked(cache)
