@@ -62,9 +62,16 @@ class CacheConfig:
     disk_admit_tokens: int = 0
     remote_url: str | None = None
     remote_ttl_s: int | None = None
+    # Share of L2 slots that timed-out storage tickets may hold quarantined before
+    # new storage loads and stores pause (recompute instead of shrinking L2 to nothing).
+    max_quarantine_fraction: float = 0.25
 
     def __post_init__(self) -> None:
         _positive("--page-size", self.page_size)
+        if not 0.0 <= self.max_quarantine_fraction <= 1.0:
+            raise ValueError(
+                f"--max-quarantine-fraction must be in [0, 1], got {self.max_quarantine_fraction}"
+            )
         _positive("--device-cache-tokens", self.device_cache_tokens)
         _non_negative("--host-cache-gb", self.host_cache_gb)
         _positive("--disk-cache-gb", self.disk_cache_gb)

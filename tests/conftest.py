@@ -1,11 +1,16 @@
-"""Suite-wide checks: no shared-memory segment of ours outlives the tests."""
+"""Suite-wide checks: no shared-memory segment of ours outlives the tests; a strict page ledger."""
 
 import os
 from collections.abc import Iterator
 
 import pytest
 
+from asynchicache.cache.ledger import STRICT_ENV
 from asynchicache.storage.shm import list_segments, owner_pid
+
+# An illegal page or slot transition raises in every cache the tests build, in
+# this process and in the servers it starts (production only counts and logs it).
+os.environ.setdefault(STRICT_ENV, "1")
 
 
 def _alive(pid: int) -> bool:

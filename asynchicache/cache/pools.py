@@ -1,8 +1,10 @@
-"""KV page pools: the page layout, a page allocator, the L1 device pool and the L2 host pool.
+"""KV page pools: the page layout, the L1 device pool and the L2 host pool.
 
 One page-first layout serves both tiers,
 `[num_pages, num_layers, 2, page_size, num_kv_heads, head_dim]`, so a page is one
 contiguous block across all layers and an L1<->L2 move is one copy per run of pages.
+Pools are memory only: which page is free or in use is the cache's page ledger
+(`cache.ledger`), the one record of every page's state.
 
 The L2 pool lives in a named shared-memory segment so the cache service process
 can map the same bytes (`HostPool.attach`) and move pages to disk or Redis
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,14 +23,6 @@ import torch
 from asynchicache.storage.shm import SharedSegment
 
 log = logging.getLogger(__name__)
-
-
-class PoolExhausted(RuntimeError):
-    """Raised by `PageAllocator.allocate` when fewer pages are free than asked for."""
-
-
-class DoubleFree(ValueError):
-    """Raised when a page that is already free (or out of range) is freed."""
 
 
 @dataclass(frozen=True)
@@ -68,78 +61,6 @@ class KVLayout:
         return int(num_bytes) // self.page_bytes
 
 
-class PageAllocator:
-    """A free list of page indices `0 .. num_pages - 1`.
-
-    Allocation hands out the lowest free pages first, so pools stay compact and
-    a request's pages tend to form runs (one copy per run instead of per page).
-    """
-
-    def __init__(self, num_pages: int) -> None:
-        if num_pages <= 0:
-            raise ValueError(f"a pool needs at least one page, got {num_pages}")
-        self._num_total = num_pages
-        # Kept sorted in descending order (lazily), so the lowest pages pop off the end.
-        self._free = list(range(num_pages - 1, -1, -1))
-        self._sorted = True
-        self._is_free = bytearray(b"\x01") * num_pages
-
-    @property
-    def num_total(self) -> int:
-        return self._num_total
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
-    def num_used(self) -> int:
-        return self._num_total - len(self._free)
-
-    def can_allocate(self, n: int) -> bool:
-        return 0 <= n <= len(self._free)
-
-    def allocate(self, n: int) -> list[int]:
-        if n < 0:
-            raise ValueError(f"cannot allocate {n} pages")
-        if n > len(self._free):
-            raise PoolExhausted(f"asked for {n} pages, {len(self._free)} free")
-        if n == 0:
-            return []
-        if not self._sorted:
-            self._free.sort(reverse=True)
-            self._sorted = True
-        pages = self._free[-n:]
-        del self._free[-n:]
-        pages.reverse()
-        is_free = self._is_free
-        for p in pages:
-            is_free[p] = 0
-        return pages
-
-    def free(self, pages: Iterable[int]) -> None:
-        """Return pages; raises DoubleFree (and changes nothing) on a free or unknown page."""
-        pages = list(pages)
-        is_free = self._is_free
-        for p in pages:
-            if not 0 <= p < self._num_total:
-                raise DoubleFree(f"page {p} is outside the pool of {self._num_total}")
-            if is_free[p]:
-                raise DoubleFree(f"page {p} freed twice")
-        if len(set(pages)) != len(pages):
-            raise DoubleFree(f"the same page appears twice in {pages}")
-        for p in pages:
-            is_free[p] = 1
-        self._free.extend(pages)
-        self._sorted = False
-
-    def is_free(self, page: int) -> bool:
-        return bool(self._is_free[page])
-
-    def free_pages(self) -> list[int]:
-        return list(self._free)
-
-
 class DevicePool:
     """L1: the KV pages the model reads, as one tensor on the engine's device."""
 
@@ -150,11 +71,10 @@ class DevicePool:
         self.tensor = torch.zeros(
             (num_pages, *layout.page_shape), dtype=layout.dtype, device=self.device
         )
-        self.allocator = PageAllocator(num_pages)
 
     @property
     def num_pages(self) -> int:
-        return self.allocator.num_total
+        return self.tensor.shape[0]
 
     def layer(self, layer: int) -> torch.Tensor:
         """A strided view of one layer: [pages, 2, page_size, kv_heads, head_dim]."""
@@ -164,7 +84,7 @@ class DevicePool:
 class HostPool:
     """L2: KV pages in a named shared-memory segment, mapped zero-copy.
 
-    The creating process owns the segment (and its allocator) and unlinks it on
+    The creating process owns the segment and unlinks it on
     `close()`; other processes `attach` by name and only unmap on close.
     """
 
@@ -181,7 +101,6 @@ class HostPool:
         self.tensor: torch.Tensor | None = torch.from_numpy(raw).view(layout.dtype).view(
             num_slots, *layout.page_shape
         )
-        self.allocator = PageAllocator(num_slots) if segment.owner else None
         self._pinned = pinned and self._pin()
 
     @classmethod

@@ -29,6 +29,13 @@ class Counters:
     transfer_failures: int = 0
     store_failures: int = 0
     load_failures: int = 0
+    loads_given_up: int = 0  # loads whose caller stopped waiting (they still land, if they can)
+    completion_failures: int = 0  # completion handlers that raised (their job still ended)
+    illegal_transitions: int = 0  # page/slot state changes the ledger refused (a bug: logged)
+    quarantined_slots: int = 0  # L2 slots ever quarantined by a timed-out storage ticket
+    settled_tickets: int = 0  # timed-out tickets whose Settled released their slots
+    storage_loads_paused: int = 0  # storage reads not started: quarantine past its cap
+    storage_stores_paused: int = 0  # pages not stored: quarantine past its cap
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,13 @@ class Occupancy:
 
 @dataclass(frozen=True)
 class CacheStats:
-    """A snapshot of the counters and of each pool's occupancy (`HiRadixCache.stats()`)."""
+    """A snapshot of the counters and of each pool's occupancy (`HiRadixCache.stats()`).
+
+    `quarantined_slots` are L2 slots a timed-out storage ticket may still
+    touch (counted in `host.in_use` when not in the tree, `host.cached` when
+    they are a timed-out store's); `page_states` and `slot_states` count every
+    L1 page and L2 slot by ledger state.
+    """
 
     counters: Counters
     device: Occupancy
@@ -51,6 +64,10 @@ class CacheStats:
     page_bytes: int
     pending_transfers: int
     pending_storage: int
+    quarantined_slots: int = 0
+    unsettled_tickets: int = 0
+    page_states: dict[str, int] = dataclasses.field(default_factory=dict)
+    slot_states: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def hit_tokens(self) -> int:

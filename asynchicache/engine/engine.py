@@ -121,6 +121,10 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
+    def poll(self) -> None:
+        """Complete background cache work while idle (through the scheduler, like every poll)."""
+        self.scheduler.poll()
+
     # -------------------------------------------------------------------- step
     def step(self) -> list[TokenOutput]:
         """Run one scheduler step and one forward pass; returns new tokens."""
@@ -244,6 +248,7 @@ class Engine:
             "storage": self._storage_stats(),
             "queues": self.scheduler.queue_lengths(),
             "preemptions": self.scheduler.preemptions,
+            "loads_given_up": self.scheduler.loads_given_up,
             "prefill_tok_s_estimate": self.cost.prefill_tok_s.value,
         }
 

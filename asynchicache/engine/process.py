@@ -4,7 +4,8 @@ It PULLs `GenerateRequest` / `AbortRequest` / `AdminRequest` from the HTTP
 process and PUSHes `TokenOutput` / `AdminReply` back. When it has work it only
 polls the socket without waiting; when idle it blocks on the socket with a
 short timeout so that background cache work (write-through, stores) still
-completes.
+completes. Idle or not, the cache is polled only through the scheduler
+(`Engine.poll`, `Engine.step`), which takes or releases every load ticket.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class EngineLoop:
         while not self.stopping:
             self._drain(0 if self.engine.has_work else IDLE_POLL_MS)
             if not self.engine.has_work:
-                self.engine.cache.poll()  # finish write-throughs and stores while idle
+                self.engine.poll()  # finish write-throughs and stores while idle
                 continue
             outputs: list[TokenOutput] = self.engine.step()
             for out in outputs:

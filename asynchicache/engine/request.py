@@ -39,14 +39,12 @@ class Request:
     shared_pages: int = 0
     num_computed: int = 0  # tokens whose KV is in page_table
     handle: Any = None
-    load_ticket: Any = None
-    load_fallback: Any = None  # the match to fall back on if the load is given up
+    load_ticket: Any = None  # the cache's LoadTicket while LOADING
     load_deadline: float | None = None
     cached: CachedTokens = field(default_factory=CachedTokens)
     generator: torch.Generator | None = None
     finish_reason: str | None = None
     error: str | None = None
-    aborted: bool = False
 
     @property
     def tokens(self) -> list[int]:

@@ -1,12 +1,23 @@
 """Continuous batching over the hierarchical cache.
 
-Each step the scheduler (1) collects finished prefix loads, (2) admits waiting
-requests: matches their prefix, starts an asynchronous load when the prefix is
-in a lower tier and loading pays, else takes what L1 holds, (3) builds a batch
-of one token per decoding request plus prefill chunks under a token budget,
-allocating L1 pages as it goes (evicting cached pages, then preempting the
-newest request when L1 is full). It never waits on I/O: a request whose prefix
-is loading sits in LOADING while the batch keeps running.
+Each step the scheduler (1) collects finished prefix loads, (2) gives up loads
+past their deadline, (3) admits waiting requests: matches their prefix, starts
+an asynchronous load when the prefix is in a lower tier and loading pays, else
+takes what L1 holds, (4) builds a batch of one token per decoding request plus
+prefill chunks under a token budget, allocating L1 pages as it goes (evicting
+cached pages, then preempting the newest request when L1 is full). It never
+waits on I/O: a request whose prefix is loading sits in LOADING while the batch
+keeps running.
+
+Loads and locks:
+* every cache poll goes through `poll()` (the engine's idle loop too), and
+  every ticket it returns is taken by its request or unlocked: none is dropped;
+* requests wait on loads keyed by `LoadTicket.id` (never `id()` of an object);
+* collecting comes before giving up, so a load that landed is used;
+* giving up (deadline or abort) hands the request the load's fallback, the L1
+  prefix the cache kept locked since the load started (`HiRadixCache.give_up`):
+  falling back never locks a handle whose pages were evicted. The given-up
+  load is the cache's to release, and counts as work until it finished.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from asynchicache.cache.hierarchy import HiRadixCache
+from asynchicache.cache.results import Fallback
 from asynchicache.config import CacheConfig, EngineConfig, PrefetchPolicy
 from asynchicache.engine.cost import CostModel
 from asynchicache.engine.protocol import CachedTokens
@@ -54,11 +66,11 @@ class Scheduler:
         self.cost = cost
         self.page_size = cache_config.page_size
         self.waiting: deque[Request] = deque()
-        self.loading: dict[int, Request] = {}  # id(ticket) -> request
-        self.abandoned: set[int] = set()  # id(ticket) of loads nobody waits for any more
+        self.loading: dict[int, Request] = {}  # LoadTicket.id -> request
         self.running: list[Request] = []
         self.finished: list[Request] = []  # drained by the engine after each step
         self.preemptions = 0
+        self.loads_given_up = 0  # deadlines passed or requests aborted while loading
 
     # ----------------------------------------------------------------- queues
     def add(self, req: Request) -> None:
@@ -75,13 +87,15 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.loading or self.running)
+        """Requests to serve, or given-up loads still to land (then the cache releases them)."""
+        return bool(self.waiting or self.loading or self.running or self.cache.abandoned_loads)
 
     def queue_lengths(self) -> dict[str, int]:
         return {
             "waiting": len(self.waiting),
             "loading": len(self.loading),
             "running": len(self.running),
+            "given_up_loads": self.cache.abandoned_loads,
         }
 
     # -------------------------------------------------------------- admission
@@ -103,10 +117,9 @@ class Scheduler:
             if ticket is not None:
                 req.phase = Phase.LOADING
                 req.load_ticket = ticket
-                req.load_fallback = match
                 req.load_deadline = self._load_deadline(lower)
                 req.cached = CachedTokens(device=len(match.device_pages) * self.page_size)
-                self.loading[id(ticket)] = req
+                self.loading[ticket.id] = req
                 return
         self.cache.lock(match.handle)
         self._take_prefix(req, match.handle, list(match.device_pages), CachedTokens(
@@ -142,34 +155,37 @@ class Scheduler:
     def _give_up_late_loads(self) -> None:
         now = time.monotonic()
         late = [r for r in self.loading.values()
-                if r.load_deadline is not None and now > r.load_deadline and not r.aborted]
+                if r.load_deadline is not None and now > r.load_deadline]  # fmt: skip
         for req in late:
-            ticket = req.load_ticket
-            del self.loading[id(ticket)]
-            self.abandoned.add(id(ticket))
-            match = req.load_fallback
             log.info("load for %s is late; recomputing past its L1 prefix", req.rid)
-            self.cache.lock(match.handle)
-            pages = list(match.device_pages)
-            self._take_prefix(req, match.handle, pages,
-                              CachedTokens(device=len(pages) * self.page_size))
+            fallback = self._give_up(req)
+            pages = list(fallback.device_pages)
+            self._take_prefix(req, fallback.handle, pages,
+                              CachedTokens(device=len(pages) * self.page_size))  # fmt: skip
 
-    def _collect_loads(self) -> None:
+    def _give_up(self, req: Request) -> Fallback:
+        """Stop waiting for `req`'s load; returns its L1 prefix, locked for `req`."""
+        ticket = req.load_ticket
+        del self.loading[ticket.id]
+        req.load_ticket = None
+        self.loads_given_up += 1
+        return self.cache.give_up(ticket)
+
+    def poll(self) -> None:
+        """Collect what the cache finished (loads of waiting requests); never blocks.
+
+        The only way the engine polls the cache: every ticket is either taken by
+        its request or unlocked here.
+        """
         for ticket in self.cache.poll():
-            if id(ticket) in self.abandoned:
-                self.abandoned.discard(id(ticket))
-                self.cache.unlock(ticket.handle)  # the pages stay cached for later requests
-                continue
-            req = self.loading.pop(id(ticket), None)
-            if req is None:  # not ours (e.g. a write-back) or already dropped
-                continue
-            req.load_ticket = None
-            req.load_fallback = None
-            if not ticket.ok:
-                log.info("load for %s fell short (%s); recomputing the rest", req.rid, ticket.error)
-            if req.aborted:
+            req = self.loading.pop(ticket.id, None)
+            if req is None:  # nobody waits for it (cannot happen: given-up loads are the cache's)
+                log.warning("load %d finished with no request waiting; releasing it", ticket.id)
                 self.cache.unlock(ticket.handle)
                 continue
+            req.load_ticket = None
+            if not ticket.ok:
+                log.info("load for %s fell short (%s); recomputing the rest", req.rid, ticket.error)
             ps = self.page_size
             remote = min(ticket.pages_from_remote, ticket.pages_from_storage)
             cached = CachedTokens(
@@ -197,10 +213,10 @@ class Scheduler:
 
     # ------------------------------------------------------------- batching
     def schedule(self) -> Batch:
-        # Deadlines first: whether a load is late must not depend on how soon
-        # after its deadline this step happens to run.
+        # Landed loads first: a load that arrived is used even if its deadline passed
+        # while the engine was busy; then the ones still out past their deadline go.
+        self.poll()
         self._give_up_late_loads()
-        self._collect_loads()
         self._admit()
         batch = Batch()
         budget = self.config.chunked_prefill_size
@@ -280,8 +296,8 @@ class Scheduler:
         req.finish_reason = reason
         req.error = error
         if req.phase is Phase.LOADING:
-            # The load cannot be taken back; its handle is released when it lands.
-            req.aborted = True
+            # The load runs on (the cache releases it when it lands); its fallback is ours.
+            self.cache.unlock(self._give_up(req).handle)
             req.phase = Phase.FINISHED
             self.finished.append(req)
             return

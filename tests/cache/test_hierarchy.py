@@ -8,7 +8,8 @@ import pytest
 import torch
 from cache_helpers import PAGE, MakeCache, MemoryStorage, tokens_for
 
-from asynchicache.cache.hierarchy import HiRadixCache, IntegrityError, LoadTicket, SlotState
+from asynchicache.cache.hierarchy import HiRadixCache, IntegrityError, LoadTicket
+from asynchicache.cache.ledger import SlotState
 from asynchicache.config import WritePolicy
 
 
@@ -57,7 +58,7 @@ def test_write_through_copies_to_host_at_insert(make_cache: MakeCache) -> None:
     assert node.host is not None and len(node.host) == 3
     cache.drain()
     cache.check_integrity()
-    assert [cache._slot_state[s] for s in node.host] == [SlotState.READY] * 3
+    assert [cache.parts.host.state(s) for s in node.host] == [SlotState.READY] * 3
     assert [host_value(cache, s) for s in node.host] == [10.0, 11.0, 12.0]
     stats = cache.stats()
     assert stats.counters.device_to_host_pages == 3
@@ -217,7 +218,7 @@ def test_insert_dedups_against_the_tree_and_fixes_the_page_table(make_cache: Mak
     assert pages is not None
     result = cache.insert([*tokens, 9], pages)
     assert result.device_pages == [*first.device_pages, pages[3]]
-    assert cache.device_pool.allocator.num_free == 8 - 3 - 1
+    assert cache.stats().device.free == 8 - 3 - 1
     cache.unlock(result.handle)
     cache.free([pages[3]])
     cache.check_integrity()
@@ -384,10 +385,10 @@ def test_slots_under_store_stay_put_until_the_store_completes(make_cache: MakeCa
     tokens = tokens_for(1, 2)
     node = put(cache, tokens, value=70.0).handle.node
     deadline = time.monotonic() + 10
-    while cache._on_transfer and time.monotonic() < deadline:
+    while cache.parts.transfers and time.monotonic() < deadline:
         cache.poll()
     assert node.host is not None and all(
-        cache._slot_state[s] == SlotState.STORING for s in node.host
+        cache.parts.host.state(s) == SlotState.STORING for s in node.host
     )
     assert cache.evict_host(2) == 0 and cache.clear() == 2  # L1 copy goes, L2 stays
     cache.check_integrity()
@@ -468,5 +469,5 @@ def test_a_failing_storage_store_is_counted_and_the_pages_stay_in_l2(
     cache.drain()
     cache.check_integrity()
     assert cache.stats().counters.store_failures == 1
-    assert node.host is not None and cache._slot_state[node.host[0]] == SlotState.READY
+    assert node.host is not None and cache.parts.host.state(node.host[0]) == SlotState.READY
     assert cache.evict_host(1) == 1  # nothing holds the slot after the failure

@@ -66,13 +66,14 @@ def test_a_failing_fill_completion_finishes_the_load_with_an_error(
     ticket = cache.load(cache.match(tokens))
     assert ticket is not None
     cache.transfer.flush()
+    real_path = cache.tree.path
 
-    def broken(*args: object, **kwargs: object) -> None:
+    def broken_once(node):  # type: ignore[no-untyped-def]
+        monkeypatch.setattr(cache.tree, "path", real_path)  # only the first call fails
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(cache.tree, "path", broken)
+    monkeypatch.setattr(cache.tree, "path", broken_once)
     done = cache.poll()
-    monkeypatch.undo()
     done += cache.drain()
     assert ticket in done and ticket.done, "the load never finished"
     assert not ticket.ok and ticket.error is not None and "injected" in ticket.error

@@ -1,4 +1,4 @@
-"""Page layout, allocator, the L1 pool and the shared-memory L2 pool (with real processes)."""
+"""Page layout, the L1 pool and the shared-memory L2 pool (with real processes)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asynchicache.cache.pools import (
-    DevicePool,
-    DoubleFree,
-    HostPool,
-    KVLayout,
-    PageAllocator,
-    PoolExhausted,
-)
+from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
 from asynchicache.storage.shm import SHM_DIR, list_segments
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=3, head_dim=4, page_size=4, dtype=torch.float32)
@@ -54,34 +47,6 @@ def test_layout_shapes_and_bytes() -> None:
         KVLayout(1, 1, 1, 1, dtype="float32")  # type: ignore[arg-type]
 
 
-def test_allocator_hands_out_lowest_pages_and_counts() -> None:
-    alloc = PageAllocator(8)
-    assert alloc.allocate(3) == [0, 1, 2]
-    assert alloc.allocate(2) == [3, 4]
-    alloc.free([1, 0])
-    assert (alloc.num_free, alloc.num_used, alloc.num_total) == (5, 3, 8)
-    assert alloc.allocate(3) == [0, 1, 5]
-    assert alloc.can_allocate(2) and not alloc.can_allocate(3)
-    with pytest.raises(PoolExhausted):
-        alloc.allocate(3)
-    assert alloc.allocate(0) == []
-
-
-def test_allocator_rejects_double_and_foreign_frees_without_change() -> None:
-    alloc = PageAllocator(4)
-    pages = alloc.allocate(2)
-    alloc.free([pages[0]])
-    with pytest.raises(DoubleFree, match="twice"):
-        alloc.free([pages[1], pages[0]])
-    assert not alloc.is_free(pages[1])  # the failed call changed nothing
-    with pytest.raises(DoubleFree, match="outside"):
-        alloc.free([9])
-    with pytest.raises(DoubleFree):
-        alloc.free([pages[1], pages[1]])
-    alloc.free([pages[1]])
-    assert alloc.num_free == 4
-
-
 def test_device_pool_layout() -> None:
     pool = DevicePool(LAYOUT, 5, torch.device("cpu"))
     assert pool.tensor.shape == (5, 2, 2, 4, 3, 4)
@@ -99,7 +64,7 @@ def test_host_pool_views_share_memory(pool: HostPool) -> None:
     raw = pool.slots[2].view("<f4")
     assert (raw == 1.5).all()
     assert (SHM_DIR / pool.name).stat().st_size == 6 * LAYOUT.page_bytes
-    assert pool.allocator is not None and pool.allocator.num_total == 6
+    assert pool.segment.owner and pool.num_slots == 6
 
 
 def test_second_process_reads_and_writes_the_pool(pool: HostPool) -> None:
@@ -110,7 +75,7 @@ def test_second_process_reads_and_writes_the_pool(pool: HostPool) -> None:
         """
         import sys
         other = HostPool.attach(sys.argv[1], LAYOUT)
-        assert other.allocator is None and other.num_slots == 6
+        assert not other.segment.owner and other.num_slots == 6
         print(float(other.tensor[1].sum()))
         other.tensor[4].fill_(3.25)
         other.close()

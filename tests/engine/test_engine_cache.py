@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from loop_harness import LoopHarness
+from storage_doubles import MemoryStorage
 
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
@@ -143,18 +144,25 @@ def test_a_late_load_is_given_up_and_the_rest_recomputed(
     smollm: LoadedModel, engines: list[Engine]
 ) -> None:
     prompt = _prompt(smollm, 6, "Which ships passed?")
-    engine = _engine(smollm, device_cache_tokens=4096, prefetch_policy="timeout",
-                     prefetch_timeout_s=1e-9)
+    storage = MemoryStorage(None)  # a storage tier whose reads wait until released
+    config = CacheConfig(disk_cache_dir=None, host_cache_gb=0.25, device_cache_tokens=4096,
+                         prefetch_policy="timeout", prefetch_timeout_s=1e-9)
+    engine = Engine(EngineConfig(), config, storage=storage, loaded=smollm)
+    storage.pool = engine.cache.host_pool
     engines.append(engine)
     expected = engine.generate([prompt], GREEDY)[0].token_ids
     engine.cache.drain()
-    engine.cache.evict(engine.cache.stats().device.total)
+    engine.cache.clear()  # only in storage now
+    storage.hold = True
     out = engine.generate([prompt], GREEDY)[0]
     assert out.token_ids == expected
-    assert out.cached.host == 0, "the request waited for a load past its deadline"
-    engine.cache.drain()  # the abandoned load lands and is unlocked
-    engine.generate([prompt[:8]], GREEDY)  # a step collects it
-    assert not engine.scheduler.abandoned
+    assert out.cached.disk == 0, "the request waited for a load past its deadline"
+    assert engine.scheduler.loads_given_up == 1
+    storage.hold = False  # the given-up load (cancelled) ends; it is still work until then
+    while engine.has_work:
+        engine.step()
+    for node in engine.cache.tree.iter_nodes():
+        assert node.lock_ref == 0, f"a lock nobody holds at {node}"
 
 
 @pytest.mark.slow
