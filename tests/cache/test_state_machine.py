@@ -6,12 +6,19 @@ checked. The model remembers every prefix ever inserted: the cache may forget
 (evict), but must never claim a prefix it was not given, never lose a locked
 one, and never serve a page with the wrong bytes. `check_integrity()` runs after
 every step, and lock counts are checked exactly whenever the cache is idle.
+
+The storage tier may run late (`MemoryStorage.expire` / `settle`): tickets time
+out for the cache while their work goes on and touches the slots later, as a
+frozen cache service would. A cache that reused such a slot would serve or
+store the wrong bytes, which the byte checks catch. Loads may also be given up
+(`give_up`), their fallback prefix then held like any locked match.
 """
 
 from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 import xxhash
 from cache_helpers import LAYOUT, NS, PAGE, MemoryStorage, host_gb, tokens_for
@@ -26,6 +33,8 @@ from hypothesis.stateful import (
 )
 
 from asynchicache.cache.hierarchy import HiRadixCache, LoadTicket, MatchHandle
+from asynchicache.cache.keys import chain_hashes
+from asynchicache.cache.ledger import SlotState
 from asynchicache.cache.pools import HostPool
 from asynchicache.config import CacheConfig, WritePolicy
 
@@ -49,6 +58,8 @@ class CacheMachine(RuleBasedStateMachine):
         super().__init__()
         self.cache: HiRadixCache | None = None
         self.pool: HostPool | None = None
+        self.storage: MemoryStorage | None = None
+        self._hashes: dict[tuple[int, ...], bytes] = {}  # model prefix -> its last page's hash
         self.model: set[tuple[int, ...]] = set()  # every page prefix ever inserted
         self.held: list[tuple[MatchHandle, tuple[int, ...], int]] = []  # handle, ids, pages
         self.private: list[int] = []
@@ -61,10 +72,9 @@ class CacheMachine(RuleBasedStateMachine):
             return ids
         return self.history[-1 - recent % len(self.history)]
 
-    @initialize(
-        policy=st.sampled_from(list(WritePolicy)), with_storage=st.sampled_from([True, False])
-    )
-    def build(self, policy: WritePolicy, with_storage: bool) -> None:
+    def build(
+        self, policy: WritePolicy, with_storage: bool, cap: float, expire_every: int | None
+    ) -> None:
         cfg = CacheConfig(
             page_size=PAGE,
             device_cache_tokens=DEVICE_PAGES * PAGE,
@@ -72,11 +82,14 @@ class CacheMachine(RuleBasedStateMachine):
             write_policy=policy,
             write_through_threshold=2,
             disk_cache_dir=None,
+            max_quarantine_fraction=cap,
         )
         self.pool = HostPool.create(LAYOUT, HOST_SLOTS) if with_storage else None
-        storage = MemoryStorage(self.pool) if self.pool is not None else None
+        self.storage = MemoryStorage(self.pool) if self.pool is not None else None
+        if self.storage is not None:
+            self.storage.expire_every = expire_every
         self.cache = HiRadixCache(
-            cfg, LAYOUT, NS, torch.device("cpu"), storage, host_pool=self.pool
+            cfg, LAYOUT, NS, torch.device("cpu"), self.storage, host_pool=self.pool, strict=True
         )
 
     def teardown(self) -> None:
@@ -210,6 +223,64 @@ class CacheMachine(RuleBasedStateMachine):
         if ticket is not None:
             self.loading.append((ticket, tuple(ids)))
 
+    @rule(hold=st.booleans())
+    def hold_storage(self, hold: bool) -> None:
+        """Storage tickets wait (a slow or frozen service) or complete at the next poll."""
+        if self.storage is not None:
+            self.storage.hold = hold
+
+    @rule()
+    def expire_storage(self) -> None:
+        """Every storage ticket queued now times out for the cache; its work runs later."""
+        if self.storage is not None:
+            self.storage.expire()
+
+    @rule()
+    def settle_storage(self) -> None:
+        """The late storage work touches its slots now; `Settled` follows at the next poll."""
+        if self.storage is not None:
+            self.storage.settle()
+
+    @rule(recent=st.integers(0, 15))
+    def late_load(self, recent: int) -> None:
+        """A prompt only in storage is loaded and the read times out: it lands at a settle."""
+        if self.storage is None or not self.history:
+            return
+        self.storage.hold = False
+        self.c.evict(DEVICE_PAGES)  # write-back copies to L2 now (and stores what it admits)
+        for _ in range(2):  # the second poll completes stores started by the first
+            self.c.transfer.flush()
+            self._collect(self.c.poll())
+        self.c.clear()
+        ids = self.pick([], recent)
+        self.storage.hold = True
+        ticket = self.c.load(self.c.match(tokens_for(ids)))
+        if ticket is not None:
+            self.loading.append((ticket, tuple(ids)))
+        self.storage.expire()
+        self.storage.hold = False
+
+    @rule()
+    def late_stores(self) -> None:
+        """The stores the next poll starts time out; they read their slots later, at a settle."""
+        if self.storage is None:
+            return
+        self.storage.hold = True
+        self.c.transfer.flush()
+        self._collect(self.c.poll())
+        self.storage.expire()
+        self.storage.hold = False
+
+    @rule(i=st.integers(0, 15))
+    def give_up(self, i: int) -> None:
+        if not self.loading:
+            return
+        ticket, ids = self.loading.pop(i % len(self.loading))
+        fallback = self.c.give_up(ticket)
+        assert len(fallback.device_pages) <= self.known_pages(ids)
+        self.check_bytes(ids, fallback.device_pages)
+        self.held.append((fallback.handle, ids, len(fallback.device_pages)))
+
     @rule()
     def poll(self) -> None:
         # Copies finish on a worker thread; waiting for them first makes what this
@@ -219,13 +290,24 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule()
     def drain(self) -> None:
+        every = None
+        if self.storage is not None:
+            every, self.storage.expire_every = self.storage.expire_every, None
+            self.storage.hold = False
+            self._collect(self.c.poll())  # tickets that expired time out now...
+            self.storage.settle()  # ...and their late work ends: nothing stays quarantined
         self._collect(self.c.drain())
         assert not self.loading
+        assert self.c.abandoned_loads == 0
+        assert self.c.stats().quarantined_slots == 0
         self._check_exact_locks()
+        if self.storage is not None:
+            self.storage.expire_every = every
 
     def _collect(self, finished: list[LoadTicket]) -> None:
         for ticket in finished:
-            ids = next(k for t, k in self.loading if t is ticket)
+            ids = next((k for t, k in self.loading if t is ticket), None)
+            assert ids is not None, "poll reported a load nobody waits for (given up?)"
             self.loading = [(t, k) for t, k in self.loading if t is not ticket]
             assert ticket.done and ticket.handle is not None
             assert len(ticket.device_pages) <= self.known_pages(ids)
@@ -274,6 +356,36 @@ class CacheMachine(RuleBasedStateMachine):
             assert seen["device"] + seen["host"] >= pages * PAGE, "a locked prefix was evicted"
             assert self.c.tree.is_attached(handle.node)
 
+    @invariant()
+    def every_copy_holds_its_page(self) -> None:
+        """Each valid L1 page and L2 slot of the tree, and each stored page, has its bytes."""
+        if self.cache is None:
+            return
+        valid = (SlotState.READY, SlotState.STORING, SlotState.STORED, SlotState.STORE_QUARANTINED)
+        host = self.c.host_pool.tensor if self.c.host_pool is not None else None
+        for node in self.c.tree.iter_nodes():
+            ids = tuple(t // 100 for n in self.c.tree.path(node) for t in n.tokens[::PAGE])
+            start = node.start_page
+            for j, p in enumerate(node.device or ()):
+                want = signature(ids[: start + j + 1])
+                assert self.c.device_pool.tensor[p].eq(want).all(), f"L1 page {p} of {node}"
+            for j, slot in enumerate(node.host or ()):
+                if host is not None and self.c.parts.host.state(slot) in valid:
+                    want = signature(ids[: start + j + 1])
+                    assert host[slot].eq(want).all(), f"L2 slot {slot} of {node} has wrong bytes"
+        if self.storage is not None:
+            for page_hash, raw in self.storage.pages.items():
+                ids = self._prefix_of_hash(page_hash)
+                got = np.frombuffer(raw, dtype=np.float32)
+                assert (got == signature(ids)).all(), f"storage holds wrong bytes for {ids}"
+
+    def _prefix_of_hash(self, page_hash: bytes) -> tuple[int, ...]:
+        for ids in self.model:
+            if ids not in self._hashes:
+                self._hashes[ids] = chain_hashes(NS.digest(), tokens_for(list(ids)), PAGE)[-1]
+        by_hash = {h: ids for ids, h in self._hashes.items()}
+        return by_hash[page_hash]
+
     def _check_exact_locks(self) -> None:
         """Idle: each node's lock count is exactly the held handles at or below it."""
         expected: dict[int, int] = {}
@@ -285,12 +397,38 @@ class CacheMachine(RuleBasedStateMachine):
             assert node.host_ref == 0, f"store hold left at {node}"
 
 
-def test_cache_state_machine_with_integrity_after_every_step() -> None:
+class AnyCacheMachine(CacheMachine):
+    """Every configuration: write policy, with or without storage, quarantine cap."""
+
+    @initialize(
+        policy=st.sampled_from(list(WritePolicy)),
+        with_storage=st.sampled_from([True, False]),
+        cap=st.sampled_from([0.25, 1.0]),  # 1.0: storage never pauses for quarantine
+        expire_every=st.sampled_from([None, 2, 3]),  # storage tickets that time out on their own
+    )
+    def start(
+        self, policy: WritePolicy, with_storage: bool, cap: float, expire_every: int | None
+    ) -> None:
+        self.build(policy, with_storage, cap, expire_every)
+
+
+class LateStorageMachine(CacheMachine):
+    """Always a storage tier, and one whose tickets often time out while their work goes on."""
+
+    @initialize(
+        policy=st.sampled_from([WritePolicy.WRITE_THROUGH, WritePolicy.WRITE_BACK]),
+        cap=st.sampled_from([1.0, 0.25]),
+        expire_every=st.sampled_from([2, 3]),
+    )
+    def start(self, policy: WritePolicy, cap: float, expire_every: int) -> None:
+        self.build(policy, True, cap, expire_every)
+
+
+def run_machine(machine: type[CacheMachine]) -> int:
     steps: list[int] = []
-    machine = type("Machine", (CacheMachine,), {"steps": steps})
     start = time.monotonic()
     run_state_machine_as_test(
-        machine,
+        type(machine.__name__, (machine,), {"steps": steps}),
         settings=settings(
             max_examples=100,
             stateful_step_count=50,
@@ -299,6 +437,16 @@ def test_cache_state_machine_with_integrity_after_every_step() -> None:
             derandomize=True,
         ),
     )
-    print(f"state machine: {len(steps)} steps")
-    assert len(steps) >= MIN_STEPS, f"only {len(steps)} steps ran"
+    print(f"{machine.__name__}: {len(steps)} steps")
     assert time.monotonic() - start < 120
+    return len(steps)
+
+
+def test_cache_state_machine_with_integrity_after_every_step() -> None:
+    steps = run_machine(AnyCacheMachine)
+    assert steps >= MIN_STEPS, f"only {steps} steps ran"
+
+
+def test_cache_state_machine_with_storage_work_that_runs_late() -> None:
+    steps = run_machine(LateStorageMachine)
+    assert steps >= MIN_STEPS, f"only {steps} steps ran"

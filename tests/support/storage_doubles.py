@@ -13,6 +13,7 @@ It also plays a cache service that runs late, as `storage.base` describes:
 * `settle()`: the late work runs now, as a frozen service that wakes up would
   do it (a late load writes its slots, a late store reads them), and each
   ticket's `Settled` follows at the next `poll()`;
+* `expire_every = k`: every k-th ticket times out like that on its own;
 * `cancel(ticket)`: a queued ticket completes at the next `poll()` as
   cancelled (unsettled) and settles at the one after (the service acknowledged
   a cancel of work it never started). With `cancellable = False` the service
@@ -48,6 +49,7 @@ class MemoryStorage:
         self.ops: list[_Op] = []
         self.hold = False  # when True, nothing completes
         self.cancellable = True
+        self.expire_every: int | None = None
         self.load_limit: int | None = None  # deliver at most this many pages per load
         self.next_ticket = 100
         self.stores = 0
@@ -74,7 +76,9 @@ class MemoryStorage:
 
     def _queue(self, kind: TicketKind, hashes: list[bytes], slots: list[int], pages: list) -> int:
         self.next_ticket += 1
-        self.ops.append(_Op(self.next_ticket, kind, hashes, slots, pages))
+        op = _Op(self.next_ticket, kind, hashes, slots, pages)
+        late = self.expire_every is not None and self.next_ticket % self.expire_every == 0
+        (self._expiring if late else self.ops).append(op)
         return self.next_ticket
 
     def cancel(self, ticket: int) -> None:
