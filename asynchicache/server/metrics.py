@@ -123,7 +123,15 @@ _RULES = (
           "Time spent moving pages between tiers, by direction."),
     _rule(r"cache\.counters\.(?P<kind>\w+?)_failures", "cache_failures", True,
           "Failed transfers, stores and loads (each logged; the cache keeps going)."),
+    _rule(r"cache\.counters\.illegal_transitions", "cache_illegal_transitions", True,
+          "Page or slot state changes the ledger refused (a bug; each is logged)."),
     _rule(r"cache\.counters\.(?P<what>\w+)", "cache_events", True, "Other cache counters."),
+    _rule(r"cache\.quarantined_slots", "cache_quarantined_slots", False,
+          "L2 slots a timed-out storage ticket may still touch (held until it settles)."),
+    _rule(r"cache\.unsettled_tickets", "cache_unsettled_tickets", False,
+          "Timed-out storage tickets whose slots wait for the service to settle them."),
+    _rule(r"cache\.(?P<pool>page|slot)_states\.(?P<state>\w+)", "cache_ledger_pages", False,
+          "L1 pages (pool=page) and L2 slots (pool=slot) by ledger state."),
     _rule(r"cache\.(?P<tier>\w+)\.(?P<state>free|cached|in_use)", "cache_pages", False,
           "Pages of each tier's pool by state (free + cached + in use == capacity)."),
     _rule(r"cache\.(?P<tier>\w+)\.total", "cache_capacity_pages", False,
@@ -137,6 +145,8 @@ _RULES = (
     _rule(r"queues\.(?P<queue>\w+)", "scheduler_queue_length", False,
           "Requests in each scheduler queue."),
     _rule(r"preemptions", "scheduler_preemptions", True, "Requests preempted for memory."),
+    _rule(r"loads_given_up", "scheduler_loads_given_up", True,
+          "Prefix loads the scheduler stopped waiting for (deadline or abort); recomputed."),
 )  # fmt: skip
 
 

@@ -15,7 +15,10 @@ from asynchicache.config import CacheConfig, WritePolicy
 
 @pytest.fixture
 def make_cache() -> Iterator[MakeCache]:
-    """Build caches (closed at teardown): make_cache(device_pages=8, host_slots=8, ...)."""
+    """Build caches (closed at teardown): make_cache(device_pages=8, host_slots=8, ...).
+
+    Their ledgers are strict (an illegal transition raises) unless `strict=False`.
+    """
     made: list[tuple[HiRadixCache, HostPool | None]] = []
 
     def build(
@@ -23,6 +26,7 @@ def make_cache() -> Iterator[MakeCache]:
         host_slots: int = 8,
         policy: WritePolicy = WritePolicy.WRITE_THROUGH,
         with_storage: bool = False,
+        strict: bool = True,
         **config: object,
     ) -> HiRadixCache:
         cfg = CacheConfig(
@@ -36,7 +40,9 @@ def make_cache() -> Iterator[MakeCache]:
         )
         pool = HostPool.create(LAYOUT, host_slots) if with_storage else None
         storage = MemoryStorage(pool) if pool is not None else None
-        cache = HiRadixCache(cfg, LAYOUT, NS, torch.device("cpu"), storage, host_pool=pool)
+        cache = HiRadixCache(
+            cfg, LAYOUT, NS, torch.device("cpu"), storage, host_pool=pool, strict=strict
+        )
         made.append((cache, pool))
         return cache
 
