@@ -62,7 +62,7 @@ from asynchicache.cache.results import Fallback, InsertResult, MatchHandle, Matc
 from asynchicache.cache.stats import CacheStats, Counters, Occupancy
 from asynchicache.cache.transfer import TransferDone, TransferEngine
 from asynchicache.cache.writes import Writer
-from asynchicache.config import CacheConfig, WritePolicy
+from asynchicache.config import CacheConfig
 from asynchicache.storage.base import Completion, Settled, StorageTier, TicketKind
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ class HiRadixCache:
         hashes = self._storage_hits(node, tokens, limit)
         if path:
             self.tree.touch(node)
-            self._on_hit(path, len(tokens))
+            self.writer.on_hit(path, len(tokens))
         c = self.counters
         c.match_tokens += len(tokens)
         c.device_hit_tokens += len(device) * ps
@@ -205,36 +205,6 @@ class HiRadixCache:
             log.exception("storage.exists failed; treating as a miss")
             return ()
         return tuple(hashes[: max(0, min(found, len(hashes)))])
-
-    def _on_hit(self, path: list[RadixNode], prompt_tokens: int) -> None:
-        """Hit counts drive selective write-through and storage admission."""
-        for node in path:
-            node.hit_count += 1
-        if self.host_pool is None:
-            return
-        cfg = self.config
-        hot: list[RadixNode] = []
-        due: list[RadixNode] = []
-        if cfg.write_policy == WritePolicy.WRITE_THROUGH_SELECTIVE:
-            threshold = cfg.write_through_threshold
-            hot = [
-                n
-                for n in path
-                if n.device is not None and n.host is None and n.hit_count >= threshold
-            ]
-        if self.storage is not None and cfg.disk_admit_hits > 0:
-            due = [n for n in path if n.host is not None and n.hit_count >= cfg.disk_admit_hits]
-        if not hot and not due:
-            return
-        deepest = path[-1]
-        self.tree.lock(deepest)  # the writes below may evict L2: keep this match's nodes
-        try:
-            if hot:
-                self.writer.write_nodes(hot, prompt_tokens)
-            if due:
-                self.writer.store_nodes(due)
-        finally:
-            self.tree.unlock(deepest)
 
     def lock(self, handle: MatchHandle) -> None:
         """Protect the handle's path from eviction (counted; pair with `unlock`)."""

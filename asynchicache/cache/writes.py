@@ -34,6 +34,37 @@ class Writer:
 
     # -- L1 -> L2 -----------------------------------------------------------------------------
 
+    def on_hit(self, path: list[RadixNode], prompt_tokens: int) -> None:
+        """Hit counts drive selective write-through and storage admission."""
+        for node in path:
+            node.hit_count += 1
+        p = self.parts
+        if p.host_pool is None:
+            return
+        cfg = p.config
+        hot: list[RadixNode] = []
+        due: list[RadixNode] = []
+        if cfg.write_policy == WritePolicy.WRITE_THROUGH_SELECTIVE:
+            threshold = cfg.write_through_threshold
+            hot = [
+                n
+                for n in path
+                if n.device is not None and n.host is None and n.hit_count >= threshold
+            ]
+        if p.storage is not None and cfg.disk_admit_hits > 0:
+            due = [n for n in path if n.host is not None and n.hit_count >= cfg.disk_admit_hits]
+        if not hot and not due:
+            return
+        deepest = path[-1]
+        p.tree.lock(deepest)  # the writes below may evict L2: keep this match's nodes
+        try:
+            if hot:
+                self.write_nodes(hot, prompt_tokens)
+            if due:
+                self.store_nodes(due)
+        finally:
+            p.tree.unlock(deepest)
+
     def write_through(self, node: RadixNode, prompt_tokens: int) -> None:
         """Start the L1 -> L2 copies the write policy asks for at insert time."""
         cfg = self.parts.config
