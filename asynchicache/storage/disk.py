@@ -508,6 +508,7 @@ class DiskBackend:
                 self.layout,
                 self.page_bytes,
                 payload_checksum(src),
+                page.parent,
             )
         )
         direct = batch.direct and self._direct and len(header) == DIRECT_ALIGN
