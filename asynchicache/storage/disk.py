@@ -41,6 +41,7 @@ import numpy as np
 import xxhash
 
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
+from asynchicache.storage.disk_folder import FolderBudget, NamespaceLease
 from asynchicache.storage.fileio import (
     DIRECT_ALIGN,
     Scratch,
@@ -171,6 +172,9 @@ class DiskBackend:
         self._folder = config.folder
         make_private_dir(config.root)
         make_private_dir(self._folder)
+        # The capacity is the whole folder's (every namespace); see storage.disk_folder.
+        self._lease = NamespaceLease(self._folder)
+        self._budget = FolderBudget(config.root, self._folder, config.capacity_bytes)
         self._index = PageIndex()
         self._stats = BackendStats(capacity_bytes=config.capacity_bytes)
         self._stats_lock = threading.Lock()
@@ -229,7 +233,7 @@ class DiskBackend:
         batch = self._batch(pool, deadline)
         todo = self._new_pages(pages)
         sizes = [self._file_size(len(p.tokens)) for p in todo]
-        grant = self._index.reserve(sum(sizes), self.config.capacity_bytes)
+        grant = self._index.reserve(sum(sizes), self._capacity(sum(sizes)))
         self._drop_victims(grant.victims)
         errors = self._write_all(todo, sizes, grant.nbytes, batch, age)
         lost = {h for h, _ in grant.victims} | {h for h, err in errors.items() if err is not None}
@@ -241,6 +245,12 @@ class DiskBackend:
         self._restamp([h for h in stored if h not in new], batch.stamp_ns)
         self._count_writes(len(todo), [e for e in errors.values() if e is not None])
         return sum(p.page_hash not in lost for p in pages)
+
+    def _capacity(self, needed: int) -> int:
+        """This namespace's share of the folder's capacity, once `needed` more bytes come."""
+        self._lease.try_acquire()
+        own = self._index.bytes_used + self._index.bytes_reserved
+        return self._budget.own_capacity(own, needed)
 
     def _restamp(self, chain: Sequence[bytes], stamp_ns: int) -> None:
         """Persist the LRU position of pages just read, first page newest.
@@ -339,12 +349,15 @@ class DiskBackend:
         snap.bytes_used = self._index.bytes_used
         snap.extra["index_ready"] = float(self.ready)
         snap.extra["io_threads"] = float(self.config.io_threads)
+        snap.extra["other_namespaces_bytes"] = float(self._budget.other_bytes)
+        snap.extra["stale_namespace_evictions"] = float(self._budget.stale_evicted_pages)
         return snap
 
     def close(self) -> None:
         self._closing.set()
         self._scanner.join(timeout=5.0)
         self._io.shutdown(wait=True)
+        self._lease.release()
 
     # -- extras ---------------------------------------------------------
 
@@ -552,7 +565,8 @@ class DiskBackend:
                     return
                 self._index.add_scanned(self._scan_subdir(sub))
             self._index.end_scan()
-            self._drop_victims(self._index.reserve(0, self.config.capacity_bytes).victims)
+            self._budget.refresh()
+            self._drop_victims(self._index.reserve(0, self._capacity(0)).victims)
             log.info(
                 "disk index ready: %d pages, %.1f MB in %s",
                 len(self._index),

@@ -19,6 +19,7 @@ from asynchicache.storage.disk import (
     namespace_dir_name,
     parse_page_file_name,
 )
+from asynchicache.storage.disk_folder import LEASE_NAME, exclusive, in_use
 from asynchicache.storage.header import (
     HeaderError,
     decode_header,
@@ -33,6 +34,7 @@ class NamespaceReport:
     namespace: str = ""  # readable form of the namespace bytes, from a header
     pages: int = 0
     bytes: int = 0
+    in_use: bool = False  # a live server leases it (its pages are not evicted for others)
 
 
 @dataclass
@@ -58,7 +60,7 @@ def folder_stats(root: Path) -> FolderReport:
     """Pages and bytes per namespace (file sizes only: fast)."""
     report = FolderReport(str(root))
     for ns_dir in _namespace_dirs(root):
-        ns = NamespaceReport(ns_dir.name)
+        ns = NamespaceReport(ns_dir.name, in_use=in_use(ns_dir))
         for path in _files(ns_dir):
             if path.name.startswith(TMP_PREFIX):
                 report.temp_files += 1
@@ -75,7 +77,7 @@ def verify_folder(root: Path, remove: bool = True) -> FolderReport:
     """Re-read every page file, check header and checksum; report (and remove) bad ones."""
     report = FolderReport(str(root))
     for ns_dir in _namespace_dirs(root):
-        ns = NamespaceReport(ns_dir.name)
+        ns = NamespaceReport(ns_dir.name, in_use=in_use(ns_dir))
         for path in _files(ns_dir):
             if path.name.startswith(TMP_PREFIX):
                 report.temp_files += 1
@@ -109,6 +111,9 @@ def clear_folder(root: Path) -> int:
         for sub in ns_dir.iterdir():
             if sub.is_dir():
                 _rmdir_if_empty(sub)
+        with exclusive(ns_dir, create=False) as unused:
+            if unused:  # a live server's lease stays (and with it the folder)
+                (ns_dir / LEASE_NAME).unlink(missing_ok=True)
         _rmdir_if_empty(ns_dir)
     return removed
 
@@ -196,7 +201,8 @@ def _report_text(report: FolderReport, action: str) -> str:
     lines = [f"{report.root}: {report.pages} pages, {report.bytes / 1e9:.3f} GB"]
     for ns in report.namespaces:
         lines.append(
-            f"  {ns.folder}  {ns.pages:8d} pages  {ns.bytes / 1e9:8.3f} GB  {ns.namespace}"
+            f"  {ns.folder}  {ns.pages:8d} pages  {ns.bytes / 1e9:8.3f} GB  "
+            f"{'in use' if ns.in_use else 'unused'}  {ns.namespace}"
         )
     if report.temp_files:
         lines.append(f"  {report.temp_files} temporary files (writes in progress or interrupted)")
