@@ -205,10 +205,7 @@ class RedisBackend:
             deadline,
         )
         tokens = [unique[i].tokens for i in todo]
-        parents = [unique[i].parent for i in todo]
-        writes = self._fan_out(
-            topo, call, lambda c, n, idx: self._write_batch(c, n, idx, tokens, parents)
-        )
+        writes = self._fan_out(topo, call, lambda c, n, idx: self._write_batch(c, n, idx, tokens))
         stored = {unique[i].page_hash for i, here in enumerate(present) if here}
         stored |= {unique[todo[w.index]].page_hash for w in writes if w.status is _Status.OK}
         written = sum(w.status is _Status.OK for w in writes)
@@ -353,12 +350,7 @@ class RedisBackend:
     # -- writes -------------------------------------------------------------
 
     def _write_batch(
-        self,
-        call: _Call,
-        node: NodeAddress,
-        idx: list[int],
-        tokens: list[tuple[int, ...]],
-        parents: list[bytes],
+        self, call: _Call, node: NodeAddress, idx: list[int], tokens: list[tuple[int, ...]]
     ) -> list[_PageRead]:
         """SET pages `idx` pipelined on one connection, each sent straight from its slot."""
         if call.late():
@@ -366,9 +358,7 @@ class RedisBackend:
         buffers: list[bytes | memoryview] = []
         for i in idx:
             payload = memoryview(call.pool[call.slots[i]])
-            buffers += self._format.set_command(
-                call.keys[i], call.hashes[i], tokens[i], payload, parents[i]
-            )
+            buffers += self._format.set_command(call.keys[i], call.hashes[i], tokens[i], payload)
 
         def work(conn: RespConnection, done: list[_PageRead]) -> None:
             conn.send(buffers)  # SET is idempotent: a retry on a new connection is safe

@@ -162,13 +162,7 @@ class TieredBackend:
         got = len(tokens)
         if got:
             self._count("pages_from_remote", got)
-            # A chain's pages are chained from one another: the parent of each but the
-            # load's first page is known here (an unknown one leaves the page unauditable).
-            parents = [hashes[on_disk - 1] if on_disk else b"", *rest_h[:-1]]
-            pages = [
-                PageRef(h, t, s, p)
-                for h, t, s, p in zip(rest_h, tokens, rest_s, parents, strict=False)
-            ]
+            pages = [PageRef(h, t, s) for h, t, s in zip(rest_h, tokens, rest_s, strict=False)]
             self._promote(pages, pool, len(hashes))
         return TieredRead(on_disk + got, got)
 

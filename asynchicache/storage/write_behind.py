@@ -59,7 +59,7 @@ def stage(pages: Sequence[PageRef], pool: np.ndarray) -> StagedPages:
     private = private.reshape(len(pages), page_bytes)
     # mode="clip": slots were range-checked; the default "raise" buffers the whole copy once more.
     np.take(pool, [p.slot for p in pages], axis=0, out=private, mode="clip")
-    refs = [PageRef(p.page_hash, p.tokens, i, p.parent) for i, p in enumerate(pages)]
+    refs = [PageRef(p.page_hash, p.tokens, i) for i, p in enumerate(pages)]
     return StagedPages(refs, private, buffer)
 
 
