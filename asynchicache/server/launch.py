@@ -27,7 +27,7 @@ from pathlib import Path
 
 from setproctitle import setproctitle
 
-from asynchicache.config import CacheConfig
+from asynchicache.config import GIB, CacheConfig, LaunchConfig, ServiceTuning
 from asynchicache.engine.process import EngineProcessConfig, run_engine
 from asynchicache.server.context import AppContext, ModelInfo
 from asynchicache.server.engine_client import (
@@ -38,8 +38,8 @@ from asynchicache.server.engine_client import (
 )
 from asynchicache.server.frontend import Frontend, load_frontend
 from asynchicache.server.http import StopSignal, bind_socket, serve_http
-from asynchicache.server.options import LaunchConfig
 from asynchicache.server.supervisor import ChildSpec, Supervisor
+from asynchicache.storage.disk import SyncMode
 from asynchicache.storage.service import ServiceConfig, run_service
 from asynchicache.storage.shm import remove_stale_segments
 from asynchicache.storage.tiered import RemoteTierConfig
@@ -56,12 +56,18 @@ def make_run_dir() -> Path:
 
 
 def sized_cache(config: LaunchConfig, frontend: Frontend) -> CacheConfig:
-    """The cache config with the host tier sized from a token count, when one was given."""
+    """The cache config with the host tier sized from a token count, when one was given.
+
+    The count is rounded up to whole pages; GiB are powers of two, so the pool
+    turns the size back into exactly that many pages.
+    """
     if config.host_cache_tokens is None:
         return config.cache
-    per_token = frontend.kv_bytes_per_token(config.engine.dtype)
-    gb = config.host_cache_tokens * per_token / 1e9
-    return replace(config.cache, host_cache_gb=gb, enable_host_cache=True)
+    ps = config.cache.page_size
+    pages = -(-config.host_cache_tokens // ps)
+    page_bytes = ps * frontend.kv_bytes_per_token(config.engine.dtype)
+    gib = pages * page_bytes / GIB
+    return replace(config.cache, host_cache_gb=gib, enable_host_cache=True)
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,9 @@ def run_cache_service(launch: ServiceLaunch) -> None:
     run_service(launch.config, stop)
 
 
-def _service_spec(cache: CacheConfig, run_dir: Path, log_level: str) -> ChildSpec | None:
+def _service_spec(
+    cache: CacheConfig, tuning: ServiceTuning, run_dir: Path, log_level: str
+) -> ChildSpec | None:
     """The cache service child (restarted if it crashes), when the disk tier is on."""
     if not cache.disk_enabled or cache.disk_cache_dir is None:
         return None
@@ -103,7 +111,11 @@ def _service_spec(cache: CacheConfig, run_dir: Path, log_level: str) -> ChildSpe
     config = ServiceConfig(
         disk_cache_dir=cache.disk_cache_dir,
         address=f"ipc://{run_dir / 'cache-service'}",
-        capacity_bytes=int(cache.disk_cache_gb * 1e9),
+        capacity_bytes=cache.disk_cache_bytes,
+        io_threads=tuning.io_threads,
+        workers=tuning.workers,
+        sync=SyncMode(tuning.disk_sync),
+        client_ttl_s=tuning.client_ttl_s,
         remote=remote,
     )
     return ChildSpec("cache-service", run_cache_service, ServiceLaunch(config, log_level), True)
@@ -181,7 +193,7 @@ async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: 
         log.error("cannot load the model's tokenizer and config: %s", exc)
         return 2
     cache = sized_cache(config, frontend)
-    service = _service_spec(cache, run_dir, config.server.log_level)
+    service = _service_spec(cache, config.service, run_dir, config.server.log_level)
     if service is not None:
         sup.start(service)
     sup.start(_engine_spec(config, cache, run_dir, None if service is None else service.arg.addr))
@@ -201,6 +213,7 @@ async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: 
                     created=int(time.time()),
                 ),
                 api_key=config.server.api_key,
+                admin_api_key=config.server.admin_api_key,
             )
             # Printed, not logged: it is for the person who ran the command, at any log level.
             print(
