@@ -32,6 +32,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,7 +135,7 @@ class _Other:
     folder: Path
     live: bool
     bytes: int = 0
-    pages: list[_PageFile] = field(default_factory=list)  # stale ones only, oldest first
+    pages: deque[_PageFile] = field(default_factory=deque)  # stale ones only, oldest first
 
 
 class FolderBudget:
@@ -185,7 +186,7 @@ class FolderBudget:
             pages = _page_files(folder)
             other = _Other(folder, live, sum(p.size for p in pages))
             if not live:
-                other.pages = sorted(pages, key=lambda p: p.mtime_ns)
+                other.pages = deque(sorted(pages, key=lambda p: p.mtime_ns))
             others.append(other)
         self._others = others
         self._scanned_at = time.monotonic()
@@ -208,7 +209,7 @@ class FolderBudget:
     def _delete_oldest(self, other: _Other, target: int) -> int:
         freed = 0
         while other.pages and freed < target:
-            page = other.pages.pop(0)
+            page = other.pages.popleft()
             with contextlib.suppress(FileNotFoundError):
                 page.path.unlink()
                 self.stale_evicted_pages += 1
