@@ -23,6 +23,7 @@ from asynchicache.storage.disk_folder import LEASE_NAME, exclusive, in_use
 from asynchicache.storage.header import (
     HEADER_ALIGN,
     HeaderError,
+    HeaderVersionError,
     PageHeader,
     decode_header,
     payload_checksum,
@@ -153,8 +154,12 @@ def read_page_file(
     return header, payload
 
 
+OLD_FORMAT = "page format of another version"
+
+
 def read_page_header(path: Path) -> PageHeader | str:
-    """A page file's header alone (one block read), or the problem with it."""
+    """A page file's header alone (one block read), or the problem with it (a problem
+    starting with OLD_FORMAT: a file written by another version of the code)."""
     try:
         with path.open("rb") as f:
             head = f.read(HEADER_ALIGN)
@@ -162,6 +167,8 @@ def read_page_header(path: Path) -> PageHeader | str:
             if header_len > len(head):
                 head += f.read(header_len - len(head))
         return decode_header(head)
+    except HeaderVersionError as exc:
+        return f"{OLD_FORMAT}: {exc}"
     except (OSError, HeaderError) as exc:
         return f"bad header: {exc}"
 

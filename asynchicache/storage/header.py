@@ -46,6 +46,10 @@ class HeaderError(ValueError):
     """The bytes are not a valid page header (garbage, truncated, other version)."""
 
 
+class HeaderVersionError(HeaderError):
+    """A page header of another format version (written by older or newer code)."""
+
+
 @dataclass(frozen=True)
 class PageHeader:
     """Everything needed to trust a stored page without knowing where it came from."""
@@ -160,6 +164,6 @@ def _check_prologue(magic: bytes, version: int, header_len: int) -> None:
     if magic != MAGIC:
         raise HeaderError("bad magic (not a page file)")
     if version != FORMAT_VERSION:
-        raise HeaderError(f"unsupported format version {version}")
+        raise HeaderVersionError(f"unsupported format version {version}")
     if header_len % HEADER_ALIGN or not 0 < header_len <= _MAX_HEADER:
         raise HeaderError(f"bad header length {header_len}")
