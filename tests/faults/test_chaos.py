@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +194,13 @@ class Outcome:
     idle_stats: dict | None = None
     after: LoadResult | None = None
     audit: dict | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # seconds each phase took
+    _t: float = field(default_factory=time.monotonic)
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self.phases[phase] = round(now - self._t, 1)
+        self._t = now
 
     @property
     def results(self) -> list[LoadResult]:
@@ -201,6 +208,13 @@ class Outcome:
 
     def counter(self, key: str) -> float | None:
         return None if self.idle_stats is None else total(self.idle_stats, key)
+
+    def _in_use(self) -> dict[str, object] | None:
+        if self.idle_stats is None:
+            return None
+        cache = self.idle_stats["cache"]
+        return {"device": cache["device"]["in_use"], "host": (cache.get("host") or {}).get(
+            "in_use"), "quarantined": total(self.idle_stats, QUARANTINED_NOW)}
 
     def record(self, seconds: float) -> None:
         audit = self.audit or {}
@@ -218,6 +232,8 @@ class Outcome:
                     "tickets_late": self.counter(TICKETS_LATE),
                     "slots_quarantined": self.counter(SLOTS_QUARANTINED),
                     "idle": self.idle,
+                    "in_use_at_end": self._in_use(),
+                    "phase_seconds": self.phases,
                     "cached_by_tier": self.load.tiers if self.load else None,
                     "after_restart": self.after.tiers if self.after else None,
                     "deep_verify": {k: audit.get(k) for k in (
@@ -236,8 +252,10 @@ def run_chaos(tmp_path: Path, disk: Path, tok: Tokenizer, out: Outcome) -> None:
     server = LiveServer(disk, tmp_path / "server.log", *_flags(redis.url))
     try:
         server.start()
+        out.lap("start")
         prompts = make_prompts(tok, "chaos", knob("chaos_prompts"), lines=PROMPT_LINES)
         expected = references(server.url, prompts, clients)
+        out.lap("references")
         with Load(server.url, prompts, expected, clients) as load:
             service = lambda: server.pids().get("cache-service")  # noqa: E731
             out.pauses.append(pause_repeatedly("cache-service", service, n_pauses, pause_s, rng))
@@ -248,16 +266,20 @@ def run_chaos(tmp_path: Path, disk: Path, tok: Tokenizer, out: Outcome) -> None:
             )
             time.sleep(2.0)  # requests that started during the last pause finish normally
         out.load = load.result
+        out.lap("pauses")
         out.idle, out.idle_stats = wait_idle(server)
+        out.lap("idle")
         server.shutdown()
         if knob("chaos_restart"):  # every hit now comes from disk or Redis
             server = LiveServer(disk, tmp_path / "server2.log", *_flags(redis.url)).start()
             out.after = ask_all(server.url, prompts, expected, clients)
             server.shutdown()
+            out.lap("restart")
     finally:
         server.shutdown()
         redis.stop()
     out.audit = deep_verify(disk, knob("chaos_sample"))
+    out.lap("deep_verify")
 
 
 def test_storage_frozen_under_load_never_serves_wrong_kv(
