@@ -50,10 +50,11 @@ class NamespaceLease:
     def __init__(self, folder: Path, wait_s: float = 5.0) -> None:
         self.folder = folder
         self._fd: int | None = None
+        self._unsupported = False  # the filesystem has no flock: lease nothing, evict nothing
         deadline = time.monotonic() + wait_s
         while not self.try_acquire() and time.monotonic() < deadline:
             time.sleep(0.05)  # an evictor holds it exclusively for a moment
-        if not self.held:
+        if not self.held and not self._unsupported:
             log.warning("lease on %s not taken yet (held by an evictor); retrying on use", folder)
 
     @property
@@ -62,15 +63,18 @@ class NamespaceLease:
 
     def try_acquire(self) -> bool:
         """Take the shared lock if not held yet (never blocks); whether it is held now."""
-        if self._fd is not None:
-            return True
+        if self._fd is not None or self._unsupported:
+            return self._fd is not None
         fd = os.open(self.folder / LEASE_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
+                # No flock here (some network or FUSE filesystems): this namespace looks
+                # unused to others, who may evict its pages (a counted miss, never wrong).
+                log.warning("no flock on %s (%s): namespace lease off", self.folder, exc)
+                self._unsupported = True
             return False
         self._fd = fd
         return True
