@@ -235,12 +235,13 @@ class DiskBackend:
         lost = {h for h, _ in grant.victims} | {h for h, err in errors.items() if err is not None}
         new = {p.page_hash: size for p, size in zip(todo, sizes, strict=True)}
         size_of = {p.page_hash: self._file_size(len(p.tokens)) for p in pages}
-        stored = [h for h in age if h not in lost]
-        self._index.commit(grant.nbytes, [(h, size_of[h]) for h in stored])
-        self._index.record_stamps((h, batch.stamp_ns - age[h]) for h in stored if h in new)
-        self._restamp([h for h in stored if h not in new], batch.stamp_ns)
+        kept = [h for h in age if h not in lost]
+        # Pages skipped as already indexed count only if no concurrent put evicted them.
+        indexed = self._index.commit(grant.nbytes, [(h, size_of[h]) for h in kept], new)
+        self._index.record_stamps((h, batch.stamp_ns - age[h]) for h in kept if h in new)
+        self._restamp([h for h in kept if h not in new and h in indexed], batch.stamp_ns)
         self._count_writes(len(todo), [e for e in errors.values() if e is not None])
-        return sum(p.page_hash not in lost for p in pages)
+        return sum(p.page_hash in indexed for p in pages)
 
     def _restamp(self, chain: Sequence[bytes], stamp_ns: int) -> None:
         """Persist the LRU position of pages just read, first page newest.
