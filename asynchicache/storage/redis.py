@@ -363,7 +363,9 @@ class RedisBackend:
         dst = memoryview(call.pool[call.slots[i]])
         limit = time.monotonic() + self.config.page_timeout_s
         left = call.deadline.left_s() if call.deadline is not None else None
-        conn.set_time_limit(limit if left is None else min(limit, time.monotonic() + left))
+        # A hair past the deadline, so that a limit reached there always reads as "late".
+        until = limit if left is None else min(limit, time.monotonic() + left + 0.001)
+        conn.set_time_limit(until)
         try:
             tokens = self._format.read_page(conn, call.hashes[i], dst)
         except RespError as exc:
