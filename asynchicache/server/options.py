@@ -10,6 +10,7 @@ Flags follow the config fields' names. The seed's flags are accepted as aliases:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from asynchicache.config import (
 )
 
 API_KEY_ENV = "ASYNCHICACHE_API_KEY"
+DEFAULT_STORAGE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,9 @@ class LaunchConfig:
     # The seed's --hiradix_cache_token_num: the host tier's size in tokens,
     # turned into bytes once the model's KV size per token is known.
     host_cache_tokens: int | None = None
+    # --storage-timeout: how long the engine waits for one cache-service ticket (an
+    # L3/L4 load or store) before it gives up on it; 3x that, silent, restarts the service.
+    storage_timeout_s: float = DEFAULT_STORAGE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.cache.remote_url is not None and not self.cache.disk_enabled:
@@ -46,6 +51,11 @@ class LaunchConfig:
         if self.host_cache_tokens is not None and self.host_cache_tokens <= 0:
             raise ValueError(
                 f"--hiradix_cache_token_num must be positive, got {self.host_cache_tokens}"
+            )
+        if not (math.isfinite(self.storage_timeout_s) and self.storage_timeout_s > 0):
+            raise ValueError(
+                f"--storage-timeout must be a positive number of seconds, "
+                f"got {self.storage_timeout_s}"
             )
 
 
@@ -194,6 +204,15 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         help="...or when its prompt has at least this many tokens (default %(default)s)",
     )
     g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching entirely")
+    g.add_argument(
+        "--storage-timeout",
+        type=float,
+        default=DEFAULT_STORAGE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long the engine waits for one L3/L4 load or store of the cache service "
+        "before it recomputes instead; a service silent for 3x this long is restarted "
+        "(default %(default)s)",
+    )
 
 
 def _add_seed_aliases(p: argparse.ArgumentParser) -> None:
@@ -290,7 +309,11 @@ def to_config(args: argparse.Namespace) -> LaunchConfig:
         seed=args.seed,
     )
     return LaunchConfig(
-        server, engine, _cache(args), host_cache_tokens=args.hiradix_cache_token_num
+        server,
+        engine,
+        _cache(args),
+        host_cache_tokens=args.hiradix_cache_token_num,
+        storage_timeout_s=args.storage_timeout,
     )
 
 
