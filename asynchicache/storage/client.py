@@ -47,12 +47,12 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled, TicketKind
+from asynchicache.storage.client_config import ClientConfig
 from asynchicache.storage.liveness import ProcessIdentity
 from asynchicache.storage.messages import (
     Cancel,
@@ -86,28 +86,6 @@ _DOWN = zmq.EVENT_DISCONNECTED
 # up: a service that is slow but working answers (settled) before the ticket times out.
 _SERVICE_MARGIN = 0.1
 _EXIT_CHECK_S = 0.05  # how often orphaned tickets look whether their service exited
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    """How an engine reaches the cache service and what it registers there."""
-
-    address: str
-    namespace: bytes = b""  # Namespace.encode() of the model's pages
-    segment: str = ""  # name of the L2 pool's shared-memory segment
-    layout: PageLayout | None = None  # one page of that pool
-    ticket_timeout_s: float = 10.0
-    exists_timeout_s: float = 0.05
-    heartbeat_s: float = 1.0
-    reconnect_ms: int = 100
-
-    def __post_init__(self) -> None:
-        if self.ticket_timeout_s <= 0 or self.exists_timeout_s <= 0:
-            raise ValueError("storage client timeouts must be positive")
-
-    @property
-    def has_pool(self) -> bool:
-        return bool(self.namespace and self.segment and self.layout is not None)
 
 
 class StorageClient:
@@ -201,18 +179,7 @@ class StorageClient:
                 self._send(Cancel(next(self._ids), ticket))
 
     def poll(self) -> list[Completion | Settled]:
-        if self._closed:
-            done, self._book.events = self._book.events, []
-            return done
-        now = time.monotonic()
-        self._pump_monitor()
-        self._pump_replies()
-        self._expire(now)
-        if self._book.has_orphans and now - self._last_exit_check > _EXIT_CHECK_S:
-            self._last_exit_check = now
-            self._book.settle_exited()
-        if self._up and now - self._last_register > self.config.heartbeat_s:
-            self._register()
+        self._pump()
         done, self._book.events = self._book.events, []
         return done
 
@@ -270,9 +237,8 @@ class StorageClient:
         return False
 
     def wait(self, tickets: Iterable[int], timeout_s: float) -> list[Completion]:
-        """Poll until all `tickets` completed or `timeout_s` passed (tests, tools, shutdown).
-
-        Other events stay queued for the caller's next `poll()`."""
+        """Poll until all `tickets` completed or `timeout_s` passed (tests, tools, shutdown);
+        other events stay queued for the caller's next `poll()`."""
         return self._wait(Completion, tickets, timeout_s)
 
     def wait_settled(self, tickets: Iterable[int], timeout_s: float) -> list[Settled]:
@@ -282,21 +248,13 @@ class StorageClient:
     def _wait(self, kind: type, tickets: Iterable[int], timeout_s: float) -> list:
         want = set(tickets)
         got: list = []
-        others: list[Completion | Settled] = []
         deadline = time.monotonic() + timeout_s
-        while want and time.monotonic() < deadline:
-            for c in self.poll():
-                if isinstance(c, kind) and c.ticket in want:
-                    got.append(c)
-                    want.discard(c.ticket)
-                else:
-                    others.append(c)
-            if want and self._closed:
-                break
-            if want:
-                self._sock.poll(5)
-        self._book.events = others + self._book.events  # the caller's next poll() sees them
-        return got
+        while True:
+            self._pump()
+            got += self._book.take(kind, want)  # other events stay for the next poll()
+            if not want or self._closed or time.monotonic() > deadline:
+                return got
+            self._sock.poll(5)
 
     def stats(self, timeout_s: float = 1.0) -> StatsReply | None:
         reply = self._ask(Stats(next(self._ids)), timeout_s)
@@ -308,6 +266,20 @@ class StorageClient:
         return reply.removed if isinstance(reply, ClearReply) else None
 
     # -- internals ----------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Take what the socket and the clock say; events queue up in the book."""
+        if self._closed:
+            return
+        now = time.monotonic()
+        self._pump_monitor()
+        self._pump_replies()
+        self._expire(now)
+        if self._book.has_orphans and now - self._last_exit_check > _EXIT_CHECK_S:
+            self._last_exit_check = now
+            self._book.settle_exited()
+        if self._up and now - self._last_register > self.config.heartbeat_s:
+            self._register()
 
     def _service_deadline_ns(self) -> int:
         """The request's deadline: CLOCK_MONOTONIC, shared with the service's process."""

@@ -78,6 +78,16 @@ class TicketBook:
             self.events.append(Settled(ticket, reason))
             self.counters[f"settled_{reason.replace(' ', '_')}"] += 1
 
+    def take(self, kind: type, tickets: set[int]) -> list:
+        """Remove and return the queued events of type `kind` for `tickets` (which loses
+        them); the other events stay queued in order."""
+        taken = [e for e in self.events if isinstance(e, kind) and e.ticket in tickets]
+        if taken:
+            gone = {id(e) for e in taken}
+            self.events = [e for e in self.events if id(e) not in gone]
+            tickets.difference_update(e.ticket for e in taken)
+        return taken
+
     def overdue(self, now: float) -> list[int]:
         return [t for t, o in self.open.items() if o.give_up_at < now]
 
