@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -486,6 +486,7 @@ class RedisBackend:
             for node, idx in by_node.items()
             for k in range(0, len(idx), step)
         ]
+        wait(futures)  # none still reads or writes `call.pool` when this returns or raises
         results = [r for f in futures for r in f.result()]
         return sorted(results, key=lambda r: r.index)
 
