@@ -6,6 +6,7 @@ was wrong. Derived values are properties; nothing mutates a config once built.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -196,6 +197,9 @@ class LaunchConfig:
     # LightLLM's --hiradix_cache_token_num: the host tier's size in tokens,
     # turned into bytes once the model's KV size per token is known.
     host_cache_tokens: int | None = None
+    # --storage-timeout: how long the engine waits for one cache-service ticket (an
+    # L3/L4 load or store) before it gives up on it; 3x that, silent, restarts the service.
+    storage_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.cache.remote_url is not None and not self.cache.disk_enabled:
@@ -206,4 +210,9 @@ class LaunchConfig:
         if self.host_cache_tokens is not None and self.host_cache_tokens <= 0:
             raise ValueError(
                 f"--hiradix_cache_token_num must be positive, got {self.host_cache_tokens}"
+            )
+        if not (math.isfinite(self.storage_timeout_s) and self.storage_timeout_s > 0):
+            raise ValueError(
+                f"--storage-timeout must be a positive number of seconds, "
+                f"got {self.storage_timeout_s}"
             )

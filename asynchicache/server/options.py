@@ -33,6 +33,7 @@ from asynchicache.config import (
 
 API_KEY_ENV = "ASYNCHICACHE_API_KEY"
 ADMIN_API_KEY_ENV = "ASYNCHICACHE_ADMIN_API_KEY"
+DEFAULT_STORAGE_TIMEOUT_S = LaunchConfig.storage_timeout_s
 
 
 def _add_server(p: argparse.ArgumentParser) -> None:
@@ -202,6 +203,15 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         help="...or when its prompt has at least this many tokens (default %(default)s)",
     )
     g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching entirely")
+    g.add_argument(
+        "--storage-timeout",
+        type=float,
+        default=DEFAULT_STORAGE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long the engine waits for one L3/L4 load or store of the cache service "
+        "before it recomputes instead; a service silent for 3x this long is restarted "
+        "(default %(default)s)",
+    )
 
 
 def _add_service(p: argparse.ArgumentParser) -> None:
@@ -346,7 +356,12 @@ def to_config(args: argparse.Namespace) -> LaunchConfig:
         client_ttl_s=args.client_ttl,
     )
     return LaunchConfig(
-        server, engine, _cache(args), service, host_cache_tokens=args.hiradix_cache_token_num
+        server,
+        engine,
+        _cache(args),
+        service,
+        host_cache_tokens=args.hiradix_cache_token_num,
+        storage_timeout_s=args.storage_timeout,
     )
 
 
