@@ -73,6 +73,7 @@ class LoadJob:
     fill_pages: list[int | None] = field(default_factory=list)  # destination per position
     read_settled: bool = True  # False once its read timed out unsettled
     abandoned: bool = False
+    cancelled: bool = False  # its storage read was cancelled (given up), not late
     errors: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 

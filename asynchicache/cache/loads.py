@@ -123,7 +123,8 @@ class Loader:
             job.read_settled = False
             p.host.move(slots, SlotState.LOADING, SlotState.LOAD_QUARANTINED)
             p.unsettled[c.ticket] = Unsettled(TicketKind.LOAD, slots)
-            p.counters.quarantined_slots += len(slots)
+            p.counters.slots_quarantined += len(slots)
+            p.counters.tickets_late += not job.cancelled
             job.slots, k = [], 0
         else:
             p.host.move(slots[k:], SlotState.LOADING, SlotState.FREE)
@@ -326,6 +327,7 @@ class Loader:
         storage = self.parts.storage
         if storage is None or job.op is None:
             return
+        job.cancelled = True
         try:
             storage.cancel(job.op)
         except Exception:

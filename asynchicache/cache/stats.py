@@ -32,7 +32,8 @@ class Counters:
     loads_given_up: int = 0  # loads whose caller stopped waiting (they still land, if they can)
     completion_failures: int = 0  # completion handlers that raised (their job still ended)
     illegal_transitions: int = 0  # page/slot state changes the ledger refused (a bug: logged)
-    quarantined_slots: int = 0  # L2 slots ever quarantined by a timed-out storage ticket
+    tickets_late: int = 0  # storage tickets that timed out while the service may still run them
+    slots_quarantined: int = 0  # L2 slots that entered quarantine, ever (gauge: quarantined_slots)
     settled_tickets: int = 0  # timed-out tickets whose Settled released their slots
     storage_loads_paused: int = 0  # storage reads not started: quarantine past its cap
     storage_stores_paused: int = 0  # pages not stored: quarantine past its cap

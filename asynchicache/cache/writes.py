@@ -205,7 +205,8 @@ class Writer:
             # The service may still read these slots: keep them held and unchanged.
             p.host.move(job.slots, SlotState.STORING, SlotState.STORE_QUARANTINED)
             p.unsettled[c.ticket] = Unsettled(TicketKind.STORE, job.slots, job.deepest)
-            p.counters.quarantined_slots += len(job.slots)
+            p.counters.slots_quarantined += len(job.slots)
+            p.counters.tickets_late += 1
             p.counters.store_failures += 1
             log.warning("store of %d pages timed out (%s); slots held until settled",
                         len(job.slots), c.error)  # fmt: skip

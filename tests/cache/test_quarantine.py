@@ -145,7 +145,8 @@ def test_quarantine_is_counted_and_released_by_settled(make_cache: MakeCache) ->
     cache.drain()
     stats = cache.stats()
     assert stats.quarantined_slots == 0 and stats.host is not None and stats.host.free == 8
-    assert stats.counters.quarantined_slots == 2 and stats.counters.settled_tickets == 1
+    assert stats.counters.slots_quarantined == 2 and stats.counters.settled_tickets == 1
+    assert stats.counters.tickets_late == 1
     assert cache.lookup(a)["host"] == 0, "pages of a timed-out load were served"
     cache.check_integrity()
 

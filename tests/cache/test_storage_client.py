@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,4 +69,37 @@ def test_pages_round_trip_through_the_disk_service(cache: HiRadixCache) -> None:
         assert torch.equal(cache.device_pool.tensor[p], kv[i])
     assert ticket.handle is not None
     cache.unlock(ticket.handle)
+    cache.check_integrity()
+
+
+def test_a_given_up_load_keeps_its_slots_quarantined_until_the_service_settles(
+    cache: HiRadixCache,
+) -> None:
+    tokens = tokens_for(1, 2, 3)
+    pages = cache.allocate(3)
+    assert pages is not None
+    cache.unlock(cache.insert(tokens, pages).handle)
+    cache.drain(timeout_s=30)
+    cache.clear()
+    assert cache.lookup(tokens)["storage"] == 3 * PAGE
+    ticket = cache.load(cache.match(tokens))
+    assert ticket is not None
+    fallback = cache.give_up(ticket)  # the real client cancels the read
+    assert fallback.device_pages == []
+    cache.unlock(fallback.handle)
+    assert cache.poll() == []  # a given-up load is never reported
+    deadline = time.monotonic() + 30
+    seen_quarantine = 0
+    while cache.pending or cache.stats().quarantined_slots:
+        assert time.monotonic() < deadline, "the service never settled the cancelled read"
+        seen_quarantine = max(seen_quarantine, cache.stats().quarantined_slots)
+        cache.check_integrity()
+        time.sleep(0.01)
+        assert cache.poll() == []
+    stats = cache.stats()
+    assert seen_quarantine == 3 and stats.counters.slots_quarantined == 3
+    assert stats.counters.settled_tickets == 1 and stats.counters.tickets_late == 0
+    assert stats.host is not None and stats.host.free == 8 and cache.abandoned_loads == 0
+    for node in cache.tree.iter_nodes():
+        assert node.lock_ref == 0
     cache.check_integrity()

@@ -69,10 +69,11 @@ def test_poll_does_not_block_on_a_large_copy(engine: TransferEngine) -> None:
     blocker = engine.submit(big_src, list(range(64)), big_dst, list(range(64)))
     many = [engine.submit(big_src, list(range(64)), big_dst, list(range(64))) for _ in range(4)]
     start = time.perf_counter()
-    engine.poll()
+    reported = {d.ticket for d in engine.poll()}  # a fast machine may finish the first one
     assert time.perf_counter() - start < 0.05
     for t in [blocker, *many]:
-        engine.wait(t)
+        if t not in reported:
+            engine.wait(t)
     assert big_dst.eq(1).all()
 
 

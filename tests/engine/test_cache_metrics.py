@@ -48,5 +48,5 @@ def test_quarantine_and_ledger_states_are_exported() -> None:
     assert 'asynchicache_cache_ledger_pages{pool="slot",state="load_quarantined"} 2.0' in text
     assert 'asynchicache_cache_ledger_pages{pool="page",state="free"} 8.0' in text
     assert "asynchicache_cache_illegal_transitions_total 0.0" in text
-    assert 'asynchicache_cache_events_total{what="quarantined_slots"} 2.0' in text
+    assert 'asynchicache_cache_events_total{what="slots_quarantined"} 2.0' in text
     assert "asynchicache_scheduler_loads_given_up_total 1.0" in text
