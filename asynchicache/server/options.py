@@ -191,6 +191,13 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         help="seconds the 'timeout' prefetch policy waits (default %(default)s)",
     )
     g.add_argument(
+        "--max-quarantine-fraction",
+        type=float,
+        default=c.max_quarantine_fraction,
+        help="share of L2 slots that timed-out storage work may hold before new storage "
+        "loads and stores pause (default %(default)s)",
+    )
+    g.add_argument(
         "--disk-admit-hits",
         type=int,
         default=c.disk_admit_hits,
@@ -317,6 +324,7 @@ def _cache(args: argparse.Namespace) -> CacheConfig:
         write_through_threshold=args.write_through_threshold,
         prefetch_policy=PrefetchPolicy(args.prefetch_policy),
         prefetch_timeout_s=args.prefetch_timeout,
+        max_quarantine_fraction=args.max_quarantine_fraction,
         enable_prefix_cache=not args.no_prefix_cache,
         disk_cache_dir=None if args.no_disk_cache else args.disk_cache_dir.expanduser(),
         disk_cache_gb=args.disk_cache_gb,

@@ -15,6 +15,7 @@ from cache_helpers import NS, PAGE, MakeCache, MemoryStorage, tokens_for
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.keys import chain_hashes
 from asynchicache.config import CacheConfig
+from asynchicache.server.options import build_parser, to_config
 
 
 def put(cache: HiRadixCache, tokens: list[int], value: float) -> object:
@@ -185,7 +186,9 @@ def test_storage_pauses_past_the_quarantine_cap(make_cache: MakeCache) -> None:
     cache.check_integrity()
 
 
-def test_quarantine_cap_is_a_validated_config_field() -> None:
+def test_quarantine_cap_is_a_validated_config_field_and_a_flag() -> None:
     assert CacheConfig(disk_cache_dir=None).max_quarantine_fraction == 0.25
     with pytest.raises(ValueError, match="--max-quarantine-fraction"):
         CacheConfig(disk_cache_dir=None, max_quarantine_fraction=1.5)
+    args = build_parser().parse_args(["--device", "cpu", "--max-quarantine-fraction", "0.5"])
+    assert to_config(args).cache.max_quarantine_fraction == 0.5

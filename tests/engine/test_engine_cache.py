@@ -101,7 +101,7 @@ def test_batch_of_mixed_requests_matches_each_alone(
 
 
 def test_l1_pressure_preempts_and_still_matches(smollm: LoadedModel, engines: list[Engine]) -> None:
-    prompts = [_prompt(smollm, 3, f"Question {i}?") for i in range(4)]
+    prompts = [_prompt(smollm, 3, f"Question {i}?") for i in range(3)]
     roomy = _engine(smollm, enable_prefix_cache=False)
     # Room for about two requests at once: the others wait or get preempted.
     tight = _engine(smollm, device_cache_tokens=16 * 24)
@@ -173,13 +173,16 @@ def test_loads_given_up_then_idle_then_clear_leave_nothing_cached(
     timeout --prefetch-timeout 0.01`, each prompt once with max_tokens 1, wait until idle,
     `/cache/clear`: pages stayed cached in L1 and L2, held by locks nobody owned."""
     tok = smollm.tokenizer
-    prompts = [tok.encode(f"Logbook {i}. " + TEXT * 5) for i in range(8)]  # ~300 tokens each
+    # ~1,500 tokens (~94 pages, 69 MB) each, read by one I/O thread: no load of them
+    # finishes within 0.01 s, so every one is given up and lands later.
+    prompts = [tok.encode(f"Logbook {i}. " + TEXT * 25) for i in range(3)]
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
     def disk_engine(**cache: object) -> Engine:
-        service = ServiceConfig(tmp_path / "kv", address=f"ipc://{tmp_path}/svc.sock")
+        service = ServiceConfig(tmp_path / "kv", address=f"ipc://{tmp_path}/svc.sock",
+                                workers=1, io_threads=1)  # fmt: skip
         client = StorageClient.in_thread(service, ClientConfig(service.address))
-        config = CacheConfig(disk_cache_dir=tmp_path / "kv", host_cache_gb=0.25, **cache)
+        config = CacheConfig(disk_cache_dir=tmp_path / "kv", host_cache_gb=0.5, **cache)
         engine = Engine(EngineConfig(), config, storage=client, loaded=smollm)
         assert client.wait_ready(10)
         return engine
