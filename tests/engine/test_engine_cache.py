@@ -101,7 +101,7 @@ def test_batch_of_mixed_requests_matches_each_alone(
 
 
 def test_l1_pressure_preempts_and_still_matches(smollm: LoadedModel, engines: list[Engine]) -> None:
-    prompts = [_prompt(smollm, 3, f"Question {i}?") for i in range(3)]
+    prompts = [_prompt(smollm, 3, f"Question {i}?") for i in range(4)]
     roomy = _engine(smollm, enable_prefix_cache=False)
     # Room for about two requests at once: the others wait or get preempted.
     tight = _engine(smollm, device_cache_tokens=16 * 24)
