@@ -90,7 +90,7 @@ class Scheduler:
 
     def _start(self, req: Request) -> None:
         """Match the prompt's prefix; start a load or take what L1 holds."""
-        if not self._prefix_enabled():
+        if not self._prefix_enabled() or req.needs_whole_prompt:
             req.phase = Phase.RUNNING
             self.running.append(req)
             return
