@@ -17,6 +17,7 @@ from asynchicache.cache.keys import Namespace
 from asynchicache.cache.pools import KVLayout
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.cost import CostModel
+from asynchicache.engine.group import Forker, make_members
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.logprobs import collect_prompt_logprobs
 from asynchicache.engine.protocol import (
@@ -78,6 +79,7 @@ class Engine:
             self.layout.page_bytes, cache_config.page_size, engine_config.min_load_tokens
         )
         self.scheduler = Scheduler(engine_config, cache_config, self.cache, self.cost)
+        self.forker = Forker(self.scheduler, self.runner.kv_pool)
         self.device_tokens = self.cache.stats().device.total * cache_config.page_size
         self.last_batch_size = 0
         self.eos_ids = frozenset(self.loaded.tokenizer.eos_token_ids)
@@ -112,12 +114,12 @@ class Engine:
             )
         if error is not None:
             return TokenOutput(msg.rid, (), True, "error", n, 0, error=error)
-        req = Request(msg.rid, list(msg.prompt_token_ids), msg.sampling, msg.cache_salt)
-        self.scheduler.add(req)
+        # A group's leader alone enters the scheduler; the others wait for its prefill.
+        self.scheduler.add(make_members(msg)[0])
         return None
 
-    def abort(self, rid: str) -> bool:
-        return self.scheduler.abort(rid)
+    def abort(self, rid: str, index: int | None = None) -> bool:
+        return self.scheduler.abort(rid, index)
 
     @property
     def has_work(self) -> bool:
@@ -131,9 +133,12 @@ class Engine:
         outputs: list[TokenOutput] = []
         if batch.seqs:
             outputs += self._run(batch)
-        for req in self.scheduler.drain_finished():
-            if not outputs_has(outputs, req.rid, req.index):
-                outputs.append(self._final_output(req, ()))
+        while finished := self.scheduler.drain_finished():
+            for req in finished:
+                if req.group is not None:  # a leader ended before its prompt was computed
+                    self.forker.end_waiting(req)
+                if not outputs_has(outputs, req.rid, req.index):
+                    outputs.append(self._final_output(req, ()))
         self.steps += 1
         return outputs
 
@@ -161,9 +166,13 @@ class Engine:
         ready = self.scheduler.after_forward(batch)
         if not ready:
             return []
+        index = {id(s.request): i for i, s in enumerate(batch.seqs)}
+        for leader in [r for r in ready if r.group is not None]:
+            for member in self.forker.fork(leader):  # sample from the leader's logits
+                index[id(member)] = index[id(leader)]
+                ready.append(member)
         outputs = [self._prompt_only(r) for r in ready if r.sampling.max_tokens == 0]
         ready = [r for r in ready if r.sampling.max_tokens > 0]
-        index = {id(s.request): i for i, s in enumerate(batch.seqs)}
         rows = logits[[index[id(r)] for r in ready]]
         picks = pick(rows, [r.sampling for r in ready], [r.generator for r in ready],
                      [(r.prompt, r.output) for r in ready])
@@ -279,6 +288,8 @@ class Engine:
             "queues": self.scheduler.queue_lengths(),
             "preemptions": self.scheduler.preemptions,
             "computed_prompt_tokens": self.computed_prompt_tokens,
+            # Locks held on cached pages (0 when idle: every request released its own).
+            "cache_lock_refs": sum(node.lock_ref for node in self.cache.tree.iter_nodes()),
             "prefill_tok_s_estimate": self.cost.prefill_tok_s.value,
         }
 
@@ -310,7 +321,7 @@ def _token_output(
 ) -> TokenOutput:
     """One output of `req`; its prompt logprobs ride on its first (sent once)."""
     prompt_lps: tuple = ()
-    if req.prompt_logprobs and len(req.output) <= 1:
+    if req.prompt_logprobs and len(req.output) <= 1 and req.index == 0:
         prompt_lps, req.prompt_logprobs = tuple(req.prompt_logprobs), []
     return TokenOutput(
         req.rid, tokens, finished, req.finish_reason if finished else None, len(req.prompt),

@@ -50,6 +50,7 @@ class Request:
     # What the OpenAI surface adds (logprobs, request groups): see engine/group.py.
     index: int = 0  # member of its request group
     group: Any = None  # the RequestGroup while members wait for the shared prefill
+    shared: Any = None  # SharedPages: prompt pages held with the other members (no tree)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     cumulative_logprob: float = 0.0
 
