@@ -117,8 +117,7 @@ def test_waiting_followers_end_with_an_aborted_leader(smollm: LoadedModel) -> No
 def test_members_survive_preemption(smollm: LoadedModel) -> None:
     """A device cache too small for all members: some are preempted and recompute, the
     greedy answers stay those of a lone request, and every page comes back."""
-    cache = CacheConfig(disk_cache_dir=None, host_cache_gb=0, device_cache_tokens=160,
-                        page_size=16)
+    cache = CacheConfig(disk_cache_dir=None, host_cache_gb=0, device_cache_tokens=160, page_size=16)
     engine = Engine(EngineConfig(), cache, loaded=smollm)
     try:
         prompt = tuple(smollm.tokenizer.encode(TEXT))

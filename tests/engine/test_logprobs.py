@@ -64,8 +64,14 @@ def test_token_logprobs_are_log_softmax_and_sorted() -> None:
 
 @pytest.mark.parametrize(
     ("start", "num_new", "have", "expected"),
-    [(0, 10, 0, range(0, 9)), (0, 4, 0, range(0, 4)), (4, 6, 4, range(0, 5)),
-     (0, 10, 6, range(6, 9)), (0, 3, 6, range(3, 3)), (9, 1, 9, range(0, 0))],
+    [
+        (0, 10, 0, range(0, 9)),
+        (0, 4, 0, range(0, 4)),
+        (4, 6, 4, range(0, 5)),
+        (0, 10, 6, range(6, 9)),
+        (0, 3, 6, range(3, 3)),
+        (9, 1, 9, range(0, 0)),
+    ],
 )
 def test_prompt_targets(start: int, num_new: int, have: int, expected: range) -> None:
     assert prompt_targets(10, start, num_new, have) == expected
@@ -134,6 +140,9 @@ def _collect(engine: Engine, prompt: list[int], params: SamplingParams) -> dict[
             got["logprobs"] += out.logprobs
             got["prompt_logprobs"] += out.prompt_logprobs
             if out.finished:
-                got.update(reason=out.finish_reason, cached=out.cached.total,
-                           cumulative=out.cumulative_logprob)
+                got.update(
+                    reason=out.finish_reason,
+                    cached=out.cached.total,
+                    cumulative=out.cumulative_logprob,
+                )
                 return got

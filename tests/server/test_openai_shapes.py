@@ -35,9 +35,7 @@ def _text(frontend: Frontend, ids: list[int]) -> str:
 def test_n_choices_and_usage_counts_the_prompt_once(
     server: ThreadServer, frontend: Frontend
 ) -> None:
-    resp = _client(server).completions.create(
-        model="fake-model", prompt=PROMPT, max_tokens=4, n=3
-    )
+    resp = _client(server).completions.create(model="fake-model", prompt=PROMPT, max_tokens=4, n=3)
     ids = _ids(frontend, PROMPT)
     assert [c.index for c in resp.choices] == [0, 1, 2]
     assert {c.text for c in resp.choices} == {_text(frontend, ids[:4])}
@@ -107,9 +105,7 @@ def test_a_list_of_prompts_gives_a_choice_per_prompt_and_sample(
     server: ThreadServer, frontend: Frontend
 ) -> None:
     prompts = ["Alpha beta gamma delta.", "One two three four."]
-    resp = _client(server).completions.create(
-        model="fake-model", prompt=prompts, max_tokens=2, n=2
-    )
+    resp = _client(server).completions.create(model="fake-model", prompt=prompts, max_tokens=2, n=2)
     assert [c.index for c in resp.choices] == [0, 1, 2, 3]
     for c in resp.choices:
         assert c.text == _text(frontend, _ids(frontend, prompts[c.index // 2])[:2])
@@ -120,7 +116,10 @@ def test_a_list_of_prompts_gives_a_choice_per_prompt_and_sample(
     id_prompts = [_ids(frontend, p) for p in prompts]
     chunks = list(
         _client(server).completions.create(
-            model="fake-model", prompt=id_prompts, max_tokens=2, stream=True,
+            model="fake-model",
+            prompt=id_prompts,
+            max_tokens=2,
+            stream=True,
             stream_options={"include_usage": True},
         )
     )
@@ -169,8 +168,12 @@ def test_stop_string_ends_one_member(server: ThreadServer, frontend: Frontend) -
 
 def test_disconnect_aborts_every_prompt(server: ThreadServer) -> None:
     body = {
-        "model": "fake-model", "prompt": [PROMPT, PROMPT + " x"], "max_tokens": 50,
-        "stream": True, "seed": SLOW_SEED, "n": 2,
+        "model": "fake-model",
+        "prompt": [PROMPT, PROMPT + " x"],
+        "max_tokens": 50,
+        "stream": True,
+        "seed": SLOW_SEED,
+        "n": 2,
     }
     with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH) as r:
         first = next(ln for ln in r.iter_lines() if ln.startswith("data: "))
@@ -189,8 +192,12 @@ def test_disconnect_aborts_every_prompt(server: ThreadServer) -> None:
 
 def test_penalties_and_logit_bias_are_accepted(server: ThreadServer) -> None:
     resp = _client(server).completions.create(
-        model="fake-model", prompt=PROMPT, max_tokens=2, presence_penalty=0.5,
-        frequency_penalty=-0.5, logit_bias={"17": 5.0},
+        model="fake-model",
+        prompt=PROMPT,
+        max_tokens=2,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        logit_bias={"17": 5.0},
         extra_body={"repetition_penalty": 1.2},
     )
     assert resp.choices[0].finish_reason == "length"
