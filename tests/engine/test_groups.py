@@ -65,8 +65,9 @@ def test_member_seeds_fit_63_bits_and_differ() -> None:
     assert member_seed(None, 3) is None and member_seed(-5, 1) == member_seed(-5, 1)
 
 
+@pytest.mark.parametrize("n", [2, 3])  # n=2: one page copy (caught by the HTTP fuzzing)
 def test_greedy_members_equal_a_single_request_over_one_prefill(
-    engine: Engine, smollm: LoadedModel
+    engine: Engine, smollm: LoadedModel, n: int
 ) -> None:
     prompt = tuple(smollm.tokenizer.encode(TEXT))
     greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
@@ -74,9 +75,9 @@ def test_greedy_members_equal_a_single_request_over_one_prefill(
     assert_released(engine)
     engine.cache.clear()
     before = engine.computed_prompt_tokens
-    group = run(engine, GenerateRequest("three", prompt, greedy, n=3))
+    group = run(engine, GenerateRequest("group", prompt, greedy, n=n))
     assert engine.computed_prompt_tokens - before == len(prompt)  # prefilled once
-    assert [group[i]["tokens"] for i in range(3)] == [single] * 3
+    assert [group[i]["tokens"] for i in range(n)] == [single] * n
     assert_released(engine)
 
 
