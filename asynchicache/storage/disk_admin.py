@@ -1,4 +1,5 @@
-"""Offline maintenance of a disk cache folder (`asynchicache cache stats|verify|clear`).
+"""Offline maintenance of a disk cache folder (`asynchicache cache stats|verify`;
+`clear` is storage.offline_clear).
 
 These work on the folder directly, for every namespace in it, without a
 running service and without knowing the model: page files describe themselves.
@@ -14,21 +15,20 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from asynchicache.storage.disk import (
+from asynchicache.storage.disk_folder import in_use
+from asynchicache.storage.disk_names import (
     TMP_PREFIX,
     namespace_dir_name,
     parse_page_file_name,
 )
-from asynchicache.storage.disk_folder import LEASE_NAME, exclusive, in_use
 from asynchicache.storage.header import (
-    HEADER_ALIGN,
     HeaderError,
-    HeaderVersionError,
     PageHeader,
     decode_header,
     payload_checksum,
     peek_header_len,
 )
+from asynchicache.storage.page_file import read_header
 
 
 @dataclass
@@ -102,25 +102,6 @@ def verify_folder(root: Path, remove: bool = True) -> FolderReport:
     return report
 
 
-def clear_folder(root: Path) -> int:
-    """Remove every page and temp file (and the folders they leave empty); pages removed."""
-    removed = 0
-    for ns_dir in namespace_dirs(root):
-        for path in page_files(ns_dir):
-            is_page = parse_page_file_name(path.name) is not None
-            if is_page or path.name.startswith(TMP_PREFIX):
-                path.unlink(missing_ok=True)
-                removed += is_page
-        for sub in ns_dir.iterdir():
-            if sub.is_dir():
-                _rmdir_if_empty(sub)
-        with exclusive(ns_dir, create=False) as unused:
-            if unused:  # a live server's lease stays (and with it the folder)
-                (ns_dir / LEASE_NAME).unlink(missing_ok=True)
-        _rmdir_if_empty(ns_dir)
-    return removed
-
-
 def check_page_file(path: Path, page_hash: bytes, ns_folder: str) -> str | None:
     """Everything a reader checks, for one file; the problem, or None when it is sound."""
     result = read_page_file(path, page_hash, ns_folder)
@@ -160,17 +141,7 @@ OLD_FORMAT = "page format of another version"
 def read_page_header(path: Path) -> PageHeader | str:
     """A page file's header alone (one block read), or the problem with it (a problem
     starting with OLD_FORMAT: a file written by another version of the code)."""
-    try:
-        with path.open("rb") as f:
-            head = f.read(HEADER_ALIGN)
-            header_len = peek_header_len(head)
-            if header_len > len(head):
-                head += f.read(header_len - len(head))
-        return decode_header(head)
-    except HeaderVersionError as exc:
-        return f"{OLD_FORMAT}: {exc}"
-    except (OSError, HeaderError) as exc:
-        return f"bad header: {exc}"
+    return read_header(path)  # an OldFormat problem starts with OLD_FORMAT
 
 
 def namespace_dirs(root: Path) -> list[Path]:
@@ -209,16 +180,8 @@ def _rmdir_if_empty(path: Path) -> None:
         path.rmdir()
 
 
-def cache_command(action: str, root: Path | None, as_json: bool = False) -> int:
-    """`asynchicache cache stats|verify|clear`; exit status 1 when verify found damage."""
-    if root is None:
-        from asynchicache.config import default_disk_cache_dir
-
-        root = default_disk_cache_dir()
-    if action == "clear":
-        removed = clear_folder(root)
-        print(json.dumps({"removed": removed}) if as_json else f"removed {removed} pages")
-        return 0
+def cache_command(action: str, root: Path, as_json: bool = False) -> int:
+    """`asynchicache cache stats|verify`; exit status 1 when verify found damage."""
     report = verify_folder(root) if action == "verify" else folder_stats(root)
     print(json.dumps(_report_dict(report), indent=2) if as_json else _report_text(report, action))
     return 1 if report.bad else 0
