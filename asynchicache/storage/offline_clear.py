@@ -50,9 +50,15 @@ class ClearRequest:
     all_remote: bool = False
     root_of: RootOf | None = None  # a cache_salt's chain root, per namespace
 
-    def scope(self, namespace: bytes) -> ClearScope:
-        root = self.root_of(namespace) if self.root_of is not None and namespace else b""
-        return ClearScope(root, self.include_pinned)
+    def scope(self, namespace: bytes) -> ClearScope | None:
+        """What to clear of `namespace`; None: nothing (a salt cannot apply to it: another
+        engine's or version's namespace holds no chain of that salt)."""
+        if self.root_of is None:
+            return ClearScope(b"", self.include_pinned)
+        try:
+            return ClearScope(self.root_of(namespace), self.include_pinned)
+        except ValueError:
+            return None
 
 
 @dataclass
@@ -116,9 +122,11 @@ def _selected(req: ClearRequest) -> list[FolderNamespace]:
 
 
 def _clear_disk(req: ClearRequest, ns: FolderNamespace) -> Cleared:
-    scope = req.scope(ns.namespace)
     if req.root_of is not None and not ns.namespace:
         return Cleared(error="namespace unknown (no namespace.json, no page): salt not applied")
+    scope = req.scope(ns.namespace)
+    if scope is None:
+        return Cleared()
     pins = PinStore(ns.folder)
     plan = plan_clear(ns.folder, scope, pins.hashes())
     freed = [unlink_size(path) for _, path in plan.targets]
@@ -147,11 +155,13 @@ def _clear_remote(
             if ns.layout is None:
                 report.remote[ns.folder.name] = Cleared(error="namespace unknown: keys not named")
                 continue
+            scope = req.scope(ns.namespace)
+            if scope is None:
+                report.remote[ns.folder.name] = Cleared()
+                continue
             pinned = PinStore(ns.folder).hashes()
             prefix = remote_key_prefix(ns.namespace, ns.layout)
-            report.remote[ns.folder.name] = clear_prefix(
-                client, prefix, req.scope(ns.namespace), pinned
-            )
+            report.remote[ns.folder.name] = clear_prefix(client, prefix, scope, pinned)
     finally:
         client.close()
 

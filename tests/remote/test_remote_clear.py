@@ -8,15 +8,22 @@ values' headers); every removal is a KV event.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import redis
 from remote_helpers import NAMESPACE, SMALL, Backends, Pool, RedisServer
 
 from asynchicache.cache.keys import Namespace, chain_hashes
 from asynchicache.storage.base import ClearScope, PageRef
+from asynchicache.storage.disk import DiskConfig
+from asynchicache.storage.disk_names import namespace_dir_name
 from asynchicache.storage.events import EventLog, PagesRemoved, PagesStored
 from asynchicache.storage.redis import RedisBackend, RedisConfig
+from asynchicache.storage.tiered import RemoteTierConfig, open_tiered
 
 OTHER = b"other-model\x1ffloat32\x1f4\x1f1\x1f"
 PAGE = SMALL.shape[2]  # tokens per page
@@ -134,3 +141,38 @@ def test_a_down_server_is_an_error_not_a_hang(
     backend.exists([b"x" * 16])  # notices the outage
     done = backend.clear()
     assert done.removed == 0 and done.error is not None
+
+
+def test_offline_clear_of_one_namespace_in_both_tiers(
+    kv_server: RedisServer, make_pool: Callable[..., Pool], tmp_path: Path
+) -> None:
+    root = tmp_path / "kv"
+    pool = make_pool(16)
+    pool.fill(range(16))
+    remote = RemoteTierConfig(kv_server.url)
+    made = {}
+    for ns in (NAMESPACE, OTHER):
+        tiered = open_tiered(DiskConfig(root, ns, SMALL, 1 << 30), remote)
+        assert tiered.remote is not None and tiered.remote.wait_available(10)
+        pages = chain(Namespace("m", "float32", PAGE).digest(), 0, 5)
+        assert tiered.put(pages, pool.array) == 5 and tiered.drain(30)
+        made[ns] = pages
+        tiered.close()
+    raw = redis.Redis(port=kv_server.port)
+    raw.set(b"someone-else:key", b"v")
+    assert raw.dbsize() == 11
+    folder = namespace_dir_name(NAMESPACE)
+    argv = [sys.executable, "-m", "asynchicache", "cache", "clear", "--disk-cache-dir", str(root)]
+    argv += ["--remote-url", kv_server.url, "--namespace", folder, "--json"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["removed"] == 10 and report["remote"]["namespaces"] == {folder: 5}
+    assert raw.dbsize() == 6 and raw.get(b"someone-else:key") == b"v"
+    everything = subprocess.run(
+        [*argv[:7], "--remote-url", kv_server.url, "--all-remote-namespaces", "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert everything.returncode == 0, everything.stderr
+    assert json.loads(everything.stdout)["remote"]["removed"] == 5
+    assert raw.keys() == [b"someone-else:key"]  # (the test may use KEYS; the code may not)
