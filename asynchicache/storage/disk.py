@@ -73,7 +73,7 @@ from asynchicache.storage.fileio import (
     set_mtime,
 )
 from asynchicache.storage.header import header_len_for
-from asynchicache.storage.page_file import FileInfo, PageFiles
+from asynchicache.storage.page_file import PageFiles
 from asynchicache.storage.page_index import IndexedPage, PageIndex
 from asynchicache.storage.pins import (
     Pin,
@@ -211,7 +211,7 @@ class DiskBackend:
         """Leading pages of the chain stored: indexed, or found in the folder and adopted."""
         n = self._index.leading(hashes)
         if n < len(hashes) and self.ready:
-            n += self._adopt(hashes[n:])
+            n += self._adopt(hashes[n:], hashes[n - 1] if n else b"")
         return n
 
     def get(
@@ -401,17 +401,26 @@ class DiskBackend:
         direct = self._writer.direct and direct_possible(self.page_bytes, pool)
         return _Batch(pool, time.time_ns(), direct, deadline)
 
-    def _adopt(self, hashes: Sequence[bytes]) -> int:
-        """Leading pages of `hashes` another process stored in the folder: checked
-        (header) and indexed; how many."""
+    def _adopt(self, hashes: Sequence[bytes], parent: bytes = b"") -> int:
+        """Leading pages of `hashes` another process stored in the folder, indexed; how many.
+
+        A `stat` per page (the file must have a page file's size): this runs on the
+        service's loop thread within the engine's short `exists` timeout. The header
+        and payload are verified when the page is read, as always; its parent comes
+        from the chain here (`parent` is the first page's, when known) and from the
+        header once read.
+        """
         found = []
         for h in hashes:
-            info = self._files.check(self._path(h), h)
-            if isinstance(info, str):
-                self._discard(h, self._path(h), info)
-            if not isinstance(info, FileInfo):
+            try:
+                size = os.stat(self._path(h)).st_size
+            except OSError:
                 break
-            found.append(IndexedPage(h, info.size, info.parent, info.tokens))
+            if size != self.config.page_file_bytes:
+                self._count(adopt_rejected=1)
+                break
+            found.append(IndexedPage(h, size, parent))
+            parent = h
         if found:
             self._index.add_chain(found)
             self._count(adopted=len(found))
@@ -426,7 +435,7 @@ class DiskBackend:
             if h in self._index or h in seen:
                 continue
             seen.add(h)
-            if not self._adopt([h]):
+            if not self._adopt([h], p.parent):
                 todo.append(p)
         return todo
 
@@ -507,7 +516,8 @@ class DiskBackend:
         if isinstance(result, str):
             self._discard(page_hash, path, result)
             return None
-        return IndexedPage(page_hash, result)
+        size, header = result
+        return IndexedPage(page_hash, size, header.parent, header.tokens)
 
     def _scan(self) -> None:
         try:

@@ -5,9 +5,7 @@ layout, payload length and checksum) followed by the page's bytes. A reader
 trusts nothing: a file whose header does not parse, names another page,
 namespace or layout, has the wrong length or fails its payload checksum is
 a miss (the caller removes it). `PageFiles` holds what a namespace's files
-must say; `check` is the header-only look taken at start-up, when adopting a
-file another process wrote (shared folders), and when a clear needs a page's
-parent.
+must say; `check` is the header-only look taken at start-up.
 """
 
 from __future__ import annotations
@@ -87,8 +85,9 @@ class PageFiles:
 
     def read_into(
         self, fd: int, page_hash: bytes, dst: memoryview, direct: bool, scratch: Scratch
-    ) -> int | str:
-        """Read an open file into `dst` and check everything; its size, or why it is bad."""
+    ) -> tuple[int, PageHeader] | str:
+        """Read an open file into `dst` and check everything; its size and header, or why
+        it is bad."""
         head: bytearray | mmap.mmap
         if direct:
             # One aligned read of header block, payload and a probe for trailing bytes.
@@ -114,7 +113,7 @@ class PageFiles:
             return f"length {got} != {header_len + header.payload_len} (truncated or padded)"
         if payload_checksum(dst) != header.payload_checksum:
             return "payload checksum mismatch"
-        return got
+        return got, header
 
 
 class OldFormat(str):

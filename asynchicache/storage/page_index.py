@@ -265,10 +265,21 @@ class PageIndex:
                 self._pinned[h] = entry
             else:
                 self._lru[h] = entry
+        elif page.parent and not self._entry(h).parent:  # adopted: the parent read since
+            self._set(h, _Entry(self._entry(h).size, page.parent))
         if h in self._lru:
             self._lru.move_to_end(h)
         self._forget_stamp(h)
         return new
+
+    def _entry(self, page_hash: bytes) -> _Entry:
+        return self._lru.get(page_hash) or self._pinned[page_hash]
+
+    def _set(self, page_hash: bytes, entry: _Entry) -> None:
+        if page_hash in self._lru:
+            self._lru[page_hash] = entry
+        else:
+            self._pinned[page_hash] = entry
 
     def _drop(self, page_hash: bytes) -> int:
         entry = self._lru.pop(page_hash, None) or self._pinned.pop(page_hash)
