@@ -37,7 +37,6 @@ pages, or one chain root's, keeping pinned pages unless asked.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -50,9 +49,11 @@ from pathlib import Path
 
 import numpy as np
 
-from asynchicache.storage.base import BackendStats, Cleared, ClearScope, PageLayout, PageRef
-from asynchicache.storage.deadline import Deadline, passed
+from asynchicache.storage.base import BackendStats, Cleared, ClearScope, PageRef
+from asynchicache.storage.deadline import Deadline
+from asynchicache.storage.disk_adopt import FolderAdoption
 from asynchicache.storage.disk_clear import drop_pins, plan_clear
+from asynchicache.storage.disk_config import DiskConfig, IoBatch, check_pool
 from asynchicache.storage.disk_names import (
     PAGE_SUFFIX,
     TMP_PREFIX,
@@ -73,6 +74,7 @@ from asynchicache.storage.fileio import (
     set_mtime,
 )
 from asynchicache.storage.header import header_len_for
+from asynchicache.storage.namespace_meta import write_meta
 from asynchicache.storage.page_file import PageFiles
 from asynchicache.storage.page_index import IndexedPage, PageIndex
 from asynchicache.storage.pins import (
@@ -100,70 +102,6 @@ log = logging.getLogger(__name__)
 
 # A read re-stamps a page file (its mtime is the LRU stamp) only when older than this.
 RESTAMP_AFTER_NS = 60 * 10**9
-META_NAME = "namespace.json"
-
-
-@dataclass(frozen=True)
-class DiskConfig:
-    """One namespace's disk store."""
-
-    root: Path
-    namespace: bytes
-    layout: PageLayout
-    capacity_bytes: int  # the whole folder's, every namespace in it
-    io_threads: int = 16  # page reads/writes in flight: disks want a deep queue
-    sync: SyncMode = SyncMode.BATCH
-    direct_io: bool = True  # O_DIRECT when the layout and pool are aligned
-    scan_wait_s: float = 0.5  # a start waits this long for the index; larger scans go on behind
-    max_pinned_fraction: float = 0.5  # --max-pinned-fraction of capacity_bytes
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "root", Path(self.root))
-        if self.capacity_bytes <= 0:
-            raise ValueError(f"--disk-cache-gb must be positive, got {self.capacity_bytes} bytes")
-        if self.io_threads <= 0:
-            raise ValueError(f"--disk-io-threads must be positive, got {self.io_threads}")
-        if not self.namespace:
-            raise ValueError("the disk tier needs a non-empty namespace")
-        if not 0.0 <= self.max_pinned_fraction <= 1.0:
-            raise ValueError(
-                f"--max-pinned-fraction must be in [0, 1], got {self.max_pinned_fraction}"
-            )
-        object.__setattr__(self, "sync", SyncMode(self.sync))
-
-    @property
-    def folder(self) -> Path:
-        return self.root / namespace_dir_name(self.namespace)
-
-    @property
-    def page_file_bytes(self) -> int:
-        """Bytes of one page's file (header + payload): what the capacity counts."""
-        tokens = self.layout.shape[2]  # [layers, 2, page_size, kv_heads, head_dim]
-        return header_len_for(len(self.namespace), tokens, self.layout) + self.layout.page_bytes
-
-
-def check_pool(pool: np.ndarray, page_bytes: int, slots: Sequence[int]) -> None:
-    """`pool` must be the L2 pool as `[slots, page_bytes]` uint8 and every slot in range."""
-    if pool.dtype != np.uint8 or pool.ndim != 2 or pool.shape[1] != page_bytes:
-        raise ValueError(f"pool must be uint8 [slots, {page_bytes}], got {pool.dtype} {pool.shape}")
-    if not pool.flags.c_contiguous:
-        raise ValueError("pool must be C-contiguous")
-    bad = [s for s in slots if not 0 <= s < pool.shape[0]]
-    if bad:
-        raise ValueError(f"slots out of range [0, {pool.shape[0]}): {bad[:8]}")
-
-
-@dataclass(frozen=True)
-class _Batch:
-    """What the pages of one get/put share."""
-
-    pool: np.ndarray  # [slots, page_bytes] uint8, the L2 pool
-    stamp_ns: int  # LRU stamp of the chain's first page; later pages are older by 1 ns each
-    direct: bool  # O_DIRECT possible for this pool and layout
-    deadline: Deadline | None  # no page starts after it passed (or was cancelled)
-
-    def late(self) -> bool:
-        return passed(self.deadline)
 
 
 @dataclass(frozen=True)
@@ -186,7 +124,7 @@ class DiskBackend:
         self._folder = config.folder
         make_private_dir(config.root)
         make_private_dir(self._folder)
-        _write_meta(self._folder, config)
+        write_meta(self._folder, config.namespace, config.layout)
         self.events = events or EventLog()
         self._index = PageIndex(self.events.index_listener(Tier.DISK))
         self._files = PageFiles(config.namespace, config.layout)
@@ -198,6 +136,9 @@ class DiskBackend:
         self._stats_lock = threading.Lock()
         self._io = _Pool(config.io_threads, thread_name_prefix="disk-io")
         self._scratch = Scratch()
+        self._adoption = FolderAdoption(
+            self._files, self._index, self._path, config.page_file_bytes, self._count
+        )
         self._writer = PageWriter(self._files, config, self._scratch, self._path, self._count)
         self._closing = threading.Event()
         self._scan_done = threading.Event()
@@ -211,7 +152,7 @@ class DiskBackend:
         """Leading pages of the chain stored: indexed, or found in the folder and adopted."""
         n = self._index.leading(hashes)
         if n < len(hashes) and self.ready:
-            n += self._adopt(hashes[n:], hashes[n - 1] if n else b"")
+            n += self._adoption.adopt(hashes[n:], hashes[n - 1] if n else b"")
         return n
 
     def get(
@@ -397,34 +338,9 @@ class DiskBackend:
             page.page_hash, self._file_size(len(page.tokens)), page.parent, page.tokens
         )
 
-    def _batch(self, pool: np.ndarray, deadline: Deadline | None) -> _Batch:
+    def _batch(self, pool: np.ndarray, deadline: Deadline | None) -> IoBatch:
         direct = self._writer.direct and direct_possible(self.page_bytes, pool)
-        return _Batch(pool, time.time_ns(), direct, deadline)
-
-    def _adopt(self, hashes: Sequence[bytes], parent: bytes = b"") -> int:
-        """Leading pages of `hashes` another process stored in the folder, indexed; how many.
-
-        A `stat` per page (the file must have a page file's size): this runs on the
-        service's loop thread within the engine's short `exists` timeout. The header
-        and payload are verified when the page is read, as always; its parent comes
-        from the chain here (`parent` is the first page's, when known) and from the
-        header once read.
-        """
-        found = []
-        for h in hashes:
-            try:
-                size = os.stat(self._path(h)).st_size
-            except OSError:
-                break
-            if size != self.config.page_file_bytes:
-                self._count(adopt_rejected=1)
-                break
-            found.append(IndexedPage(h, size, parent))
-            parent = h
-        if found:
-            self._index.add_chain(found)
-            self._count(adopted=len(found))
-        return len(found)
+        return IoBatch(pool, time.time_ns(), direct, deadline)
 
     def _new_pages(self, pages: Sequence[PageRef]) -> list[PageRef]:
         """Pages to write: not indexed, not in the folder already (those are adopted)."""
@@ -435,11 +351,11 @@ class DiskBackend:
             if h in self._index or h in seen:
                 continue
             seen.add(h)
-            if not self._adopt([h], p.parent):
+            if not self._adoption.adopt([h], p.parent):
                 todo.append(p)
         return todo
 
-    def _write_all(self, todo: Sequence[PageRef], batch: _Batch, age: dict[bytes, int]):
+    def _write_all(self, todo: Sequence[PageRef], batch: IoBatch, age: dict[bytes, int]):
         """Write pages; error text per page (None: stored). See storage.disk_write."""
         futures = [
             self._io.submit(self._writer.write_temp, p, batch, batch.stamp_ns - age[p.page_hash])
@@ -485,17 +401,20 @@ class DiskBackend:
 
     def _discard(self, page_hash: bytes, path: Path, reason: str) -> None:
         log.warning("disk page %s: %s; removing it", page_hash.hex(), reason)
+        self._adoption.verified(page_hash)
         self._index.remove(page_hash)
         self._space.release(unlink_size(path))
         self._count(corrupt_detected=1)
 
-    def _read_one(self, page_hash: bytes, slot: int, batch: _Batch) -> IndexedPage | None:
+    def _read_one(self, page_hash: bytes, slot: int, batch: IoBatch) -> IndexedPage | None:
         """Read and verify one page into its slot; its index entry, or None on a miss."""
         if batch.late():
             self._count(late_skipped=1)
             return None
         dst = memoryview(batch.pool[slot])
         path = self._path(page_hash)
+        if not self._adoption.verify(page_hash, self._discard):
+            return None
         try:
             fd, direct = self._writer.open_read(path, batch.direct)
         except FileNotFoundError:
@@ -517,6 +436,7 @@ class DiskBackend:
             self._discard(page_hash, path, result)
             return None
         size, header = result
+        self._adoption.verified(page_hash)
         return IndexedPage(page_hash, size, header.parent, header.tokens)
 
     def _scan(self) -> None:
@@ -543,18 +463,3 @@ def _results(futures: Sequence[Future]) -> list:
     return (and be answered) while its other pages are still being read or written."""
     wait(futures)
     return [f.result() for f in futures]
-
-
-def _write_meta(folder: Path, config: DiskConfig) -> None:
-    """`namespace.json`: what the folder holds, so tools can name its remote keys offline."""
-    path = folder / META_NAME
-    if path.exists():
-        return
-    meta = {
-        "namespace": config.namespace.hex(),
-        "dtype": config.layout.dtype,
-        "shape": list(config.layout.shape),
-    }
-    tmp = path.with_name(f".{META_NAME}.{os.getpid()}.{threading.get_ident()}")
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, path)

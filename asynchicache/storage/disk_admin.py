@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from asynchicache.storage.header import (
     peek_header_len,
 )
 from asynchicache.storage.page_file import read_header
+from asynchicache.storage.pins import PINS_DIR, load_pins
 
 
 @dataclass
@@ -38,6 +40,8 @@ class NamespaceReport:
     pages: int = 0
     bytes: int = 0
     in_use: bool = False  # a live server leases it (its pages are not evicted for others)
+    pins: int = 0  # unexpired pins (storage.pins)
+    pinned_pages: int = 0  # distinct pages they name
 
 
 @dataclass
@@ -64,6 +68,8 @@ def folder_stats(root: Path) -> FolderReport:
     report = FolderReport(str(root))
     for ns_dir in namespace_dirs(root):
         ns = NamespaceReport(ns_dir.name, in_use=in_use(ns_dir))
+        pins = load_pins(ns_dir / PINS_DIR, time.time())
+        ns.pins, ns.pinned_pages = len(pins), len({h for p in pins for h in p.pages})
         for path in page_files(ns_dir):
             if path.name.startswith(TMP_PREFIX):
                 report.temp_files += 1
@@ -81,6 +87,8 @@ def verify_folder(root: Path, remove: bool = True) -> FolderReport:
     report = FolderReport(str(root))
     for ns_dir in namespace_dirs(root):
         ns = NamespaceReport(ns_dir.name, in_use=in_use(ns_dir))
+        pins = load_pins(ns_dir / PINS_DIR, time.time())
+        ns.pins, ns.pinned_pages = len(pins), len({h for p in pins for h in p.pages})
         for path in page_files(ns_dir):
             if path.name.startswith(TMP_PREFIX):
                 report.temp_files += 1
@@ -198,6 +206,8 @@ def _report_text(report: FolderReport, action: str) -> str:
             f"  {ns.folder}  {ns.pages:8d} pages  {ns.bytes / 1e9:8.3f} GB  "
             f"{'in use' if ns.in_use else 'unused'}  {ns.namespace}"
         )
+        if ns.pins:
+            lines.append(f"      {ns.pins} pins, {ns.pinned_pages} pinned pages")
     if report.temp_files:
         lines.append(f"  {report.temp_files} temporary files (writes in progress or interrupted)")
     if action == "verify":

@@ -20,7 +20,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from asynchicache.storage.base import PageRef
 from asynchicache.storage.disk_names import TMP_PREFIX
@@ -37,7 +37,7 @@ from asynchicache.storage.header import PageHeader, encode_header, payload_check
 from asynchicache.storage.page_file import PageFiles
 
 if TYPE_CHECKING:
-    from asynchicache.storage.disk import DiskConfig
+    from asynchicache.storage.disk_config import DiskConfig, IoBatch
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class PageWriter:
         self._path_of = path_of
         self._count = count
 
-    def write_temp(self, page: PageRef, batch: Any, stamp_ns: int) -> Path | str:
+    def write_temp(self, page: PageRef, batch: IoBatch, stamp_ns: int) -> Path | str:
         """Write one page to a temp file in its final folder; the path, or the error text."""
         if batch.late():
             return "past the request's deadline"

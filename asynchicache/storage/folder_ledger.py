@@ -45,6 +45,7 @@ from asynchicache.storage.disk_names import (
     page_subdirs,
     scandir,
 )
+from asynchicache.storage.fileio import write_private_text
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +144,8 @@ class FolderLedger:
         return usage
 
     def _write(self, usage: Usage) -> None:
-        path = self.root / USAGE_NAME
-        tmp = path.with_name(f"{USAGE_NAME}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(f"{usage.bytes} {usage.counted_at:.3f}\n")
-        os.replace(tmp, path)  # a reader without the lock (peek) never sees half a line
+        # Atomic: a reader without the lock (peek) never sees half a line.
+        write_private_text(self.root / USAGE_NAME, f"{usage.bytes} {usage.counted_at:.3f}\n")
 
     def _lock(self) -> None:
         if not self._flock:

@@ -19,23 +19,21 @@ it is a counted miss); the folder's usage ledger is updated here.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asynchicache.storage.base import Cleared, ClearScope, PageLayout
+from asynchicache.storage.base import Cleared, ClearScope
 from asynchicache.storage.disk_clear import drop_pins, plan_clear
 from asynchicache.storage.disk_folder import LEASE_NAME, exclusive
 from asynchicache.storage.disk_names import namespace_folders, unlink_size
 from asynchicache.storage.folder_ledger import FolderLedger
-from asynchicache.storage.page_file import read_header
+from asynchicache.storage.namespace_meta import META_NAME, FolderNamespace, read_namespace
 from asynchicache.storage.pins import PINS_DIR, PinStore
 from asynchicache.storage.redis import remote_key_prefix
 from asynchicache.storage.redis_admin import clear_prefix
 from asynchicache.storage.redis_topology import admin_client, parse_remote_url
 
-META_NAME = "namespace.json"
 ALL_REMOTE_PREFIX = b"ackv:"
 
 RootOf = Callable[[bytes], bytes]  # namespace bytes -> the chain root to clear
@@ -78,28 +76,6 @@ class ClearReport:
         disk, remote = total(self.disk), total(self.remote)
         return {"removed": int(disk["removed"]) + int(remote["removed"]),  # type: ignore[call-overload]
                 "disk": disk, "remote": remote}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class FolderNamespace:
-    """What a namespace folder holds: its namespace bytes and layout (None: unknown)."""
-
-    folder: Path
-    namespace: bytes = b""
-    layout: PageLayout | None = None
-
-
-def read_namespace(folder: Path) -> FolderNamespace:
-    """From `namespace.json`, else from the first page header that parses."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        meta = json.loads((folder / META_NAME).read_text())
-        layout = PageLayout(str(meta["dtype"]), tuple(int(d) for d in meta["shape"]))
-        return FolderNamespace(folder, bytes.fromhex(meta["namespace"]), layout)
-    for path in sorted(folder.glob("??/*.kv")):
-        header = read_header(path)
-        if not isinstance(header, str):
-            return FolderNamespace(folder, header.namespace, header.layout)
-    return FolderNamespace(folder)
 
 
 def clear_offline(req: ClearRequest) -> ClearReport:

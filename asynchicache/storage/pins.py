@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asynchicache.storage.disk_names import namespace_folders, scandir
+from asynchicache.storage.fileio import write_private_text
 
 log = logging.getLogger(__name__)
 
@@ -139,12 +139,7 @@ class PinStore:
     def write(self, pin: Pin) -> None:
         """Create or replace a pin (atomic: a reader sees the old or the new file)."""
         self.dir.mkdir(mode=0o700, exist_ok=True)
-        path = self.dir / (pin.pin_id + PIN_SUFFIX)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(pin.to_json())
-        os.replace(tmp, path)
+        write_private_text(self.dir / (pin.pin_id + PIN_SUFFIX), pin.to_json())
         self.invalidate()
 
     def remove(self, pin_ids: Iterable[str]) -> int:

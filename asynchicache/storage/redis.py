@@ -39,9 +39,7 @@ from enum import StrEnum
 
 import numpy as np
 import xxhash
-from redis.exceptions import ClusterError, RedisClusterException, ResponseError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import ResponseError
 
 from asynchicache.storage.base import BackendStats, Cleared, ClearScope, PageLayout, PageRef
 from asynchicache.storage.breaker import CircuitBreaker
@@ -50,6 +48,7 @@ from asynchicache.storage.disk import check_pool
 from asynchicache.storage.events import EventLog, Tier
 from asynchicache.storage.page_index import IndexedPage
 from asynchicache.storage.redis_admin import clear_prefix, list_pages
+from asynchicache.storage.redis_link import OUTAGE, RemoteLink
 from asynchicache.storage.redis_topology import (
     RedisTopology,
     RemoteEndpoint,
@@ -62,8 +61,6 @@ from asynchicache.storage.write_behind import StagedPages
 
 log = logging.getLogger(__name__)
 
-# What "the server is not there" looks like, from our sockets and from redis-py.
-_OUTAGE = (OSError, RedisConnectionError, RedisTimeoutError, ClusterError, RedisClusterException)
 _UNLINK_BATCH = 512
 
 
@@ -165,11 +162,14 @@ class RedisBackend:
         self._stats = BackendStats()
         self._stats_lock = threading.Lock()
         self._breaker = CircuitBreaker(config.retry_initial_s, config.retry_max_s)
-        self._topology: RedisTopology | None = None
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="redis-io")
-        self._closing = threading.Event()
-        self._prober = threading.Thread(target=self._probe_loop, name="redis-probe", daemon=True)
-        self._prober.start()
+        self._link = RemoteLink(
+            self._endpoint,
+            config.control_timeout_s,
+            self._breaker,
+            self._count,
+            f"key prefix {self.prefix.decode()}",
+        )
 
     # -- StorageBackend -------------------------------------------------
 
@@ -285,7 +285,7 @@ class RedisBackend:
         client = admin_client(self._endpoint)
         try:
             done = clear_prefix(client, self.prefix, scope, pinned, self._events.removed)
-        except _OUTAGE as exc:
+        except OUTAGE as exc:
             return Cleared(error=f"remote tier failed during the clear: {exc}")
         except ResponseError as exc:
             return Cleared(error=f"remote tier refused the clear: {exc}")
@@ -301,7 +301,7 @@ class RedisBackend:
         client = admin_client(self._endpoint)
         try:
             return list_pages(client, self.prefix)
-        except (*_OUTAGE, ResponseError) as exc:
+        except (*OUTAGE, ResponseError) as exc:
             log.warning("remote contents failed: %s", exc)
             return None
         finally:
@@ -317,12 +317,8 @@ class RedisBackend:
         return snap
 
     def close(self) -> None:
-        self._closing.set()
-        self._breaker.wake()
-        self._prober.join(timeout=5.0)
+        self._link.close()
         self._io.shutdown(wait=True)
-        if self._topology is not None:
-            self._topology.close()
 
     # -- extras -----------------------------------------------------------
 
@@ -380,7 +376,7 @@ class RedisBackend:
         for fresh in (False, True):
             reused = False
             try:
-                topo = self._topology
+                topo = self._link.topology
                 if topo is None:
                     raise ConnectionError("remote tier not connected")
                 with topo.connection(node, fresh) as conn:
@@ -390,7 +386,7 @@ class RedisBackend:
             except _JobLate:
                 rest = _Status.LATE
                 break
-            except _OUTAGE as exc:
+            except OUTAGE as exc:
                 if passed(deadline):  # our own time limit, not the server's fault
                     rest = _Status.LATE
                     break
@@ -427,7 +423,7 @@ class RedisBackend:
     def _error_reply(self, i: int, exc: RespError) -> _PageRead:
         if exc.kind in ("MOVED", "ASK"):
             self._count(moved=1)
-            self._refresh_topology()
+            self._link.refresh_topology()
         else:
             self._count(server_errors=1)
             log.debug("redis GET error reply: %s", exc)
@@ -495,7 +491,7 @@ class RedisBackend:
                 else:
                     pipe.exists(k)
             return [bool(x) for x in pipe.execute()]
-        except _OUTAGE as exc:
+        except OUTAGE as exc:
             self._outage(exc)
         except ResponseError as exc:
             self._count(server_errors=1)
@@ -513,7 +509,7 @@ class RedisBackend:
                 for key in keys[k : k + _UNLINK_BATCH]:
                     pipe.unlink(key)
                 removed += sum(int(x) for x in pipe.execute())
-        except _OUTAGE as exc:
+        except OUTAGE as exc:
             self._outage(exc)
         except ResponseError as exc:
             log.warning("remote UNLINK failed: %s", exc)
@@ -527,7 +523,7 @@ class RedisBackend:
         try:
             for i, key in enumerate(call.keys):
                 by_node.setdefault(topo.node_of(key), []).append(i)
-        except _OUTAGE as exc:
+        except OUTAGE as exc:
             self._outage(exc)
             return [_PageRead(i, _Status.FAILED) for i in range(len(call.keys))]
         step = self.config.batch_pages
@@ -541,56 +537,10 @@ class RedisBackend:
         return sorted(results, key=lambda r: r.index)
 
     def _usable(self) -> RedisTopology | None:
-        topo = self._topology
-        if topo is None or not self._breaker.up:
-            self._count(skipped_down=1)
-            return None
-        return topo
+        return self._link.usable()
 
     def _outage(self, exc: BaseException) -> None:
-        reason = f"{type(exc).__name__}: {exc}"
-        if self._breaker.trip(reason):
-            log.warning(
-                "remote tier %s unavailable (%s); serving without it until it answers again",
-                self._endpoint,
-                reason,
-            )
-        self._count(transport_errors=1)
-
-    def _refresh_topology(self) -> None:
-        topo = self._topology
-        if topo is None:
-            return
-        try:
-            topo.refresh()
-        except _OUTAGE as exc:
-            self._outage(exc)
-
-    def _probe_loop(self) -> None:
-        while self._breaker.wait_probe(self._closing):
-            try:
-                topo = RedisTopology(self._endpoint, self.config.control_timeout_s)
-            except _OUTAGE as exc:
-                self._probe_failed(exc)
-                continue
-            try:
-                topo.check()
-            except (*_OUTAGE, RespError) as exc:
-                topo.close()
-                self._probe_failed(exc)
-                continue
-            old, self._topology = self._topology, topo
-            if old is not None:
-                old.close()
-            self._breaker.recovered()
-            log.info("remote tier %s available (key prefix %s)", self._endpoint, self.prefix)
-
-    def _probe_failed(self, exc: BaseException) -> None:
-        reason = f"{type(exc).__name__}: {exc}"
-        first = self._breaker.probes_failed == 0 and self._breaker.trips == 0
-        self._breaker.probe_failed(reason)
-        level = logging.WARNING if first else logging.DEBUG
-        log.log(level, "remote tier %s not reachable: %s; retrying", self._endpoint, reason)
+        self._link.outage(exc)
 
     def _count(self, **deltas: int) -> None:
         with self._stats_lock:
