@@ -49,7 +49,7 @@ def plan_clear(
     files = namespace_pages(folder)
     chosen = set(files)
     if scope.root:
-        parents = dict(known_parents or {})
+        parents = {h: p for h, p in (known_parents or {}).items() if p}  # b"": not known
         for page_hash, path in files.items():
             if page_hash not in parents:
                 header = read_header(path)  # a damaged file has no parent: not attributed

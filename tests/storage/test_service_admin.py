@@ -116,3 +116,28 @@ def test_clear_one_salt_keeps_the_rest_and_pinned_pages_unless_asked(
     forced = client.clear(("disk",), root=salt, include_pinned=True)
     assert forced is not None and forced.removed == 3 and client.pins().pins == ()  # type: ignore[union-attr]
     assert client.exists(hashes(others)) == 6
+
+
+def test_a_salt_clear_finds_the_chains_another_service_stored(
+    tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
+) -> None:
+    """B adopted A's pages by name (the first one's parent unknown to B): its salt clear reads
+    what it lacks from the headers and removes the whole chain."""
+    a_addr, b_addr = f"ipc://{sock_dir}/a.sock", f"ipc://{sock_dir}/b.sock"
+    services(tmp_path / "kv", a_addr)
+    services(tmp_path / "kv", b_addr)
+    pool_a, pool_b = make_pool(16), make_pool(16)
+    pool_a.fill(range(16))
+    a, b = clients(a_addr, pool_a), clients(b_addr, pool_b)
+    salt = NS.with_salt("tenant-a").digest()
+    tenant, others = chain(salt, 0, 6), chain(NS.digest(), 0, 4, 6)
+    store(a, tenant)
+    store(a, others)
+    assert b.exists(hashes(tenant)) == 6 and b.exists(hashes(others)) == 4  # adopted
+    done = b.clear(("disk",), root=salt)
+    assert done is not None and done.removed == 6
+    assert a.exists(hashes(tenant)) == 6  # A's index still names them ...
+    assert b.exists(hashes(tenant)) == 0 and b.exists(hashes(others)) == 4
+    ticket = a.submit_load(hashes(tenant), list(range(6)))
+    [loaded] = a.wait([ticket], 30)
+    assert loaded.pages_ok == 0  # ... but they are gone: misses
