@@ -1,4 +1,4 @@
-"""Command line: `asynchicache serve | bench ... | cache ...`.
+"""Command line: `asynchicache serve | bench ... | cache ... | model ...`.
 
 Sub-commands import their layer lazily so `--help` stays fast.
 """
@@ -24,6 +24,12 @@ BENCHMARKS = {
     "serve": "asynchicache.bench.client",
     "sweep": "asynchicache.bench.sweep",
     "soak": "asynchicache.bench.soak",
+    "vllm": "asynchicache.bench.vllm",
+}
+
+# model sub-command -> module whose `main(argv) -> int` runs it
+MODEL_COMMANDS = {
+    "export-hf": "asynchicache.engine.export_hf",
 }
 
 
@@ -38,6 +44,11 @@ def _cmd_cache(args: argparse.Namespace, rest: list[str]) -> int:
     if rest:
         raise SystemExit(f"asynchicache cache: unknown arguments {rest}")
     return cache_command(args.cache_cmd, args.disk_cache_dir, as_json=args.json)
+
+
+def _cmd_model(args: argparse.Namespace, rest: list[str]) -> int:
+    module = importlib.import_module(MODEL_COMMANDS[args.model_cmd])
+    return int(module.main(rest) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--disk-cache-dir", type=Path, default=None, help="default: ~/.cache/...")
     cache.add_argument("--json", action="store_true", help="machine-readable output")
     cache.set_defaults(func=_cmd_cache)
+    # No -h of its own either: `model export-hf --help` reaches the sub-command's parser.
+    model = sub.add_parser("model", help="model tools (export-hf)", add_help=False)
+    model.add_argument("model_cmd", choices=sorted(MODEL_COMMANDS), help="what to do")
+    model.set_defaults(func=_cmd_model)
     return parser
 
 
