@@ -153,11 +153,11 @@ def fingerprint(config: ModelConfig, files: list[Path]) -> str:
     digest = xxhash.xxh3_128()
     digest.update(json.dumps(asdict(config), sort_keys=True, default=str).encode())
     for file in files:
-        digest.update(_content_digest(file))
+        digest.update(content_digest(file))
     return digest.hexdigest()
 
 
-def _content_digest(path: Path) -> bytes:
+def content_digest(path: Path) -> bytes:
     """Full xxh3 of the file up to 1 GiB; beyond, its size and 64 spread 1 MiB samples."""
     size = path.stat().st_size
     digest = xxhash.xxh3_128(size.to_bytes(8, "little"))
