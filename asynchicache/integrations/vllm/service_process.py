@@ -35,6 +35,15 @@ log = logging.getLogger(__name__)
 _PARENT_POLL_S = 0.5
 
 
+def service_pid(address: str) -> int | None:
+    """The pid of the service holding `address`'s lock, if one wrote it there."""
+    try:
+        text = lock_path(address).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
 def lock_path(address: str) -> Path:
     """The lock file that guards `address` (next to an ipc socket, else in the runtime dir)."""
     if address.startswith("ipc://"):
@@ -96,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return 0  # another service holds this address
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())  # who serves the address (tools, tests)
     threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
     return service.main(rest)
 
