@@ -73,6 +73,8 @@ def vllms(
             "cache_service": f"ipc://{root / name / 'run' / 'cache.sock'}",
             "remote_url": redis_server.url,
             "host_cache_gb": 0.004,
+            # a loaded test machine must not turn hits into misses
+            "lookup_timeout": 5.0, "prefetch_timeout": 30.0,
         }
         return VllmFlags(tiny_hf, kv_cache_bytes=32 << 20, connector=CONNECTOR,
                          extra_config=extra)

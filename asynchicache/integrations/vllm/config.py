@@ -34,8 +34,9 @@ class ConnectorConfig:
     cache_service: str | None = None
     start_service: bool = True  # start a service when none answers at the address
     service_start_timeout: float = 60.0  # seconds to wait for it at vLLM start-up
-    lookup_timeout: float = 0.2  # s: an unanswered "how far does the chain exist" is 0
+    lookup_timeout: float = 0.5  # s: an unanswered "how far does the chain exist" is 0
     prefetch_timeout: float = 2.0  # s: a load into L2 not done by then is a miss
+    store_timeout: float = 60.0  # s: a store the service has not finished by then failed
     min_load_tokens: int = 0  # hits shorter than this are recomputed
     load_async: bool = True  # vLLM's load_kv_async: copy into its blocks between steps
     service_log_level: str = "WARNING"
@@ -43,7 +44,7 @@ class ConnectorConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "disk_cache_dir", Path(self.disk_cache_dir).expanduser())
         for name in ("disk_cache_gb", "host_cache_gb", "page_size", "lookup_timeout",
-                     "prefetch_timeout", "service_start_timeout"):
+                     "prefetch_timeout", "store_timeout", "service_start_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"kv_connector_extra_config.{name} must be positive, "
                                  f"got {getattr(self, name)!r}")

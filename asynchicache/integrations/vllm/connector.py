@@ -7,6 +7,7 @@ only maps vLLM's methods onto them; see those modules for the behaviour.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,6 +43,16 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
+def _route_logs() -> None:
+    """Our loggers write where vLLM's do (vLLM configures only its own logger)."""
+    ours, theirs = logging.getLogger("asynchicache"), logging.getLogger("vllm")
+    if not ours.handlers and theirs.handlers:
+        for handler in theirs.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+
+
 class AsynchicacheConnector(KVConnectorBase_V1):
     """asynchicache's L2 host, L3 disk and L4 remote tiers as a vLLM KV connector."""
 
@@ -52,6 +63,7 @@ class AsynchicacheConnector(KVConnectorBase_V1):
         kv_cache_config: KVCacheConfig | None = None,
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        _route_logs()
         if kv_cache_config is None:
             raise ValueError("AsynchicacheConnector needs vLLM's KVCacheConfig (vLLM >= 0.11)")
         self._config = ConnectorConfig.from_extra(

@@ -70,6 +70,8 @@ class Lookup:
     host_slots: list[int] = field(default_factory=list)  # pinned L2 hits, in chain order
     loaded_slots: list[int] = field(default_factory=list)  # pinned, read by the prefetch
     from_remote: int = 0  # of `loaded_slots`, how many came from L4
+    load_job: int = 0  # the prefetch (LOADING)
+    loading_since: float = 0.0
     answer_pages: int = 0
     committed: bool = False  # vLLM took the hit (a load job holds the pins now)
 

@@ -120,8 +120,14 @@ class SchedulerSide:
             if lk is not None and not lk.committed:
                 self._drop(lk)
             lk = self._start(request, first_page)
-        if lk.phase is Phase.ASKING and time.monotonic() - lk.started > self.config.lookup_timeout:
+        now = time.monotonic()
+        if lk.phase is Phase.ASKING and now - lk.started > self.config.lookup_timeout:
             self.stats.add("lookup_timeouts")
+            self._answer(lk)
+        elif lk.phase is Phase.LOADING and now - lk.loading_since > self.config.prefetch_timeout:
+            # Give up on it (the slots stay WRITING until the ticket ends) and recompute.
+            self.stats.add("prefetch_failures")
+            self.link.cancel(lk.load_job)
             self._answer(lk)
         if lk.phase is not Phase.ANSWERED:
             return None, False
@@ -168,7 +174,7 @@ class SchedulerSide:
         job = next(self._ids)
         self._jobs[job] = _Job(JobKind.PREFETCH, lk.req_id, slots, refs, lk.key)
         self.link.load(job, [r.page_hash for r in refs], slots)
-        lk.phase = Phase.LOADING
+        lk.phase, lk.load_job, lk.loading_since = Phase.LOADING, job, time.monotonic()
 
     def _on_prefetched(self, job_id: int, job: _Job, done: TicketDone) -> None:
         ok = done.pages_ok if done.settled else 0

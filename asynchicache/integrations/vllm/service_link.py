@@ -82,6 +82,11 @@ class _Store:
     pages: tuple[PageRef, ...]
 
 
+@dataclass(frozen=True)
+class _Cancel:
+    job: int
+
+
 class ServiceLink:
     """Owns a `StorageClient` registered with our L2 segment, on a private thread."""
 
@@ -94,7 +99,9 @@ class ServiceLink:
             namespace=namespace,
             segment=segment,
             layout=layout,
-            ticket_timeout_s=config.prefetch_timeout,
+            # Loads are given up earlier by the scheduler side (prefetch_timeout,
+            # then cancelled); their slots stay quarantined until the ticket ends.
+            ticket_timeout_s=config.store_timeout,
             exists_timeout_s=config.lookup_timeout,
         )
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -123,6 +130,10 @@ class ServiceLink:
 
     def store(self, job: int, pages: Sequence[PageRef]) -> None:
         self._inbox.put(_Store(job, tuple(pages)))
+
+    def cancel(self, job: int) -> None:
+        """Ask the service to skip `job` if it has not started; it still reports done."""
+        self._inbox.put(_Cancel(job))
 
     def events(self) -> list[LinkEvent]:
         out = []
@@ -184,6 +195,10 @@ class ServiceLink:
             tickets[client.submit_load(cmd.hashes, cmd.slots)] = cmd.job
         elif isinstance(cmd, _Store):
             tickets[client.submit_store(cmd.pages)] = cmd.job
+        elif isinstance(cmd, _Cancel):
+            for ticket, job in tickets.items():
+                if job == cmd.job:
+                    client.cancel(ticket)
 
     def _report(self, done: Completion | Settled, tickets: dict[int, int]) -> None:
         if isinstance(done, Settled):

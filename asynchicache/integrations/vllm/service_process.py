@@ -8,10 +8,12 @@ it binds, so when two vLLM instances start at once only one service runs (the
 other child exits at once, and its vLLM connects to the winner). The lock goes
 with the process, so a crashed service frees the address for the next start.
 
-The child belongs to the vLLM process that started it: it stops (cleanly, its
-writes finished) when that process exits, even by SIGKILL, because it watches
-its parent. Other vLLM instances using it then find no service and start
-their own; until it answers they serve by recompute.
+The service belongs to the vLLM process that started it: it stops (cleanly,
+its writes finished) when that process is gone, even after a SIGKILL, because
+it watches that pid. It detaches first (a second fork, its own session): vLLM
+SIGKILLs the descendants of its engine core at shutdown, which would cut a
+page write short. Other vLLM instances using it then find no service and
+start their own; until it answers they serve by recompute.
 """
 
 from __future__ import annotations
@@ -84,10 +86,20 @@ def spawn_service(config: ConnectorConfig) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-def _watch_parent(parent: int) -> None:
-    while os.getppid() == parent:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch_owner(owner: int) -> None:
+    while _alive(owner):
         threading.Event().wait(_PARENT_POLL_S)
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)  # the service's handler: finish writes, then exit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock", type=Path, required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
     args = parser.parse_args(argv)
+    if os.fork():  # detach from vLLM's process tree (see the module docstring)
+        os._exit(0)
     fd = os.open(args.lock, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -107,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # another service holds this address
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())  # who serves the address (tools, tests)
-    threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
+    threading.Thread(target=_watch_owner, args=(args.parent_pid,), daemon=True).start()
     return service.main(rest)
 
 
