@@ -61,4 +61,5 @@ class AppContext:
     tokenizer: TextTokenizer
     model: ModelInfo
     api_key: str | None = None
+    admin_api_key: str | None = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)

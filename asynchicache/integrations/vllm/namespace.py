@@ -17,10 +17,32 @@ from pathlib import Path
 import xxhash
 
 from asynchicache.cache.keys import KV_LAYOUT_VERSION, Namespace
-from asynchicache.engine.loader import content_digest
 
 ENGINE = "vllm"
+# vLLM's arithmetic is named by its version, device and backend in the engine marker;
+# this counts changes of how *we* turn its blocks into pages.
+NUMERICS_VERSION = 1
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+_FULL_HASH_BYTES = 1 << 30  # larger files are hashed by samples
+_SAMPLE_BYTES = 1 << 20
+_SAMPLES = 64
+
+
+def content_digest(path: Path) -> bytes:
+    """Full xxh3 of the file up to 1 GiB; beyond, its size and 64 spread 1 MiB samples
+    (so a multi-GB checkpoint fingerprints in well under a second)."""
+    size = path.stat().st_size
+    digest = xxhash.xxh3_128(size.to_bytes(8, "little"))
+    with path.open("rb") as f:
+        if size <= _FULL_HASH_BYTES:
+            while chunk := f.read(16 << 20):
+                digest.update(chunk)
+            return digest.digest()
+        step = (size - _SAMPLE_BYTES) // (_SAMPLES - 1)
+        for i in range(_SAMPLES):
+            f.seek(i * step)
+            digest.update(f.read(_SAMPLE_BYTES))
+    return digest.digest()
 
 
 @dataclass(frozen=True)
@@ -62,8 +84,10 @@ def vllm_namespace(identity: ModelIdentity, page_size: int) -> Namespace:
     """The unsalted namespace every page of this vLLM instance lives in."""
     fingerprint = weights_fingerprint(identity.model, identity.revision)
     return Namespace(
-        model_fingerprint=f"{identity.engine_marker}|{identity.model}|{fingerprint}",
+        model_fingerprint=f"{identity.model}|{fingerprint}",
         dtype=identity.kv_dtype,
         page_size=page_size,
         layout_version=KV_LAYOUT_VERSION,
+        engine=identity.engine_marker,
+        numerics_version=NUMERICS_VERSION,
     )

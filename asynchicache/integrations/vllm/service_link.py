@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.service_process import spawn_service
 from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled, TicketKind
-from asynchicache.storage.client import ClientConfig, StorageClient
+from asynchicache.storage.client import StorageClient
+from asynchicache.storage.client_config import ClientConfig
 
 log = logging.getLogger(__name__)
 
