@@ -136,6 +136,10 @@ class ServiceLink:
         """Ask the service to skip `job` if it has not started; it still reports done."""
         self._inbox.put(_Cancel(job))
 
+    def has_events(self) -> bool:
+        """Whether `events()` would return something now."""
+        return not self._outbox.empty()
+
     def events(self) -> list[LinkEvent]:
         out = []
         while True:
