@@ -88,7 +88,9 @@ class SchedulerSide:
         self.index = HostIndex(slots)
         page = PageLayout(str(spec.dtype).removeprefix("torch."), layout.page_shape)
         self.link = ServiceLink(config, self.namespace.encode(), self.pool.name, page)
-        if not self.link.wait_connected(config.service_start_timeout):
+        # Start-up may wait for a service we start; one we only connect to answers at once.
+        wait = config.service_start_timeout if config.start_service else 2.0
+        if not self.link.wait_connected(wait):
             log.warning("no asynchicache cache service at %s yet; recomputing until one answers",
                         config.service_address)
         self.stats = AsynchicacheStats()
