@@ -146,7 +146,10 @@ class SchedulerSide:
         self.stats.add("lookups")
         lk.host_slots = self.index.leading(hashes[first_page : first_page + want])
         self.index.pin(lk.host_slots)
-        if len(lk.host_slots) == want or not self.link.connected:
+        if len(lk.host_slots) == want:
+            self._answer(lk)
+        elif not self.link.connected:  # no service: what L2 holds, at once
+            self.stats.add("service_unavailable")
             self._answer(lk)
         else:
             self._waiting[lk.key] = lk

@@ -26,7 +26,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 TIERS = ("host", "disk", "remote")
 DIRECTIONS = ("load", "save")
 EVENTS = (
-    "lookups", "lookup_hits", "lookup_timeouts", "prefetch_failures", "load_errors",
+    "lookups", "lookup_hits", "lookup_timeouts", "service_unavailable", "prefetch_failures",
+    "load_errors",
     "pages_stored", "store_failures", "saves_skipped", "save_errors",
 )
 
