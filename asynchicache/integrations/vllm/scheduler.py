@@ -220,6 +220,9 @@ class SchedulerSide:
         lk.phase = Phase.ANSWERED
         if pages:
             self.stats.add("lookup_hits")
+            log.info("asynchicache hit for %s: %d tokens (%d host, %d disk, %d remote pages) "
+                     "in %.3f s", lk.req_id, pages * self.page_size, split.host, split.disk,
+                     split.remote, time.monotonic() - lk.started)
 
     def _drop(self, lk: Lookup) -> None:
         """Forget an uncommitted lookup: its pins go; a pending answer is ignored."""
