@@ -1,7 +1,7 @@
 """`asynchicache bench vllm`: time to first token under vLLM, with and without our tiers.
 
     asynchicache bench vllm [--model HF_DIR] [--prompt-tokens 1500] [--rounds 3]
-        [--python .venv-vllm/bin/python] [--out FILE.json]
+        [--python .venv-vllm/bin/python] [--block-size N] [--out FILE.json]
 
 Starts the servers itself, all with identical vLLM flags (eager, float32, the
 same max-model-len and KV cache size), sends one warm-up request to each
@@ -51,6 +51,7 @@ class BenchConfig:
     max_model_len: int = 4096
     kv_cache_bytes: int = 1 << 30
     work_dir: Path | None = None
+    block_size: int | None = None  # vLLM's --block-size for every arm (None: its default)
 
     def __post_init__(self) -> None:
         if self.rounds <= 0 or self.prompt_tokens <= 0:
@@ -124,7 +125,9 @@ def _external_hits(server: VllmServer) -> float:
 
 
 def _arms(config: BenchConfig, model: Path, work: Path) -> dict[str, Arm]:
-    common = {"max_model_len": config.max_model_len, "kv_cache_bytes": config.kv_cache_bytes}
+    extra = () if config.block_size is None else ("--block-size", str(config.block_size))
+    common = {"max_model_len": config.max_model_len, "kv_cache_bytes": config.kv_cache_bytes,
+              "extra": extra}
     ours = VllmFlags(model, connector="AsynchicacheConnector", extra_config={
         "disk_cache_dir": str(work / "ours-kv"),
         "cache_service": f"ipc://{work / 'run' / 'cache.sock'}",
@@ -184,6 +187,7 @@ def _report(config: BenchConfig, times: dict[str, list[float]],
         "rounds": {arm: [round(t, 4) for t in ts] for arm, ts in times.items()},
         "hit_tokens": hits,
         "prompt_tokens_target": config.prompt_tokens,
+        "block_size": config.block_size,
         "ours_restart_vs_vllm_cold": round(med["ours_restart"] / med["vllm_cold"], 4),
         "ours_restart_vs_example_restart": round(med["ours_restart"] / med["example_restart"], 4),
         "ours_cold_vs_vllm_cold": round(med["ours_cold"] / med["vllm_cold"], 4),
@@ -205,10 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--python", default=sys.executable,
                    help="the Python with vLLM installed (e.g. .venv-vllm/bin/python)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="vLLM --block-size for all arms (CPU: a multiple of 32; default: vLLM's)")
     p.add_argument("--work-dir", type=Path, default=None, help="logs, disk caches (default: tmp)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     a = p.parse_args(argv)
-    result = run(BenchConfig(a.model, a.prompt_tokens, a.rounds, a.python, work_dir=a.work_dir))
+    result = run(BenchConfig(a.model, a.prompt_tokens, a.rounds, a.python, work_dir=a.work_dir,
+                             block_size=a.block_size))
     text_out = json.dumps(result, indent=2)
     print(text_out)
     if a.out is not None:
