@@ -19,7 +19,9 @@ from vllm_helpers import RedisServer, redis_binary
 
 from asynchicache.engine.export_hf import export_hf
 
-if importlib.util.find_spec("vllm") is None:
+# `tests/` is on sys.path, so a bare "vllm" would find this very folder as a
+# namespace package: ask for a module only the real vLLM has.
+if importlib.util.find_spec("vllm.entrypoints") is None:
     collect_ignore_glob = ["test_*.py"]
 
 TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
