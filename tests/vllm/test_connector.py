@@ -28,6 +28,7 @@ from vllm_helpers import (
     prompt,
     server,
     start_all,
+    stored_since,
     text_of,
     wait_for,
 )
@@ -169,7 +170,7 @@ def test_corrupt_and_truncated_page_files_are_misses_then_hits_resume(
         before = set(vllms.a_disk.rglob("*.kv"))
         stored = event(vllms.a, "pages_stored")
         assert text_of(vllms.a, p) == want
-        wait_for(lambda: event(vllms.a, "pages_stored") - stored >= LOADED // 16)
+        wait_for(lambda: stored_since(vllms.a, stored) >= LOADED // 16)
         files = _new_files(vllms.a_disk, before)
         assert len(files) >= LOADED // 16
         flipped, cut = files[3], files[7]
@@ -197,7 +198,7 @@ def test_service_killed_mid_load_recomputes_then_hits_resume(vllms: Instances) -
     stored = event(vllms.a, "pages_stored")
     for q, want in zip(prompts, wants, strict=True):
         assert text_of(vllms.a, q) == want
-    wait_for(lambda: event(vllms.a, "pages_stored") - stored >= 5 * LOADED // 16)
+    wait_for(lambda: stored_since(vllms.a, stored) >= 5 * LOADED // 16)
     vllms.evict_l2(vllms.a)
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(text_of, vllms.a, q) for q in prompts[:4]]

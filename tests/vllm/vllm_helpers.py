@@ -70,6 +70,13 @@ def wait_for(check: Callable[[], bool], timeout_s: float = 30.0, what: str = "")
         time.sleep(0.2)
 
 
+def stored_since(s: VllmServer, before: float) -> float:
+    """Pages stored since `before`. Stores finish after the step that saved them, and
+    vLLM collects connector stats only when it steps: a tiny request makes it step."""
+    s.complete([1, 2, 3], max_tokens=1)
+    return event(s, "pages_stored") - before
+
+
 def hit_after(s: VllmServer, tier: str, before: float, at_least: float) -> float:
     """Wait until `tier`'s hit counter grew by `at_least`; returns the growth."""
     wait_for(lambda: hits(s, tier) - before >= at_least, what=f"{at_least} {tier} hit tokens")
