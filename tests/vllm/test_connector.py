@@ -36,6 +36,10 @@ from vllm_helpers import (
 from asynchicache.bench.vllm_process import VllmFlags, VllmServer
 from asynchicache.integrations.vllm.service_process import service_pid
 
+# A vLLM start takes 30-120 s on 2 busy cores; the suite's 300 s per test is too tight
+# for a test whose fixture starts servers.
+pytestmark = pytest.mark.timeout(900)
+
 N = 700  # prompt tokens: 5 full blocks of 128 can be loaded (640 tokens)
 LOADED = 640
 FILLERS = 7  # 7 x 40 pages of other prompts push a prompt out of the 244-page L2

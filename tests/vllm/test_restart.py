@@ -16,6 +16,9 @@ from vllm_helpers import CONNECTOR, hit_after, hits, server
 from asynchicache.bench.text import text
 from asynchicache.bench.vllm_process import VllmFlags, VllmServer
 
+# A vLLM start takes 30-120 s on 2 busy cores; the suite's 300 s per test is too tight
+# for a test whose fixture starts servers.
+pytestmark = pytest.mark.timeout(900)
 
 def _flags(model: Path, disk: Path) -> VllmFlags:
     extra = {"disk_cache_dir": str(disk), "cache_service": f"ipc://{disk.parent}/run/c.sock",
