@@ -20,6 +20,7 @@ from asynchicache.bench.vllm_process import VllmFlags, VllmServer
 # for a test whose fixture starts servers.
 pytestmark = pytest.mark.timeout(900)
 
+
 def _flags(model: Path, disk: Path) -> VllmFlags:
     extra = {"disk_cache_dir": str(disk), "cache_service": f"ipc://{disk.parent}/run/c.sock",
              "host_cache_gb": 0.5, "lookup_timeout": 5.0, "prefetch_timeout": 30.0}
