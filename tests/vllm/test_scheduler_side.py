@@ -206,3 +206,19 @@ def test_service_killed_mid_load_is_a_miss_then_hits_resume(
              and pid_alive(p), timeout_s=60, what="a new service")
     wait_for(lambda: side.link.connected, timeout_s=60, what="the link to reconnect")
     assert answer(side, FakeRequest("again", tokens)) == (4 * BLOCK, True)
+
+
+def test_two_instances_on_one_machine_share_one_service(
+    side: SchedulerSide, config: ConnectorConfig
+) -> None:
+    tokens = list(range(300, 300 + 2 * BLOCK + 1))
+    compute_and_save(side, FakeRequest("first", tokens), [1, 2, 3])
+    stored(side, 4)
+    pid = service_pid(config.service_address)
+    second = SchedulerSide(spec(), config)  # another vLLM: its own L2 segment, same service
+    try:
+        assert second.pool.name != side.pool.name
+        assert answer(second, FakeRequest("from-first", tokens)) == (2 * BLOCK, True)
+        assert service_pid(config.service_address) == pid  # none started for it
+    finally:
+        second.shutdown()

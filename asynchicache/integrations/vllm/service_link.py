@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from asynchicache.integrations.vllm.config import ConnectorConfig
-from asynchicache.integrations.vllm.service_process import spawn_service
+from asynchicache.integrations.vllm.service_process import spawn_service, stop_own_service
 from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled, TicketKind
 from asynchicache.storage.client import StorageClient
 from asynchicache.storage.client_config import ClientConfig
@@ -151,13 +151,9 @@ class ServiceLink:
     def close(self, timeout_s: float = 30.0) -> None:
         self._stop.set()
         self._thread.join(timeout_s)
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()  # it finishes its writes, then exits
-            try:
-                self._proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        if self._proc is not None:  # we started one: stop it if it is still ours
+            self._proc.poll()  # reap the launcher (it exits once the service detached)
+            stop_own_service(self.config.service_address, timeout_s)
 
     # -- the thread ----------------------------------------------------------
 

@@ -9,8 +9,8 @@ other child exits at once, and its vLLM connects to the winner). The lock goes
 with the process, so a crashed service frees the address for the next start.
 
 The service belongs to the vLLM process that started it: it stops (cleanly,
-its writes finished) when that process is gone, even after a SIGKILL, because
-it watches that pid. It detaches first (a second fork, its own session): vLLM
+its writes finished) when that process's connector shuts down, or when that
+process is gone, even after a SIGKILL, because it watches that pid. It detaches first (a second fork, its own session): vLLM
 SIGKILLs the descendants of its engine core at shutdown, which would cut a
 page write short. Other vLLM instances using it then find no service and
 start their own; until it answers they serve by recompute.
@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from asynchicache.integrations.vllm.config import ConnectorConfig
@@ -37,13 +38,32 @@ log = logging.getLogger(__name__)
 _PARENT_POLL_S = 0.5
 
 
-def service_pid(address: str) -> int | None:
-    """The pid of the service holding `address`'s lock, if one wrote it there."""
+def service_holder(address: str) -> tuple[int, int] | None:
+    """(pid, owner pid) of the service holding `address`'s lock, as it wrote them there."""
     try:
-        text = lock_path(address).read_text().strip()
+        fields = lock_path(address).read_text().split()
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    if len(fields) != 2 or not all(f.isdigit() for f in fields):
+        return None
+    return int(fields[0]), int(fields[1])
+
+
+def service_pid(address: str) -> int | None:
+    """The pid of the service holding `address`'s lock (tools, tests)."""
+    holder = service_holder(address)
+    return None if holder is None else holder[0]
+
+
+def stop_own_service(address: str, timeout_s: float) -> None:
+    """Stop the service at `address` if this process started it (it finishes its writes)."""
+    holder = service_holder(address)
+    if holder is None or holder[1] != os.getpid() or not _alive(holder[0]):
+        return
+    os.kill(holder[0], signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(holder[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def lock_path(address: str) -> Path:
@@ -120,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     except BlockingIOError:
         return 0  # another service holds this address
     os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())  # who serves the address (tools, tests)
+    # Who serves the address, and for whom (tools, tests, the owner's clean stop).
+    os.write(fd, f"{os.getpid()} {args.parent_pid}\n".encode())
     threading.Thread(target=_watch_owner, args=(args.parent_pid,), daemon=True).start()
     return service.main(rest)
 
