@@ -20,6 +20,7 @@ import pytest
 import torch
 from vllm_helpers import pid_alive, wait_for
 
+from asynchicache.integrations.vllm import scheduler as scheduler_module
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.lookup import Phase, RequestChain
 from asynchicache.integrations.vllm.metadata import AsynchicacheWorkerMeta
@@ -173,8 +174,11 @@ def test_salted_chains_do_not_meet(side: SchedulerSide) -> None:
 
 
 def test_service_killed_mid_load_is_a_miss_then_hits_resume(
-    side: SchedulerSide, config: ConnectorConfig
+    side: SchedulerSide, config: ConnectorConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # No sleeping for the answer inside a call: the test steps between "exists"
+    # answered and the load sent.
+    monkeypatch.setattr(scheduler_module, "_YIELD_S", 0.0)
     tokens = list(range(7, 7 + 4 * BLOCK + 1))
     compute_and_save(side, FakeRequest("w", tokens), [1, 2, 3, 4, 5])
     stored(side, 8)

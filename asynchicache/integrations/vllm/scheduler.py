@@ -54,6 +54,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# While a lookup waits on the service, vLLM asks again at once, in a loop that on
+# a small machine leaves the service and our link thread no CPU. So a waiting
+# lookup sleeps (yields the CPU and the GIL) once per scheduler step, at most
+# this long, and wakes as soon as the answer is in.
+_YIELD_S = 0.002
+
 
 class JobKind(Enum):
     PREFETCH = auto()  # service: L3/L4 -> L2 slots (WRITING until done)
@@ -103,6 +109,7 @@ class SchedulerSide:
         self._jobs: dict[int, _Job] = {}
         self._loads: list[CopyJob] = []  # for the worker, with the next metadata
         self._covered: dict[str, int] = {}  # leading blocks known stored or being saved
+        self._yielded = False  # a waiting lookup slept in this scheduler step
         log.info("asynchicache connector: %d L2 slots of %d tokens in %s, service %s",
                  slots, config.page_size, self.pool.name, config.service_address)
 
@@ -122,6 +129,10 @@ class SchedulerSide:
             if lk is not None and not lk.committed:
                 self._drop(lk)
             lk = self._start(request, first_page)
+        if lk.phase is not Phase.ANSWERED and not self._yielded:
+            self._yielded = True
+            self.link.wait_events(_YIELD_S)
+            self._poll()
         now = time.monotonic()
         if lk.phase is Phase.ASKING and now - lk.started > self.config.lookup_timeout:
             self.stats.add("lookup_timeouts")
@@ -268,6 +279,7 @@ class SchedulerSide:
 
     def build_connector_meta(self, out: SchedulerOutput) -> AsynchicacheMetadata:
         self._poll()
+        self._yielded = False  # one schedule() call ends here
         meta = AsynchicacheMetadata(self.pool.name, self._loads, [], self.config.load_async)
         self._loads = []
         for new in out.scheduled_new_reqs:

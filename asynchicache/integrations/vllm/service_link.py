@@ -14,6 +14,7 @@ service answers, `exists` is 0 and tickets fail at once: vLLM recomputes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import subprocess
@@ -107,6 +108,7 @@ class ServiceLink:
         )
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue[LinkEvent] = queue.SimpleQueue()
+        self._early: list[LinkEvent] = []  # taken by wait_events, handed out by events
         self._stop = threading.Event()
         self._connected = threading.Event()
         self._proc: subprocess.Popen | None = None
@@ -138,10 +140,17 @@ class ServiceLink:
 
     def has_events(self) -> bool:
         """Whether `events()` would return something now."""
-        return not self._outbox.empty()
+        return bool(self._early) or not self._outbox.empty()
+
+    def wait_events(self, timeout_s: float) -> None:
+        """Sleep until an event is there or `timeout_s` passed (a bounded yield)."""
+        if self.has_events():
+            return
+        with contextlib.suppress(queue.Empty):
+            self._early.append(self._outbox.get(timeout=timeout_s))
 
     def events(self) -> list[LinkEvent]:
-        out = []
+        out, self._early = self._early, []
         while True:
             try:
                 out.append(self._outbox.get_nowait())

@@ -10,9 +10,10 @@ with the process, so a crashed service frees the address for the next start.
 
 The service belongs to the vLLM process that started it: it stops (cleanly,
 its writes finished) when that process's connector shuts down, or when that
-process is gone, even after a SIGKILL, because it watches that pid. It detaches first (a second fork, its own session): vLLM
-SIGKILLs the descendants of its engine core at shutdown, which would cut a
-page write short. Other vLLM instances using it then find no service and
+process is gone, even after a SIGKILL, because it watches that pid. It
+detaches first (a second fork, its own session): vLLM SIGKILLs the
+descendants of its engine core at shutdown, which would cut a page write
+short. Other vLLM instances using it then find no service and
 start their own; until it answers they serve by recompute.
 """
 
