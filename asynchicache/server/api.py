@@ -24,6 +24,7 @@ from asynchicache.server import completions
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineUnavailable
 from asynchicache.server.errors import APIError, install_error_handlers
+from asynchicache.server.requests import chat_prompt_ids
 from asynchicache.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -93,7 +94,7 @@ def _lookup_ids(ctx: AppContext, body: LookupRequest) -> list[int]:
         raise APIError(400, "send exactly one of 'prompt' and 'messages'", param="prompt")
     if body.messages is not None:
         chat = ChatCompletionRequest(messages=body.messages)
-        return completions.build_chat(ctx, chat).prompt_token_ids  # type: ignore[return-value]
+        return chat_prompt_ids(ctx, chat)
     if isinstance(body.prompt, str):
         return ctx.tokenizer.encode(body.prompt, add_special_tokens=False)
     return list(body.prompt or [])
