@@ -103,7 +103,7 @@ def _layers(name: str, seed: int) -> tuple[list[torch.Tensor], list[tuple[torch.
 def test_save_writes_pages_in_our_layout_and_load_restores_blocks(name: str) -> None:
     _, fmt = BUILDERS[name]
     tensors, truths = _layers(name, 1)
-    copier = BlockCopier([canonical_view(t, fmt) for t in tensors], ratio=1, page_size=P)
+    copier = BlockCopier(tensors, fmt, ratio=1, page_size=P)
     pool = torch.zeros(10, *copier.page_shape)  # [slots, layers, 2, P, H, D]
     blocks, slots = [4, 1], [7, 2, 0, 9]  # block 4 -> slots 7, 2; block 1 -> slots 0, 9
     copied = copier.save(blocks, pool, slots)
@@ -130,7 +130,7 @@ def test_kernel_blocks_split_a_manager_block() -> None:
     """A tensor with ratio x the manager blocks: block b is kernel blocks b*r .. b*r+r-1."""
     k, v = truth(3)  # B kernel blocks of N tokens = B/2 manager blocks of 2N tokens
     tensor = cuda_interleaved_nhd(k, v)
-    copier = BlockCopier([canonical_view(tensor, BlockFormat.TOKEN_INTERLEAVED)], 2, P)
+    copier = BlockCopier([tensor], BlockFormat.TOKEN_INTERLEAVED, 2, P)
     assert copier.pages_per_block == 4
     assert copier.kernel_ids([2, 0]).tolist() == [4, 5, 0, 1]
     pool = torch.zeros(4, *copier.page_shape)
@@ -141,10 +141,10 @@ def test_kernel_blocks_split_a_manager_block() -> None:
 
 def test_mismatched_pool_or_slot_count_is_refused() -> None:
     tensors, _ = _layers("CPU_ATTN", 4)
-    copier = BlockCopier([canonical_view(t, BlockFormat.HEAD_MAJOR_SPLIT) for t in tensors], 1, P)
+    copier = BlockCopier(tensors, BlockFormat.HEAD_MAJOR_SPLIT, 1, P)
     with pytest.raises(ValueError, match="need 2 slots"):
         copier.save([1], torch.zeros(4, *copier.page_shape), [0])
     with pytest.raises(ValueError, match="L2 pool pages"):
         copier.load(torch.zeros(4, L, 2, 2 * P, H, D), [0, 1], [1])
     with pytest.raises(ValueError, match="must divide"):
-        BlockCopier(copier.views, 1, 3)
+        BlockCopier(tensors, BlockFormat.HEAD_MAJOR_SPLIT, 1, 3)

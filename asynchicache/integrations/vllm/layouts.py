@@ -24,6 +24,7 @@ per layer: never a Python loop over pages. vLLM may split a manager block into
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -105,12 +106,20 @@ class BlockCopier:
     `views` are the canonical views, in layer order. `pool` is the L2 pool as
     `[slots, layers, 2, page_size, kv_heads, head_dim]` (HostPool.tensor); a job
     names block ids and, per block, its `pages_per_block` slots in token order.
+    Whole blocks are gathered and scattered on vLLM's tensors as they lie in
+    memory (dense rows); the transposes happen in copies between scratch
+    buffers that are kept and reused (fresh allocations fault their pages in,
+    which on a busy host costs more than the copies).
     """
 
-    def __init__(self, views: Sequence[torch.Tensor], ratio: int, page_size: int) -> None:
-        if not views:
+    def __init__(
+        self, tensors: Sequence[torch.Tensor], fmt: BlockFormat, ratio: int, page_size: int
+    ) -> None:
+        if not tensors:
             raise ValueError("no attention layers to copy")
-        self.views = list(views)
+        self.tensors = list(tensors)
+        self.fmt = fmt
+        self.views = [canonical_view(t, fmt) for t in self.tensors]
         first = self.views[0]
         self.ratio = ratio
         self.kernel_block_size = first.shape[2]
@@ -127,6 +136,8 @@ class BlockCopier:
         self.head_dim = first.shape[4]
         self.dtype = first.dtype
         self.device = first.device
+        self._block_dim = 1 if fmt is BlockFormat.KV_FIRST else 0
+        self._scratch_bufs: dict[tuple[str, str], torch.Tensor] = {}
         for v in self.views:
             if v.shape[1:] != first.shape[1:] or v.dtype != first.dtype:
                 raise ValueError("all attention layers must share one KV shape and dtype")
@@ -155,6 +166,34 @@ class BlockCopier:
                 f"make {self.page_shape} {self.dtype}"
             )
 
+    def _scratch(self, name: str, shape: Sequence[int], device: torch.device) -> torch.Tensor:
+        """A reused buffer of `shape` (grown, never shrunk)."""
+        numel = math.prod(shape)
+        key = (name, str(device))
+        buf = self._scratch_bufs.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=self.dtype, device=device)
+            self._scratch_bufs[key] = buf
+        return buf[:numel].view(*shape)
+
+    def warm_up(self, max_blocks: int, max_bytes: int = 256 << 20) -> None:
+        """Allocate and touch the scratch buffers for jobs of up to `max_blocks` blocks
+        (each buffer capped at `max_bytes`), so the first job does not pay for it."""
+        _, two, p, h, d = self.page_shape
+        k = self.pages_per_kernel_block
+        block_bytes = math.prod(self.page_shape) * self.dtype.itemsize * k
+        n = max(1, min(max_blocks * self.ratio, max_bytes // block_bytes))
+        cpu = torch.device("cpu")
+        self._scratch("staging", (n, k, self.num_layers, two, p, h, d), cpu).zero_()
+        self._scratch("pages", (n * k, self.num_layers, two, p, h, d), cpu).zero_()
+        self._rows(n).zero_()
+
+    def _rows(self, n: int) -> torch.Tensor:
+        """Scratch for `n` blocks of one layer in vLLM's own order (dense)."""
+        shape = list(self.tensors[0].shape)
+        shape[self._block_dim] = n
+        return self._scratch("rows", shape, self.device)
+
     def save(self, block_ids: Sequence[int], pool: torch.Tensor, slots: Sequence[int]) -> int:
         """vLLM blocks -> L2 slots; returns the bytes copied."""
         self._check(block_ids, slots, pool)
@@ -164,10 +203,13 @@ class BlockCopier:
         n, k = len(ids), self.pages_per_kernel_block
         _, two, p, h, d = self.page_shape
         # [kernel blocks, pages per kernel block, layers, 2, P, H, D] on the host
-        staging = torch.empty((n, k, self.num_layers, two, p, h, d), dtype=self.dtype)
-        for layer, view in enumerate(self.views):
-            blocks = view.index_select(0, ids)  # [n, 2, N, H, D], contiguous
-            staging[:, :, layer].copy_(blocks.view(n, two, k, p, h, d).transpose(1, 2))
+        staging = self._scratch("staging", (n, k, self.num_layers, two, p, h, d),
+                                torch.device("cpu"))
+        rows = self._rows(n)
+        blocks = canonical_view(rows, self.fmt)  # [n, 2, N, H, D] over `rows`
+        for layer, tensor in enumerate(self.tensors):
+            torch.index_select(tensor, self._block_dim, ids, out=rows)
+            staging[:, :, layer].copy_(blocks.unflatten(2, (k, p)).transpose(1, 2))
         index = torch.as_tensor(list(slots), dtype=torch.long)
         pool.index_copy_(0, index, staging.view(n * k, self.num_layers, two, p, h, d))
         return staging.numel() * staging.element_size()
@@ -181,9 +223,14 @@ class BlockCopier:
         n, k = len(ids), self.pages_per_kernel_block
         _, two, p, h, d = self.page_shape
         index = torch.as_tensor(list(slots), dtype=torch.long)
-        # [n, k, layers, 2, P, H, D]
-        pages = pool.index_select(0, index).view(n, k, self.num_layers, two, p, h, d)
-        for layer, view in enumerate(self.views):
-            blocks = pages[:, :, layer].transpose(1, 2).reshape(n, two, k * p, h, d)
-            view.index_copy_(0, ids, blocks.to(self.device, non_blocking=True))
+        pages = self._scratch("pages", (n * k, self.num_layers, two, p, h, d),
+                              torch.device("cpu"))
+        torch.index_select(pool, 0, index, out=pages)
+        pages_by_block = pages.view(n, k, self.num_layers, two, p, h, d)
+        rows = self._rows(n)
+        blocks = canonical_view(rows, self.fmt)  # [n, 2, N, H, D] over `rows`
+        for layer, tensor in enumerate(self.tensors):
+            src = pages_by_block[:, :, layer].transpose(1, 2)  # [n, 2, k, P, H, D]
+            blocks.unflatten(2, (k, p)).copy_(src)
+            tensor.index_copy_(self._block_dim, ids, rows)
         return pages.numel() * pages.element_size()

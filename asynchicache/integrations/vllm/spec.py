@@ -33,6 +33,7 @@ class VllmKVSpec:
     head_dim: int
     dtype: torch.dtype
     identity: ModelIdentity
+    max_model_len: int = 4096
 
     @property
     def num_layers(self) -> int:
@@ -79,4 +80,5 @@ class VllmKVSpec:
             head_dim=spec.head_size,
             dtype=spec.dtype,
             identity=identity,
+            max_model_len=int(vllm_config.model_config.max_model_len),
         )

@@ -58,15 +58,16 @@ class WorkerSide:
         geometry = BlockGeometry(self.spec.num_blocks, self.spec.block_size,
                                  self.spec.num_kv_heads, self.spec.head_dim)
         fmt = detect_format(backend, tensors[0].shape, geometry)
-        views = [canonical_view(t, fmt) for t in tensors]
-        kernel_blocks = views[0].shape[0]
+        kernel_blocks = canonical_view(tensors[0], fmt).shape[0]
         if kernel_blocks % self.spec.num_blocks:
             raise ValueError(f"{kernel_blocks} kernel blocks do not split "
                              f"{self.spec.num_blocks} blocks evenly")
         ratio = kernel_blocks // self.spec.num_blocks
-        self.copier = BlockCopier(views, ratio, self.config.page_size)
+        self.copier = BlockCopier(tensors, fmt, ratio, self.config.page_size)
+        spec = self.spec
+        self.copier.warm_up(-(-spec.max_model_len // spec.block_size))
         log.info("asynchicache connector: %s layout %s, %d layers of %s, %d kernel blocks per "
-                 "block", backend, fmt.value, len(views), tuple(tensors[0].shape), ratio)
+                 "block", backend, fmt.value, len(tensors), tuple(tensors[0].shape), ratio)
 
     def _pool(self, segment: str) -> HostPool:
         if self.pool is None or self.pool.name != segment:
