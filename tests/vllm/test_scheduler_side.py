@@ -195,11 +195,13 @@ def test_service_killed_mid_load_is_a_miss_then_hits_resume(
     assert side.get_num_new_matched_tokens(req, 0) == (None, False)  # "exists" asked
     wait_for(side.link.has_events, what="the service's answer")
     os.kill(pid, signal.SIGSTOP)  # frozen: the read it is about to get never starts
-    assert side.get_num_new_matched_tokens(req, 0) == (None, False)
-    assert side._lookups["r"].phase is Phase.LOADING
-    writing = side.index.counts()["writing"]
-    assert writing == 8  # the prefetch's slots, quarantined while the service may write
-    os.kill(pid, signal.SIGKILL)
+    try:
+        assert side.get_num_new_matched_tokens(req, 0) == (None, False)
+        assert side._lookups["r"].phase is Phase.LOADING
+        writing = side.index.counts()["writing"]
+        assert writing == 8  # the prefetch's slots, quarantined while the service may write
+    finally:
+        os.kill(pid, signal.SIGKILL)  # (a stopped service would never stop by itself)
     assert answer(side, req) == (0, False)  # a miss: vLLM recomputes
     wait_for(lambda: side._poll() or side.index.counts()["writing"] == 0,
              what="the dead service's slots released")
