@@ -23,13 +23,12 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
-from enum import Enum, auto
 from typing import TYPE_CHECKING, Any
 
 from asynchicache.cache.pools import HostPool, KVLayout
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.host_index import HostIndex
+from asynchicache.integrations.vllm.jobs import Job, JobKind
 from asynchicache.integrations.vllm.lookup import Lookup, Phase, RequestChain, TierSplit
 from asynchicache.integrations.vllm.metadata import (
     AsynchicacheMetadata,
@@ -59,22 +58,7 @@ log = logging.getLogger(__name__)
 # lookup sleeps (yields the CPU and the GIL) once per scheduler step, at most
 # this long, and wakes as soon as the answer is in.
 _YIELD_S = 0.002
-
-
-class JobKind(Enum):
-    PREFETCH = auto()  # service: L3/L4 -> L2 slots (WRITING until done)
-    COPY_IN = auto()  # worker: L2 slots (pinned) -> vLLM blocks
-    SAVE_COPY = auto()  # worker: vLLM blocks -> L2 slots (WRITING until done)
-    STORE = auto()  # service: L2 slots (pinned) -> L3/L4
-
-
-@dataclass
-class _Job:
-    kind: JobKind
-    req_id: str
-    slots: list[int]
-    pages: list[PageRef] = field(default_factory=list)  # PREFETCH/SAVE_COPY: what the slots get
-    lookup_key: int = 0
+_PREFAULT_BYTES = 256 << 20
 
 
 class SchedulerSide:
@@ -91,6 +75,11 @@ class SchedulerSide:
         slots = max(config.host_cache_bytes // layout.page_bytes, 2 * self.pages_per_block)
         self.namespace = spec.namespace(config.page_size)
         self.pool = HostPool.create(layout, slots, tag="vllm")
+        # Fault the first slots in now (the allocator hands out the lowest first): a
+        # fresh shared-memory page costs a fault, which on a busy host made the first
+        # saves slow enough to show in the first tokens' latency.
+        assert self.pool.tensor is not None
+        self.pool.tensor[: min(slots, _PREFAULT_BYTES // layout.page_bytes)].zero_()
         self.index = HostIndex(slots)
         page = PageLayout(str(spec.dtype).removeprefix("torch."), layout.page_shape)
         self.link = ServiceLink(config, self.namespace.encode(), self.pool.name, page)
@@ -106,7 +95,7 @@ class SchedulerSide:
         self._chains: dict[str, RequestChain] = {}
         self._lookups: dict[str, Lookup] = {}
         self._waiting: dict[int, Lookup] = {}  # ASKING or LOADING, by key
-        self._jobs: dict[int, _Job] = {}
+        self._jobs: dict[int, Job] = {}
         self._loads: list[CopyJob] = []  # for the worker, with the next metadata
         self._covered: dict[str, int] = {}  # leading blocks known stored or being saved
         self._yielded = False  # a waiting lookup slept in this scheduler step
@@ -188,11 +177,11 @@ class SchedulerSide:
         refs = [PageRef(h, (), s) for h, s in zip(chain.hashes[lk.next_page : target], slots,
                                                   strict=True)]
         job = next(self._ids)
-        self._jobs[job] = _Job(JobKind.PREFETCH, lk.req_id, slots, refs, lk.key)
+        self._jobs[job] = Job(JobKind.PREFETCH, lk.req_id, slots, refs, lk.key)
         self.link.load(job, [r.page_hash for r in refs], slots)
         lk.phase, lk.load_job, lk.loading_since = Phase.LOADING, job, time.monotonic()
 
-    def _on_prefetched(self, job_id: int, job: _Job, done: TicketDone) -> None:
+    def _on_prefetched(self, job_id: int, job: Job, done: TicketDone) -> None:
         ok = done.pages_ok if done.settled else 0
         if done.error and ok < done.pages_requested:
             self.stats.add("prefetch_failures")
@@ -267,7 +256,7 @@ class SchedulerSide:
         slots = lk.slots[:pages]
         self.index.unpin(lk.slots[pages:])
         job = next(self._ids)
-        self._jobs[job] = _Job(JobKind.COPY_IN, request.request_id, slots)
+        self._jobs[job] = Job(JobKind.COPY_IN, request.request_id, slots)
         self._loads.append(CopyJob(job, request.request_id, tuple(block_ids), tuple(slots)))
         lk.committed = True
         split = lk.split(pages)
@@ -320,7 +309,7 @@ class SchedulerSide:
         self._covered[req_id] = target
         if blocks:
             job = next(self._ids)
-            self._jobs[job] = _Job(JobKind.SAVE_COPY, req_id, [r.slot for r in refs], refs)
+            self._jobs[job] = Job(JobKind.SAVE_COPY, req_id, [r.slot for r in refs], refs)
             meta.saves.append(CopyJob(job, req_id, tuple(blocks), tuple(r.slot for r in refs)))
 
     # -- worker and service reports -------------------------------------------
@@ -339,14 +328,14 @@ class SchedulerSide:
             self._store(self._jobs.pop(job_id))
         self.stats.add("load_errors", len(meta.loads_failed))
 
-    def _store(self, saved: _Job) -> None:
+    def _store(self, saved: Job) -> None:
         refs = [r for r in saved.pages if self.index.publish(r.slot, r.page_hash)]
         if not refs:
             return
         slots = [r.slot for r in refs]
         self.index.pin(slots)
         job = next(self._ids)
-        self._jobs[job] = _Job(JobKind.STORE, saved.req_id, slots)
+        self._jobs[job] = Job(JobKind.STORE, saved.req_id, slots)
         self.link.store(job, refs)
 
     def _poll(self) -> None:
