@@ -1,4 +1,4 @@
-"""Command line: `asynchicache serve | bench ... | cache ...`.
+"""Command line: `asynchicache serve | bench ... | cache ... | model ...`.
 
 Sub-commands import their layer lazily so `--help` stays fast.
 """
@@ -24,6 +24,12 @@ BENCHMARKS = {
     "serve": "asynchicache.bench.client",
     "sweep": "asynchicache.bench.sweep",
     "soak": "asynchicache.bench.soak",
+    "vllm": "asynchicache.bench.vllm",
+}
+
+# model sub-command -> module whose `main(argv) -> int` runs it
+MODEL_COMMANDS = {
+    "export-hf": "asynchicache.engine.export_hf",
 }
 
 
@@ -89,6 +95,11 @@ def _clear(args: argparse.Namespace, root: Path) -> int:
                 print(f"  {error}")
     failed = report["disk"]["errors"] or report["remote"]["errors"]  # type: ignore[index]
     return 1 if failed else 0
+
+
+def _cmd_model(args: argparse.Namespace, rest: list[str]) -> int:
+    module = importlib.import_module(MODEL_COMMANDS[args.model_cmd])
+    return int(module.main(rest) or 0)
 
 
 def _deep_verify(args: argparse.Namespace) -> int:
@@ -162,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
         "or not",
     )  # fmt: skip
     cache.set_defaults(func=_cmd_cache)
+    # No -h of its own either: `model export-hf --help` reaches the sub-command's parser.
+    model = sub.add_parser("model", help="model tools (export-hf)", add_help=False)
+    model.add_argument("model_cmd", choices=sorted(MODEL_COMMANDS), help="what to do")
+    model.set_defaults(func=_cmd_model)
     return parser
 
 
