@@ -19,7 +19,11 @@ def tok() -> Tokenizer:
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory: pytest.TempPathFactory, tok: Tokenizer) -> Iterator[Matrix]:
     root = tmp_path_factory.mktemp("faults")
-    server = LiveServer(root / "kv", root / "server.log").start()
+    # Every load reads its chain to the end: under best_effort a busy machine gives up
+    # late disk loads, so a damaged page might never be read (nor removed) by the
+    # corruption test, and the next test would find it on disk.
+    wait = ("--prefetch-policy", "wait_complete")
+    server = LiveServer(root / "kv", root / "server.log", *wait).start()
     state = Matrix(root, tok, server, make_prompts(tok, "s", knob("prompts")), {})
     try:
         state.expected = references(server.url, state.prompts, knob("clients"))

@@ -546,8 +546,11 @@ def files_by_prompt(disk_dir: Path, prompts: Sequence[Prompt]) -> dict[str, list
 
 
 def verify_disk(disk_dir: Path) -> int:
-    """Bad page files under real names (checked the way a reader checks them; not removed)."""
+    """Bad page files under real names (checked the way a reader checks them; not removed);
+    each one is printed with its problem, so a failure says which file and why."""
     report = verify_folder(disk_dir, remove=False)
+    for line in report.bad_files:
+        print(f"BAD PAGE FILE {line}")
     return report.bad
 
 
