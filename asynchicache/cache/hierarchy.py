@@ -55,6 +55,7 @@ from asynchicache.cache.ledger import (
     strict_from_env,
 )
 from asynchicache.cache.loads import Loader
+from asynchicache.cache.lookup import lookup
 from asynchicache.cache.parts import CacheParts
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
 from asynchicache.cache.radix import RadixNode, RadixTree, Tier
@@ -218,30 +219,10 @@ class HiRadixCache:
         self.tree.unlock(handle.node)
 
     def lookup(self, tokens: Sequence[int], salt: str = "") -> dict[str, int]:
-        """Cached tokens of `tokens` per tier, without touching LRU or splitting nodes."""
+        """Cached tokens of `tokens` per tier (device, host, disk, remote), without touching
+        LRU or splitting nodes."""
         tokens = tokens if type(tokens) is list else list(tokens)
-        ps = self.page_size
-        root = self._root(salt)
-        walk = self.tree.walk(tokens, root=root)
-        counts = {"device": 0, "host": 0, "storage": 0}
-        pairs = [(n, n.num_pages) for n in walk.path]
-        if walk.partial is not None:
-            pairs.append((walk.partial, walk.partial_pages))
-        for node, k in pairs:
-            counts["device" if node.device is not None else "host"] += k * ps
-        if self.storage is not None:
-            node, k = pairs[-1] if pairs else (root, 0)
-            end = node.start_page + k if pairs else 0
-            last = node.hashes[k - 1] if k else self.tree.last_hash(root)
-            rest = tokens[end * ps : (len(tokens) // ps) * ps]
-            if rest:
-                try:
-                    found = self.storage.exists(chain_hashes(last, rest, ps))
-                except Exception:
-                    log.exception("storage.exists failed during lookup")
-                    found = 0
-                counts["storage"] = found * ps
-        return counts
+        return lookup(self.tree, self._root(salt), tokens, self.storage)
 
     # -- requests' private pages --------------------------------------------------------------
 

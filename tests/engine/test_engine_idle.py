@@ -42,7 +42,7 @@ def test_a_given_up_load_landing_while_idle_leaves_nothing_locked(smollm: Loaded
         engine.generate([prompt], ONE)
         engine.cache.drain()  # stored below L2
         engine.cache.clear()
-        assert engine.cache.lookup(prompt)["storage"] > 0
+        assert engine.cache.lookup(prompt)["disk"] > 0
         storage.hold = True
         storage.cancellable = False  # the read has started: it lands later
         harness = LoopHarness(engine)
