@@ -72,9 +72,15 @@ class CacheConfig:
     # Share of L2 slots that timed-out storage tickets may hold quarantined before
     # new storage loads and stores pause (recompute instead of shrinking L2 to nothing).
     max_quarantine_fraction: float = 0.25
+    # Share of L2 (here) and of L3 (the cache service) that pins may hold.
+    max_pinned_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         _positive("--page-size", self.page_size)
+        if not 0.0 <= self.max_pinned_fraction <= 1.0:
+            raise ValueError(
+                f"--max-pinned-fraction must be in [0, 1], got {self.max_pinned_fraction}"
+            )
         if not 0.0 <= self.max_quarantine_fraction <= 1.0:
             raise ValueError(
                 f"--max-quarantine-fraction must be in [0, 1], got {self.max_quarantine_fraction}"
