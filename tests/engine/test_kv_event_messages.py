@@ -49,9 +49,13 @@ def test_round_trip(batch: KVEventBatch) -> None:
         msgpack.packb({"type": "KVEventBatch", "seq": 1, "ts": 1.0, "events": [{"type": "X"}]}),
         msgpack.packb({"type": "KVEventBatch", "seq": 1, "ts": 1.0}),
         msgpack.packb(
-            {"type": "KVEventBatch", "seq": 1, "ts": 1.0,
-             "events": [{"type": "BlockRemoved", "tier": "host", "block_hashes": [5]}]}
-        ),  # fmt: skip
+            {
+                "type": "KVEventBatch",
+                "seq": 1,
+                "ts": 1.0,
+                "events": [{"type": "BlockRemoved", "tier": "host", "block_hashes": [5]}],
+            }
+        ),
     ],
 )
 def test_malformed_is_a_clean_error(data: bytes) -> None:
