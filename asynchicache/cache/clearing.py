@@ -94,11 +94,13 @@ class _Visit:
         n = node.num_pages
         slots = node.host or []
         busy = any(self.parts.host.state(s) not in EVICTABLE_SLOTS for s in slots)
-        orphaning = node.device is None and bool(node.children)
-        if node.lock_ref or node.host_ref or busy or orphaning:
+        orphaning = node.device is None and bool(node.children)  # a child kept its copy
+        if node.lock_ref or node.host_ref or busy:
             tally.kept_in_use += n
         elif pinned:
             tally.kept_pinned += n
+        elif orphaning:
+            tally.kept_in_use += n
         else:
             node.host = None
             self.parts.host.move(slots, EVICTABLE_SLOTS, SlotState.FREE)

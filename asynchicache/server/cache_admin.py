@@ -49,7 +49,8 @@ async def admin(
         code = reply.payload.get("code")
         status = _STATUS_BY_CODE.get(code or "", 500)
         message = reply.error if status != 500 else f"cache {op} failed: {reply.error}"
-        raise APIError(status, message or "failed", code=code)
+        kind = "invalid_request_error" if 400 <= status < 500 else None
+        raise APIError(status, message or "failed", code=code, type_=kind)
     return reply.payload
 
 

@@ -93,6 +93,7 @@ def test_pinned_pages_stay_in_l2_through_eviction_and_clear(make_cache: MakeCach
     put(cache, system)
     cache.drain()
     pin(cache, system[: 2 * PAGE])  # its first two pages; the third is not pinned
+    cache.tree.split(cache.tree.match(system)[-1], 1)  # a pinned run in two nodes
     workload(cache)
     assert cache.lookup(system)["host"] == 2 * PAGE  # L1 evicted them, L2 kept them
     cache.check_integrity()
