@@ -48,8 +48,10 @@ def wait_idle(url: str, timeout_s: float = 120.0) -> dict[str, Any]:
     while True:
         s = stats(url)
         cache = s["cache"]
-        if not any(s["queues"].values()) and not cache["pending_transfers"] and not (
-            cache["pending_storage"]
+        if (
+            not any(s["queues"].values())
+            and not cache["pending_transfers"]
+            and not cache["pending_storage"]
         ):
             return s
         if time.monotonic() > deadline:
