@@ -28,10 +28,11 @@ async def service_answers(ctx: AppContext, timeout_s: float = SERVICE_TIMEOUT_S)
     if probe is None:
         return True
     start = time.monotonic()
+    asked_after = probe.last_ping  # an answer to an older ping may have waited in the queue
     while True:
-        silent = probe.silent_s()  # takes answers, sends the next ping
-        if probe.answered and silent <= time.monotonic() - start:
-            return True  # an answer came after we started asking
+        probe.silent_s()  # takes answers, sends the next ping
+        if probe.last_answered > asked_after:
+            return True  # the service answered a ping sent for this question
         if time.monotonic() - start > timeout_s:
             return False
         await asyncio.sleep(_PING_EVERY_S)

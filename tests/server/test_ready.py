@@ -97,3 +97,20 @@ def test_503_when_the_engine_is_gone(stack: Stack) -> None:
     assert r.status_code == 503, r.text
     assert r.json()["checks"]["cache_service"] == "ok"
     assert r.json()["reason"].startswith("engine: unavailable"), r.text
+
+
+def test_503_while_the_service_is_stopped(stack: Stack) -> None:
+    """An answer to a ping sent before the service stopped is no answer to this question
+    (it sat in the socket's queue: /ready said 200 for a SIGSTOPped service)."""
+    url = stack.server.url
+    _wait_ready(url)
+    assert _ready(url).status_code == 200
+    time.sleep(0.5)  # the answer to that call's last ping arrives, and waits to be read
+    stack.service.signal(signal.SIGSTOP)
+    try:
+        r = _ready(url)
+        assert r.status_code == 503, r.text
+        assert r.json()["reason"].startswith("cache_service: no answer"), r.text
+    finally:
+        stack.service.signal(signal.SIGCONT)
+    _wait_ready(url)
