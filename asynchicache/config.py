@@ -72,9 +72,15 @@ class CacheConfig:
     # Share of L2 slots that timed-out storage tickets may hold quarantined before
     # new storage loads and stores pause (recompute instead of shrinking L2 to nothing).
     max_quarantine_fraction: float = 0.25
+    # Share of L2 (here) and of L3 (the cache service) that pins may hold.
+    max_pinned_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         _positive("--page-size", self.page_size)
+        if not 0.0 <= self.max_pinned_fraction <= 1.0:
+            raise ValueError(
+                f"--max-pinned-fraction must be in [0, 1], got {self.max_pinned_fraction}"
+            )
         if not 0.0 <= self.max_quarantine_fraction <= 1.0:
             raise ValueError(
                 f"--max-quarantine-fraction must be in [0, 1], got {self.max_quarantine_fraction}"
@@ -207,8 +213,13 @@ class LaunchConfig:
     # --storage-timeout: how long the engine waits for one cache-service ticket (an
     # L3/L4 load or store) before it gives up on it; 3x that, silent, restarts the service.
     storage_timeout_s: float = 10.0
+    # --kv-events-endpoint / --kv-events-replay-endpoint (engine/kv_events.py); None: off.
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
 
     def __post_init__(self) -> None:
+        if self.kv_events_replay_endpoint is not None and self.kv_events_endpoint is None:
+            raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
         if self.cache.remote_url is not None and not self.cache.disk_enabled:
             raise ValueError(
                 "--remote-url needs the disk tier (drop --no-disk-cache/--no-prefix-cache): "

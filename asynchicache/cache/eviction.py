@@ -3,6 +3,7 @@
 Allocation asks the ledger for the lowest free pages and evicts first when
 too few are free. Only pages and slots in states no asynchronous work touches
 are dropped: eviction picks unlocked, unheld tree leaves (`RadixTree.evictable`),
+L2 eviction skips pinned pages (cache.pins; L1 may drop them, L2 keeps them),
 and the ledger refuses anything else (an L2 slot leaves the tree for FREE only
 from READY or STORED).
 """
@@ -70,10 +71,10 @@ class Evictor:
             need = n_pages - freed
             if node.num_pages > need:
                 tree.split(node, node.num_pages - need)  # `node` keeps the suffix
-            freed += self._drop_device(node, backup)
+            freed += self.drop_device(node, backup)
         return freed
 
-    def _drop_device(self, node: RadixNode, backup: bool) -> int:
+    def drop_device(self, node: RadixNode, backup: bool) -> int:
         pages = node.device
         assert pages is not None
         if node.host is None and backup and self.backup is not None:
@@ -95,9 +96,12 @@ class Evictor:
         order = tree.evictable(
             Tier.HOST, lambda n: (n.device is not None, n.last_access, -n.end_page)
         )
-        for node in order:
+        for leaf in order:
             if freed >= n_pages:
                 break
+            node = self._unpinned_part(leaf)
+            if node is None:
+                continue
             need = n_pages - freed
             if node.num_pages > need:
                 tree.split(node, node.num_pages - need)
@@ -109,6 +113,17 @@ class Evictor:
             if node.device is None:
                 self.remove(node)
         return freed
+
+    def _unpinned_part(self, node: RadixNode) -> RadixNode | None:
+        """The part of an L2 leaf that may be evicted: none when all of it is pinned, its
+        unpinned suffix (split off) when its leading pages are (pins are prefix chains)."""
+        k = self.parts.pins.leading(node.hashes)
+        if k == 0:
+            return node
+        if k >= node.num_pages:
+            return None
+        self.parts.tree.split(node, k)  # `node` keeps the unpinned suffix
+        return node
 
     def remove(self, node: RadixNode) -> None:
         """Drop a node that lives nowhere, with its subtree (dead without their prefix)."""

@@ -41,6 +41,7 @@ from dataclasses import replace
 
 import torch
 
+from asynchicache.cache.clearing import CacheClear, clear_tiers
 from asynchicache.cache.eviction import Evictor
 from asynchicache.cache.integrity import IntegrityError, integrity_problems
 from asynchicache.cache.jobs import LoadJob, LoadTicket, StoreJob, WriteJob
@@ -55,9 +56,12 @@ from asynchicache.cache.ledger import (
     strict_from_env,
 )
 from asynchicache.cache.loads import Loader
+from asynchicache.cache.lookup import lookup
 from asynchicache.cache.parts import CacheParts
+from asynchicache.cache.pins import PinnedPages
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
 from asynchicache.cache.radix import RadixNode, RadixTree, Tier
+from asynchicache.cache.residency import Residency
 from asynchicache.cache.results import Fallback, InsertResult, MatchHandle, MatchResult
 from asynchicache.cache.stats import CacheStats, Counters, Occupancy
 from asynchicache.cache.transfer import TransferDone, TransferEngine
@@ -218,30 +222,10 @@ class HiRadixCache:
         self.tree.unlock(handle.node)
 
     def lookup(self, tokens: Sequence[int], salt: str = "") -> dict[str, int]:
-        """Cached tokens of `tokens` per tier, without touching LRU or splitting nodes."""
+        """Cached tokens of `tokens` per tier (device, host, disk, remote), without touching
+        LRU or splitting nodes."""
         tokens = tokens if type(tokens) is list else list(tokens)
-        ps = self.page_size
-        root = self._root(salt)
-        walk = self.tree.walk(tokens, root=root)
-        counts = {"device": 0, "host": 0, "storage": 0}
-        pairs = [(n, n.num_pages) for n in walk.path]
-        if walk.partial is not None:
-            pairs.append((walk.partial, walk.partial_pages))
-        for node, k in pairs:
-            counts["device" if node.device is not None else "host"] += k * ps
-        if self.storage is not None:
-            node, k = pairs[-1] if pairs else (root, 0)
-            end = node.start_page + k if pairs else 0
-            last = node.hashes[k - 1] if k else self.tree.last_hash(root)
-            rest = tokens[end * ps : (len(tokens) // ps) * ps]
-            if rest:
-                try:
-                    found = self.storage.exists(chain_hashes(last, rest, ps))
-                except Exception:
-                    log.exception("storage.exists failed during lookup")
-                    found = 0
-                counts["storage"] = found * ps
-        return counts
+        return lookup(self.tree, self._root(salt), tokens, self.storage)
 
     # -- requests' private pages --------------------------------------------------------------
 
@@ -267,7 +251,8 @@ class HiRadixCache:
     # -- insert -------------------------------------------------------------------------------
 
     def insert(
-        self, tokens: Sequence[int], device_pages: Sequence[int], salt: str = ""
+        self, tokens: Sequence[int], device_pages: Sequence[int], salt: str = "",
+        store: bool = True,
     ) -> InsertResult:
         """Hand the full pages of a prompt (and output) to the tree.
 
@@ -276,7 +261,8 @@ class HiRadixCache:
         the tokens already, its page wins and the caller's duplicate is freed.
         Returns a handle locked for the caller and the canonical page list
         (`device_pages` with duplicates replaced; a trailing partial page stays
-        the caller's).
+        the caller's). `store` False (a request's `cache_store: false`): its new
+        pages stay in L1/L2, never stored below (writes.py).
         """
         tokens = tokens if type(tokens) is list else list(tokens)
         pages = list(device_pages)
@@ -295,6 +281,10 @@ class HiRadixCache:
         node = out.node
         self.tree.touch(node)
         self.tree.lock(node)
+        if not store and out.new_node is not None:
+            out.new_node.no_store = True
+        elif store:
+            self.writer.claim(node, len(tokens))
         self.writer.write_through(node, len(tokens))
         return InsertResult(MatchHandle(node), out.pages + pages[n:])
 
@@ -432,9 +422,39 @@ class HiRadixCache:
         return self.evictor.evict_host(n_pages)
 
     def clear(self) -> int:
-        """Drop every unlocked cached page in L1 and L2; returns pages dropped."""
-        dropped = self.evictor.evict_device(self.device_pool.num_pages, backup=False)
-        return dropped + self.evictor.evict_host(self.parts.host.size)
+        """Drop every cached page of L1 and L2 that may go (clearing.py); returns how many."""
+        return self.clear_tiers().removed
+
+    def clear_tiers(
+        self,
+        device: bool = True,
+        host: bool = True,
+        salt: str | None = None,
+        include_pinned: bool = False,
+    ) -> CacheClear:
+        """Empty L1 and/or L2 of one `cache_salt`'s pages (None: every tenant's); pages in
+        use stay, pinned ones too unless `include_pinned`. Per-tier counts."""
+        roots = self.tree.roots() if salt is None else [self._root(salt)]
+        return clear_tiers(self.parts, self.evictor, roots, device, host, include_pinned)
+
+    # -- pins, events ---------------------------------------------------------------------
+
+    @property
+    def pins(self) -> PinnedPages:
+        """Chains L2 keeps from eviction (pins.py)."""
+        return self.parts.pins
+
+    def persist(self, tokens: Sequence[int], salt: str = "") -> int:
+        """Store the cached full pages of `tokens` below L2 now (a pin's pages); returns
+        how many pages of it the tree holds."""
+        tokens = tokens if type(tokens) is list else list(tokens)
+        path = self.tree.match(tokens, root=self._root(salt))
+        self.writer.persist(path)
+        return sum(n.num_pages for n in path)
+
+    def residency(self) -> Residency:
+        """A reporter of L1/L2 contents as KV events (residency.py)."""
+        return Residency(self.tree, self.parts.device, self.parts.host)
 
     # -- stats, integrity, shutdown ---------------------------------------------------------
 

@@ -137,6 +137,7 @@ class PoolLedger:
         self.strict = strict
         self.on_illegal = on_illegal
         self.illegal = 0
+        self.changes = 0  # take/move calls that changed a state (a cheap "anything new?")
         self._state = bytearray(size)  # every page starts FREE (0)
         self._counts = [0] * len(states)
         self._counts[0] = size
@@ -178,6 +179,7 @@ class PoolLedger:
             self._state[p] = dst
         self._counts[0] -= n
         self._counts[dst] += n
+        self.changes += 1
         return pages
 
     def move(self, pages: Iterable[int], src: IntEnum | tuple[IntEnum, ...], dst: IntEnum) -> None:
@@ -195,6 +197,7 @@ class PoolLedger:
         if bad:
             self._refuse(bad, src, dst, "illegal transition")
             pages = [p for p in dict.fromkeys(pages) if p not in set(bad)]
+        self.changes += bool(pages)
         for p in pages:
             old = self._state[p]
             self._state[p] = dst

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from asynchicache.cache.jobs import LoadJob, StoreJob, Unsettled, WriteJob
 from asynchicache.cache.ledger import QUARANTINED, PoolLedger
+from asynchicache.cache.pins import PinnedPages
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
 from asynchicache.cache.radix import RadixTree
 from asynchicache.cache.stats import Counters
@@ -35,6 +36,7 @@ class CacheParts:
     transfers: dict[int, WriteJob | LoadJob] = field(default_factory=dict)
     storage_ops: dict[int, StoreJob | LoadJob] = field(default_factory=dict)
     unsettled: dict[int, Unsettled] = field(default_factory=dict)  # storage ticket -> slots
+    pins: PinnedPages = field(default_factory=PinnedPages)  # chains L2 does not evict
 
     @property
     def quarantined(self) -> int:

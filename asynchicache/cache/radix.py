@@ -51,6 +51,7 @@ class RadixNode:
         "host_ref",
         "last_access",
         "lock_ref",
+        "no_store",
         "parent",
         "tokens",
     )
@@ -69,6 +70,9 @@ class RadixNode:
         self.host_ref = 0
         self.last_access = 0
         self.hit_count = 0
+        # Put there by a request with `cache_store: false`: never stored below L2 (until a
+        # request that stores inserts the same pages).
+        self.no_store = False
 
     @property
     def num_pages(self) -> int:
@@ -140,6 +144,10 @@ class RadixTree:
             self._roots[salt] = root
             self._root_hashes[root] = root_hash()
         return root
+
+    def roots(self) -> list[RadixNode]:
+        """Every root: the unsalted one and one per `cache_salt` seen."""
+        return list(self._roots.values())
 
     def root_of(self, node: RadixNode) -> RadixNode:
         while not node.is_root:
@@ -213,6 +221,7 @@ class RadixTree:
         mid.host_ref = node.host_ref
         mid.last_access = node.last_access
         mid.hit_count = node.hit_count
+        mid.no_store = node.no_store
         parent.children[tuple(node.tokens[:ps])] = mid
         node.tokens = node.tokens[cut:]
         node.hashes = node.hashes[k:]
@@ -390,6 +399,11 @@ class RadixTree:
         for root in list(self._roots.values()):
             for child in list(root.children.values()):
                 yield from self._iter_from(child)
+
+    def iter_subtree(self, root: RadixNode) -> Iterator[RadixNode]:
+        """Every node below `root` (not `root` itself), parents before children."""
+        for child in list(root.children.values()):
+            yield from self._iter_from(child)
 
     def _iter_from(self, node: RadixNode) -> Iterator[RadixNode]:
         stack = [node]

@@ -80,8 +80,44 @@ class Writer:
         if todo:
             self.write_nodes(todo, prompt_tokens)
 
-    def write_nodes(self, nodes: list[RadixNode], prompt_tokens: int) -> None:
-        """Copy the L1 pages of `nodes` (all on one path, prefix first) to fresh L2 slots."""
+    def claim(self, node: RadixNode, prompt_tokens: int) -> None:
+        """A request that stores inserted the path to `node`: pages a `cache_store: false`
+        request left there may be stored now (those already in L2 are, if admitted)."""
+        claimed = [n for n in self.parts.tree.path(node) if n.no_store]
+        if not claimed:
+            return
+        for n in claimed:
+            n.no_store = False
+        ready = [n for n in claimed if n.host is not None]
+        if ready and self.parts.storage is not None and self.admit(
+            max(n.hit_count for n in ready), prompt_tokens
+        ):
+            self.store_nodes(ready)
+
+    def persist(self, path: list[RadixNode]) -> None:
+        """Push a path's pages down to storage now, whatever the admission rules say (a
+        pin): L1-only runs are written to L2 (then stored), valid L2 pages stored."""
+        p = self.parts
+        if not path or p.host_pool is None:
+            return
+        for node in path:
+            node.no_store = False  # pinning is asking for it
+        p.tree.lock(path[-1])
+        try:
+            l1_only = [n for n in path if n.host is None and n.device is not None]
+            if l1_only:
+                self.write_nodes(l1_only, 0, admit=True)
+            in_l2 = [n for n in path if n.host is not None]
+            if in_l2 and p.storage is not None:
+                self.store_nodes(in_l2)
+        finally:
+            p.tree.unlock(path[-1])
+
+    def write_nodes(
+        self, nodes: list[RadixNode], prompt_tokens: int, admit: bool | None = None
+    ) -> None:
+        """Copy the L1 pages of `nodes` (all on one path, prefix first) to fresh L2 slots;
+        `admit` overrides the L2 -> storage admission rules."""
         p = self.parts
         assert p.host_pool is not None and p.host_pool.tensor is not None
         n = sum(node.num_pages for node in nodes)
@@ -97,7 +133,8 @@ class Writer:
             i += node.num_pages
         deepest = nodes[-1]
         p.tree.lock(deepest)
-        admit = self.admit(max(nd.hit_count for nd in nodes), prompt_tokens)
+        if admit is None:
+            admit = self.admit(max(nd.hit_count for nd in nodes), prompt_tokens)
         ticket = p.transfer.submit(p.device_pool.tensor, src, p.host_pool.tensor, slots)
         p.transfers[ticket] = WriteJob(deepest, slots, admit)
 
@@ -148,8 +185,9 @@ class Writer:
             p.host.move(job.slots, SlotState.WRITING, SlotState.READY)
             p.counters.device_to_host_pages += done.num_pages
             p.counters.device_to_host_bytes += done.num_bytes
-            if job.admit:
-                self.store_nodes(self._nodes_holding(job.deepest, job.slots))
+            nodes = self._nodes_holding(job.deepest, job.slots)
+            if job.admit or any(n.hashes[0] in p.pins for n in nodes):  # pins go to disk
+                self.store_nodes(nodes)
         finally:
             p.tree.unlock(job.deepest)
 
@@ -174,6 +212,7 @@ class Writer:
         p = self.parts
         assert p.storage is not None
         ps, refs = p.layout.page_size, []
+        nodes = [n for n in nodes if not n.no_store]  # cache_store: false keeps them in L1/L2
         for node in nodes:
             parents = [p.tree.last_hash(node.parent), *node.hashes[:-1]]
             for j, s in enumerate(node.host or ()):

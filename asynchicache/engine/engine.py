@@ -16,6 +16,7 @@ from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.keys import Namespace
 from asynchicache.cache.pools import KVLayout
 from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.admin import EngineAdmin
 from asynchicache.engine.cost import CostModel
 from asynchicache.engine.group import Forker, make_members
 from asynchicache.engine.loader import LoadedModel, load_model
@@ -85,6 +86,7 @@ class Engine:
         self.eos_ids = frozenset(self.loaded.tokenizer.eos_token_ids)
         self.steps = 0
         self.computed_prompt_tokens = 0  # prompt tokens fed to the model (cache misses)
+        self.admin_ops = EngineAdmin(self)
 
     def _register_pool(self, storage: StorageTier | None) -> None:
         """Tell the cache service which shared-memory pool our L2 slot numbers index."""
@@ -256,26 +258,8 @@ class Engine:
         ]
 
     def admin(self, msg: AdminRequest) -> AdminReply:
-        try:
-            return AdminReply(msg.req_id, True, self._admin_payload(msg))
-        except Exception as exc:  # an admin call must never take the engine down
-            log.exception("admin %s failed", msg.op)
-            return AdminReply(msg.req_id, False, error=str(exc))
-
-    def _admin_payload(self, msg: AdminRequest) -> dict:
-        if msg.op == "health":
-            return {"ok": True, "model": self.loaded.name}
-        if msg.op == "stats":
-            return self.stats()
-        if msg.op == "lookup":
-            return dict(self.cache.lookup(list(msg.token_ids), salt=msg.cache_salt))
-        if msg.op == "clear":
-            return {"cleared": self.cache.clear()}
-        if msg.op == "integrity":
-            return self.integrity()
-        raise ValueError(
-            f"unknown admin op {msg.op!r}; known: health, stats, lookup, clear, integrity"
-        )
+        """Answer a cache admin call (engine/admin.py); never raises."""
+        return self.admin_ops.handle(msg)
 
     def integrity(self) -> dict:
         """`check_integrity()` of the cache as a payload (soak and fault tests ask for it)."""

@@ -19,6 +19,7 @@ import zmq
 
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
+from asynchicache.engine.kv_events import KvEventsConfig
 from asynchicache.engine.protocol import (
     AbortRequest,
     AdminRequest,
@@ -27,6 +28,7 @@ from asynchicache.engine.protocol import (
     decode,
     encode,
 )
+from asynchicache.engine.upkeep import Upkeep
 from asynchicache.storage.base import StorageTier
 
 log = logging.getLogger(__name__)
@@ -46,24 +48,30 @@ class EngineProcessConfig:
     storage_timeout_s: float = 10.0
     log_level: str = "INFO"
     extra: dict[str, str] = field(default_factory=dict)
+    kv_events: KvEventsConfig | None = None  # --kv-events-endpoint: publish KV events
 
 
 def _connect_storage(config: EngineProcessConfig, engine_hook: object) -> StorageTier | None:
     """Connect to the cache service (imported lazily: it is optional)."""
     if config.storage_addr is None:
         return None
-    from asynchicache.storage.client import StorageClient
+    from asynchicache.storage.client import ClientConfig, StorageClient
 
-    return StorageClient.connect(config.storage_addr, timeout_s=config.storage_timeout_s)
+    events = config.kv_events is not None  # the service's L3/L4 events, relayed
+    timeout = config.storage_timeout_s
+    return StorageClient(ClientConfig(config.storage_addr, ticket_timeout_s=timeout, events=events))
 
 
 class EngineLoop:
     """Pumps messages between the sockets and an `Engine`."""
 
-    def __init__(self, engine: Engine, pull: zmq.Socket, push: zmq.Socket) -> None:
+    def __init__(
+        self, engine: Engine, pull: zmq.Socket, push: zmq.Socket, upkeep: Upkeep | None = None
+    ) -> None:
         self.engine = engine
         self.pull = pull
         self.push = push
+        self.upkeep = upkeep or Upkeep(engine)
         self.stopping = False
 
     def _handle(self, raw: bytes) -> None:
@@ -99,6 +107,7 @@ class EngineLoop:
     def run(self) -> None:
         while not self.stopping:
             self._drain(0 if self.engine.has_work else IDLE_POLL_MS)
+            self.upkeep.tick()  # KV events out, pins refreshed (engine/upkeep.py)
             if not self.engine.has_work:
                 self.engine.poll()  # finish write-throughs and stores while idle
                 continue
@@ -125,7 +134,8 @@ def run_engine(config: EngineProcessConfig) -> None:
     push.setsockopt(zmq.SNDHWM, 0)  # never drop outputs
     push.bind(config.output_addr)
     engine = Engine(config.engine, config.cache, storage=_connect_storage(config, None))
-    loop = EngineLoop(engine, pull, push)
+    upkeep = Upkeep.start(engine, config.kv_events, ctx)
+    loop = EngineLoop(engine, pull, push, upkeep)
 
     def _stop(signum: int, frame: FrameType | None) -> None:
         loop.stopping = True
@@ -136,6 +146,7 @@ def run_engine(config: EngineProcessConfig) -> None:
     try:
         loop.run()
     finally:
+        upkeep.close()
         engine.close()
         pull.close(linger=0)
         push.close(linger=0)

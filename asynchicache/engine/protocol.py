@@ -97,7 +97,8 @@ class GenerateRequest:
 
     Every member streams `TokenOutput`s under the same `rid`, told apart by
     their `index` (0..n-1); member i > 0 of a seeded request draws from a seed
-    derived from `seed` and i (`engine.group.member_seed`).
+    derived from `seed` and i (`engine.group.member_seed`). `cache_store`
+    False: its new pages stay in L1/L2, never stored to disk or Redis.
     """
 
     rid: str
@@ -105,6 +106,7 @@ class GenerateRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     cache_salt: str = ""
     n: int = 1
+    cache_store: bool = True
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -170,15 +172,21 @@ class TokenOutput:
 class AdminRequest:
     """A cache admin call answered with an `AdminReply` of the same `req_id`.
 
-    `op` is one of "stats" (counters per tier), "lookup" (tokens of
-    `token_ids` each tier holds, without touching LRU), "clear" (drop every
-    unlocked cached page in every tier), "health".
+    `op` is one of "health", "stats" (counters per tier, pins), "lookup"
+    (tokens of `token_ids` each tier holds, without touching LRU), "clear"
+    (`tiers`, default device, host and disk; one `cache_salt`'s pages or all;
+    `include_pinned`), "pin" (the pages of `token_ids`, for `ttl_s`), "unpin"
+    (`pin_ids`, or the pin of `token_ids`), "integrity" (engine.admin).
     """
 
     req_id: str
     op: str
     token_ids: tuple[int, ...] = ()
     cache_salt: str = ""
+    tiers: tuple[str, ...] = ()
+    include_pinned: bool = False
+    ttl_s: float | None = None
+    pin_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

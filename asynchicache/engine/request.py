@@ -32,6 +32,7 @@ class Request:
     prompt: list[int]
     sampling: SamplingParams
     cache_salt: str = ""
+    cache_store: bool = True  # False: its pages never go below L2 (disk, Redis)
     arrival: float = field(default_factory=time.monotonic)
     output: list[int] = field(default_factory=list)
     phase: Phase = Phase.WAITING

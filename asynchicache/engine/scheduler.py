@@ -333,7 +333,9 @@ class Scheduler:
         if full <= req.shared_pages:
             return
         tokens = req.tokens[: full * self.page_size]
-        result = self.cache.insert(tokens, req.page_table[:full], salt=req.cache_salt)
+        result = self.cache.insert(
+            tokens, req.page_table[:full], salt=req.cache_salt, store=req.cache_store
+        )
         if req.handle is not None:
             self.cache.unlock(req.handle)
         req.handle = result.handle

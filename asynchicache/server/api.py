@@ -1,10 +1,11 @@
 """The FastAPI app: OpenAI-compatible endpoints, health, metrics and cache admin.
 
     POST /v1/completions          POST /v1/chat/completions      GET /v1/models
-    GET  /health                  GET  /metrics
+    GET  /health (liveness)       GET  /ready (readiness)        GET /metrics
     GET  /cache/stats             POST /cache/lookup             POST /cache/clear
+    POST /cache/pin               POST /cache/unpin              (server/cache_admin.py)
 
-With an API key configured, every endpoint but `/health` wants
+With an API key configured, every endpoint but `/health` and `/ready` wants
 `Authorization: Bearer <key>`. With an admin key configured, the routes that
 drop or pin cache contents (`ADMIN_PATHS`) want that key instead.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -21,21 +21,21 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asynchicache.server import completions
+from asynchicache.server.cache_admin import add_cache_routes, admin
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineUnavailable
 from asynchicache.server.errors import APIError, install_error_handlers
-from asynchicache.server.requests import chat_prompt_ids
+from asynchicache.server.readiness import readiness
 from asynchicache.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
-    LookupRequest,
     ModelCard,
     ModelList,
 )
 
 log = logging.getLogger(__name__)
 
-PUBLIC_PATHS = frozenset({"/health"})
+PUBLIC_PATHS = frozenset({"/health", "/ready"})
 ADMIN_PATHS = frozenset({"/cache/clear", "/cache/pin", "/cache/unpin"})
 STATS_TIMEOUT_S = 5.0
 
@@ -79,27 +79,6 @@ def _bearer_matches(scope: Scope, key: bytes) -> bool:
     return False
 
 
-async def _admin(ctx: AppContext, op: str, **kwargs: Any) -> dict[str, Any]:
-    try:
-        reply = await ctx.client.admin(op, timeout_s=STATS_TIMEOUT_S, **kwargs)
-    except EngineUnavailable as exc:
-        raise APIError(503, str(exc), type_="service_unavailable") from exc
-    if not reply.ok:
-        raise APIError(500, f"cache {op} failed: {reply.error}", type_="server_error")
-    return reply.payload
-
-
-def _lookup_ids(ctx: AppContext, body: LookupRequest) -> list[int]:
-    if (body.prompt is None) == (body.messages is None):
-        raise APIError(400, "send exactly one of 'prompt' and 'messages'", param="prompt")
-    if body.messages is not None:
-        chat = ChatCompletionRequest(messages=body.messages)
-        return chat_prompt_ids(ctx, chat)
-    if isinstance(body.prompt, str):
-        return ctx.tokenizer.encode(body.prompt, add_special_tokens=False)
-    return list(body.prompt or [])
-
-
 def _routes(app: FastAPI, ctx: AppContext) -> None:
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, request: Request) -> Response:
@@ -128,30 +107,18 @@ def _routes(app: FastAPI, ctx: AppContext) -> None:
     @app.get("/metrics")
     async def metrics() -> Response:
         try:
-            payload = await _admin(ctx, "stats")
+            payload = await admin(ctx, "stats")
         except APIError as exc:
             log.warning("metrics scrape without engine stats: %s", exc.message)
             payload = None
         return Response(ctx.metrics.render(payload), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/cache/stats")
-    async def cache_stats(integrity: bool = False) -> dict[str, Any]:
-        payload = await _admin(ctx, "stats")
-        if integrity:  # ?integrity=true: also run the cache's check_integrity() (soak, tests)
-            payload["integrity"] = await _admin(ctx, "integrity")
-        return payload
+    @app.get("/ready")
+    async def ready() -> Response:
+        ok, body = await readiness(ctx)
+        return JSONResponse(body, status_code=200 if ok else 503)
 
-    @app.post("/cache/lookup")
-    async def cache_lookup(body: LookupRequest) -> dict[str, Any]:
-        ids = _lookup_ids(ctx, body)
-        payload = await _admin(
-            ctx, "lookup", token_ids=tuple(ids), cache_salt=body.cache_salt or ""
-        )
-        return {"prompt_tokens": len(ids), "cached_tokens_by_tier": payload}
-
-    @app.post("/cache/clear")
-    async def cache_clear() -> dict[str, Any]:
-        return await _admin(ctx, "clear")
+    add_cache_routes(app, ctx)
 
 
 def create_app(ctx: AppContext) -> FastAPI:

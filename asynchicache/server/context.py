@@ -13,6 +13,7 @@ from typing import Protocol
 
 from asynchicache.server.engine_client import EngineClient
 from asynchicache.server.metrics import ServerMetrics
+from asynchicache.storage.probe import ServiceProbe
 
 
 class IncrementalText(Protocol):
@@ -51,6 +52,7 @@ class ModelInfo:
     max_model_len: int
     vocab_size: int
     created: int = 0
+    page_size: int = 16  # tokens per KV page (--page-size): a pin covers whole pages
 
 
 @dataclass
@@ -63,3 +65,5 @@ class AppContext:
     api_key: str | None = None
     admin_api_key: str | None = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    # Pings the cache service for /ready (None: no disk tier, nothing to ask).
+    service_probe: ServiceProbe | None = None

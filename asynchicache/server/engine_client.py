@@ -14,6 +14,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -180,14 +181,16 @@ class EngineClient:
         token_ids: tuple[int, ...] = (),
         cache_salt: str = "",
         timeout_s: float = 10.0,
+        **options: Any,
     ) -> AdminReply:
+        """One admin call; `options` are further `AdminRequest` fields (tiers, ttl_s...)."""
         if self._dead is not None:
             raise EngineUnavailable(self._dead)
         req_id = uuid.uuid4().hex
         fut: asyncio.Future[AdminReply] = asyncio.get_running_loop().create_future()
         self._admin[req_id] = fut
         try:
-            await self._send(AdminRequest(req_id, op, token_ids, cache_salt))
+            await self._send(AdminRequest(req_id, op, token_ids, cache_salt, **options))
             async with asyncio.timeout(timeout_s):
                 return await fut
         except TimeoutError as exc:

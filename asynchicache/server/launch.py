@@ -31,6 +31,7 @@ from pathlib import Path
 from setproctitle import setproctitle
 
 from asynchicache.config import GIB, CacheConfig, LaunchConfig, ServiceTuning
+from asynchicache.engine.kv_events import KvEventsConfig
 from asynchicache.engine.process import EngineProcessConfig, run_engine
 from asynchicache.server.context import AppContext, ModelInfo
 from asynchicache.server.engine_client import (
@@ -131,6 +132,7 @@ def _service_spec(
         sync=SyncMode(tuning.disk_sync),
         client_ttl_s=tuning.client_ttl_s,
         remote=remote,
+        max_pinned_fraction=cache.max_pinned_fraction,
     )
     return ChildSpec(
         "cache-service",
@@ -153,8 +155,15 @@ def _engine_spec(
         storage_addr=storage_addr,
         storage_timeout_s=config.storage_timeout_s,
         log_level=config.server.log_level,
+        kv_events=_kv_events(config),
     )
     return ChildSpec("engine", run_engine, proc_config)
+
+
+def _kv_events(config: LaunchConfig) -> KvEventsConfig | None:
+    if config.kv_events_endpoint is None:
+        return None
+    return KvEventsConfig(config.kv_events_endpoint, config.kv_events_replay_endpoint)
 
 
 async def _watch(supervisor: Supervisor, stop: StopSignal, client: EngineClient | None) -> None:
@@ -223,6 +232,7 @@ async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: 
     sup.start(_engine_spec(config, cache, run_dir, None if service is None else service.arg.addr))
     client = EngineClient.for_run_dir(run_dir)
     await client.start()
+    probe = ServiceProbe(service.arg.addr) if service is not None else None  # for /ready
     watcher = asyncio.create_task(_watch(sup, stop, client))
     try:
         health = await _wait_healthy(client, stop, config.server.startup_timeout_s)
@@ -235,9 +245,11 @@ async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: 
                     max_model_len=frontend.max_model_len(config.engine.max_model_len),
                     vocab_size=frontend.config.vocab_size,
                     created=int(time.time()),
+                    page_size=cache.page_size,
                 ),
                 api_key=config.server.api_key,
                 admin_api_key=config.server.admin_api_key,
+                service_probe=probe,
             )
             # Printed, not logged: it is for the person who ran the command, at any log level.
             print(
@@ -248,6 +260,8 @@ async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: 
         stop.set("shutting down")
         watcher.cancel()
         await client.close()
+        if probe is not None:
+            probe.close()
     log.info("stopping: %s", stop.reason)
     return stop.exit_code
 

@@ -198,6 +198,13 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         "loads and stores pause (default %(default)s)",
     )
     g.add_argument(
+        "--max-pinned-fraction",
+        type=float,
+        default=c.max_pinned_fraction,
+        help="share of the host tier (L2) and of the disk tier (L3, the whole folder) that "
+        "pinned pages may take; a pin past it is refused with 409 (default %(default)s)",
+    )
+    g.add_argument(
         "--disk-admit-hits",
         type=int,
         default=c.disk_admit_hits,
@@ -251,6 +258,22 @@ def _add_service(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_kv_events(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("KV events (for KV-cache-aware routers)")
+    g.add_argument(
+        "--kv-events-endpoint",
+        metavar="ADDR",
+        help="publish every tier's page stores and removals on this ZeroMQ PUB address, "
+        "e.g. tcp://127.0.0.1:5557 (msgpack batches, vLLM's event shapes; default: off)",
+    )
+    g.add_argument(
+        "--kv-events-replay-endpoint",
+        metavar="ADDR",
+        help="answer requests for the current contents of every tier on this ZeroMQ ROUTER "
+        "address, e.g. tcp://127.0.0.1:5558 (a late or lagging subscriber catches up)",
+    )
+
+
 def _add_lightllm_aliases(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("LightLLM-compatible flags")
     g.add_argument(
@@ -287,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine(p)
     _add_cache(p)
     _add_service(p)
+    _add_kv_events(p)
     _add_lightllm_aliases(p)
     return p
 
@@ -325,6 +349,7 @@ def _cache(args: argparse.Namespace) -> CacheConfig:
         prefetch_policy=PrefetchPolicy(args.prefetch_policy),
         prefetch_timeout_s=args.prefetch_timeout,
         max_quarantine_fraction=args.max_quarantine_fraction,
+        max_pinned_fraction=args.max_pinned_fraction,
         enable_prefix_cache=not args.no_prefix_cache,
         disk_cache_dir=None if args.no_disk_cache else args.disk_cache_dir.expanduser(),
         disk_cache_gb=args.disk_cache_gb,
@@ -357,6 +382,10 @@ def to_config(args: argparse.Namespace) -> LaunchConfig:
         min_load_tokens=args.min_load_tokens,
         seed=args.seed,
     )
+    if args.kv_events_endpoint is not None:  # a malformed address fails now
+        from asynchicache.engine.kv_events import KvEventsConfig
+
+        KvEventsConfig(args.kv_events_endpoint, args.kv_events_replay_endpoint)
     service = ServiceTuning(
         disk_sync=args.disk_sync,
         io_threads=args.io_threads,
@@ -370,6 +399,8 @@ def to_config(args: argparse.Namespace) -> LaunchConfig:
         service,
         host_cache_tokens=args.hiradix_cache_token_num,
         storage_timeout_s=args.storage_timeout,
+        kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_replay_endpoint=args.kv_events_replay_endpoint,
     )
 
 

@@ -212,7 +212,9 @@ def plan_completion(ctx: AppContext, body: CompletionRequest) -> Plan:
         max_tokens = _max_tokens(ctx, len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
         sampling = _sampling(ctx, body, max_tokens, logprobs, prompt_logprobs)
         req_id = rid if len(prompts) == 1 else f"{rid}-{i}"
-        requests.append(GenerateRequest(req_id, tuple(ids), sampling, _salt(body), best_of))
+        requests.append(
+            GenerateRequest(req_id, tuple(ids), sampling, _salt(body), best_of, body.cache_store)
+        )
     return Plan(rid, tuple(requests), n, best_of, body.logprobs, body.echo)
 
 
@@ -231,7 +233,7 @@ def plan_chat(ctx: AppContext, body: ChatCompletionRequest) -> Plan:
     asked = (body.top_logprobs or 0) if body.logprobs else None
     sampling = _sampling(ctx, body, max_tokens, _engine_logprobs(asked, n, best_of), None)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    req = GenerateRequest(rid, tuple(ids), sampling, _salt(body), best_of)
+    req = GenerateRequest(rid, tuple(ids), sampling, _salt(body), best_of, body.cache_store)
     return Plan(rid, (req,), n, best_of, asked)
 
 

@@ -57,6 +57,7 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: Text | None = None  # per-request cache namespace, as vLLM names it
+    cache_store: bool = True  # False: this request's pages never go to disk or Redis
     ignore_eos: bool = False  # vLLM extension: keep going past end-of-sequence
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -126,6 +127,48 @@ class LookupRequest(BaseModel):
     prompt: Text | list[int] | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     cache_salt: Text | None = None
+
+
+CLEAR_SCOPES = (*TIERS, "all")
+
+
+class ClearRequest(BaseModel):
+    """`/cache/clear`: which tiers (default device, host and disk), whose pages (one
+    `cache_salt`, or everyone's), and whether pinned pages go too."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    scope: Literal["device", "host", "disk", "remote", "all"] | list[
+        Literal["device", "host", "disk", "remote", "all"]
+    ] | None = None
+    cache_salt: Text | None = None
+    include_pinned: bool = False
+
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        if self.scope is None:
+            return ("device", "host", "disk")
+        scope = [self.scope] if isinstance(self.scope, str) else self.scope
+        return TIERS if "all" in scope else tuple(t for t in TIERS if t in scope)
+
+
+class PinRequest(LookupRequest):
+    """`/cache/pin`: a prompt (or messages) whose full pages stay cached, for `ttl_s`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    ttl_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+class UnpinRequest(LookupRequest):
+    """`/cache/unpin`: pins by id (`pin_id` / `pin_ids`), or the pin of a prompt."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    pin_id: Annotated[str, Field(pattern="^[0-9a-f]{32}$")] | None = None
+    pin_ids: list[Annotated[str, Field(pattern="^[0-9a-f]{32}$")]] | None = Field(
+        default=None, min_length=1
+    )
 
 
 # ---- responses ----

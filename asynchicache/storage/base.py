@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -199,6 +199,15 @@ class Settled:
 
     ticket: int
     reason: str
+
+
+@runtime_checkable
+class TierLookup(Protocol):
+    """A storage tier that tells its disk and remote parts apart (`StorageClient`)."""
+
+    def exists_by_tier(self, hashes: Sequence[bytes]) -> tuple[int, int]:
+        """(leading pages on disk, the pages right after those in the remote tier)."""
+        ...
 
 
 class StorageTier(Protocol):

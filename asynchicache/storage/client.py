@@ -162,10 +162,18 @@ class StorageClient(AdminRequests):
     # -- StorageTier ------------------------------------------------------
 
     def exists(self, hashes: Sequence[bytes]) -> int:
+        return sum(self.exists_by_tier(hashes))
+
+    def exists_by_tier(self, hashes: Sequence[bytes]) -> tuple[int, int]:
+        """(leading pages on disk, the pages after those only in the remote tier); (0, 0)
+        when the service does not answer in time."""
         if not hashes or not self.config.has_pool:
-            return 0
+            return 0, 0
         reply = self._ask(Exists(next(self._ids), tuple(hashes)), self.config.exists_timeout_s)
-        return reply.pages if isinstance(reply, ExistsReply) else 0
+        if not isinstance(reply, ExistsReply):
+            return 0, 0
+        remote = max(0, min(reply.remote_pages, reply.pages))
+        return reply.pages - remote, remote
 
     def submit_load(self, hashes: Sequence[bytes], slots: Sequence[int]) -> int:
         ticket = next(self._ids)

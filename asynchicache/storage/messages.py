@@ -91,8 +91,12 @@ class Exists:
 
 @dataclass(frozen=True)
 class ExistsReply:
+    """`pages` leading pages are stored: the first `pages - remote_pages` on disk, the rest
+    only in the remote tier."""
+
     req_id: int
     pages: int
+    remote_pages: int = 0
 
 
 @dataclass(frozen=True)

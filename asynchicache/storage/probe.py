@@ -26,6 +26,8 @@ class ServiceProbe:
         self._ids = itertools.count(1)
         self._started = time.monotonic()
         self._last_answer: float | None = None
+        self.last_ping = 0  # id of the last ping sent (or tried)
+        self.last_answered = 0  # the highest ping id answered
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -47,9 +49,11 @@ class ServiceProbe:
                 continue
             if isinstance(reply, StatsReply):
                 self._last_answer = time.monotonic()
+                self.last_answered = max(self.last_answered, reply.req_id)
         # zmq.Again: not connected, or its queue is full of unanswered pings.
+        self.last_ping = next(self._ids)
         with contextlib.suppress(zmq.Again):
-            self._sock.send(encode(Stats(next(self._ids))), zmq.NOBLOCK)
+            self._sock.send(encode(Stats(self.last_ping)), zmq.NOBLOCK)
         since = self._last_answer if self._last_answer is not None else self._started
         return time.monotonic() - since
 

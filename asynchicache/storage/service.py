@@ -214,7 +214,8 @@ class CacheService:
         elif client is None:
             self._send(ident, ErrorReply(msg.req_id, "unregistered", "send Register first"))
         elif isinstance(msg, Exists):
-            self._send(ident, ExistsReply(msg.req_id, client.backend.exists(msg.hashes)))
+            disk, remote = client.backend.exists_by_tier(msg.hashes)
+            self._send(ident, ExistsReply(msg.req_id, disk + remote, remote))
         elif isinstance(msg, WORK_TYPES):
             self._submit(ident, client, msg)
         else:  # a reply type sent as a request

@@ -157,11 +157,15 @@ class TieredBackend:
     # -- StorageBackend -------------------------------------------------
 
     def exists(self, hashes: Sequence[bytes]) -> int:
+        return sum(self.exists_by_tier(hashes))
+
+    def exists_by_tier(self, hashes: Sequence[bytes]) -> tuple[int, int]:
+        """(leading pages on disk, the pages after those in the remote tier)."""
         on_disk = self.disk.exists(hashes)
         if on_disk == len(hashes) or not self._remote_up():
-            return on_disk
+            return on_disk, 0
         assert self.remote is not None
-        return on_disk + self.remote.exists(hashes[on_disk:])
+        return on_disk, self.remote.exists(hashes[on_disk:])
 
     def get(
         self,

@@ -92,7 +92,7 @@ def test_write_through_selective_waits_for_hits(make_cache: MakeCache) -> None:
     other = put(cache, tokens_for(7)).handle.node
     cache.evict(8)
     assert not cache.tree.is_attached(other)
-    assert cache.lookup(tokens) == {"device": 0, "host": 2 * PAGE, "storage": 0}
+    assert cache.lookup(tokens) == {"device": 0, "host": 2 * PAGE, "disk": 0, "remote": 0}
 
 
 def test_l1_eviction_keeps_the_l2_copy_and_match_splits_the_tiers(make_cache: MakeCache) -> None:
@@ -123,7 +123,7 @@ def test_l2_eviction_frees_slots_and_removes_nodes_that_live_nowhere(
     put(cache, c, value=5.0)  # its write-through must evict a (least recently used)
     cache.drain()
     cache.check_integrity()
-    assert cache.lookup(a) == {"device": 0, "host": 0, "storage": 0}
+    assert cache.lookup(a) == {"device": 0, "host": 0, "disk": 0, "remote": 0}
     assert cache.lookup(b)["host"] == 2 * PAGE
     assert cache.lookup(c)["device"] == 2 * PAGE and cache.lookup(c)["host"] == 0
     stats = cache.stats()
@@ -143,7 +143,7 @@ def test_host_eviction_prefers_runs_no_longer_in_l1(make_cache: MakeCache) -> No
     assert cache.evict_host(2) == 2
     cache.check_integrity()
     assert cache.lookup(only_host)["host"] == 0
-    assert cache.lookup(in_both) == {"device": 2 * PAGE, "host": 0, "storage": 0}
+    assert cache.lookup(in_both) == {"device": 2 * PAGE, "host": 0, "disk": 0, "remote": 0}
 
 
 def test_async_load_from_host_completes_through_poll(make_cache: MakeCache) -> None:
@@ -326,7 +326,7 @@ def test_pages_go_to_storage_after_their_l2_copy_and_load_back(make_cache: MakeC
     assert store.stores == 3
     assert cache.stats().counters.host_to_storage_pages == 3
     cache.clear()
-    assert cache.lookup(tokens) == {"device": 0, "host": 0, "storage": 3 * PAGE}
+    assert cache.lookup(tokens) == {"device": 0, "host": 0, "disk": 3 * PAGE, "remote": 0}
     match = cache.match(tokens)
     assert match.storage_hit_pages == 3 and match.cached_tokens == 3 * PAGE
     ticket = cache.load(match)
@@ -335,7 +335,7 @@ def test_pages_go_to_storage_after_their_l2_copy_and_load_back(make_cache: MakeC
     assert ticket.ok and device_values(cache, ticket.device_pages) == [40.0, 41.0, 42.0]
     assert ticket.handle is not None
     cache.unlock(ticket.handle)
-    assert cache.lookup(tokens) == {"device": 3 * PAGE, "host": 0, "storage": 0}
+    assert cache.lookup(tokens) == {"device": 3 * PAGE, "host": 0, "disk": 0, "remote": 0}
     assert cache.stats().counters.storage_to_host_pages == 3
 
 
@@ -395,7 +395,7 @@ def test_slots_under_store_stay_put_until_the_store_completes(make_cache: MakeCa
     store.hold = False
     cache.drain()
     assert store.stores == 2 and cache.evict_host(2) == 2
-    assert cache.lookup(tokens)["storage"] == 2 * PAGE
+    assert cache.lookup(tokens)["disk"] == 2 * PAGE
     cache.check_integrity()
 
 

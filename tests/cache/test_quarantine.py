@@ -61,7 +61,7 @@ def only_in_storage(cache: HiRadixCache, tokens: list[int], value: float) -> Non
     put(cache, tokens, value)
     cache.drain()
     cache.clear()
-    assert cache.lookup(tokens) == {"device": 0, "host": 0, "storage": len(tokens)}
+    assert cache.lookup(tokens) == {"device": 0, "host": 0, "disk": len(tokens), "remote": 0}
 
 
 def test_a_late_load_never_lands_in_a_reused_slot(make_cache: MakeCache) -> None:

@@ -24,7 +24,7 @@ def test_a_salted_prefix_is_invisible_to_other_salts(make_cache: MakeCache) -> N
     for other in ("tenant-b", ""):
         m = cache.match(tokens, salt=other)
         assert (len(m.device_pages), m.host_hit_pages) == (0, 0)
-        assert cache.lookup(tokens, salt=other) == {"device": 0, "host": 0, "storage": 0}
+        assert cache.lookup(tokens, salt=other) == {"device": 0, "host": 0, "disk": 0, "remote": 0}
     assert cache.lookup(tokens, salt="tenant-a")["device"] == 3 * PAGE
 
 

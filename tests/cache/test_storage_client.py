@@ -57,7 +57,7 @@ def test_pages_round_trip_through_the_disk_service(cache: HiRadixCache) -> None:
     cache.drain(timeout_s=30)
     assert cache.stats().counters.host_to_storage_pages == 3
     cache.clear()  # nothing left in L1 or L2
-    assert cache.lookup(tokens) == {"device": 0, "host": 0, "storage": 3 * PAGE}
+    assert cache.lookup(tokens) == {"device": 0, "host": 0, "disk": 3 * PAGE, "remote": 0}
     match = cache.match(tokens)
     assert match.storage_hit_pages == 3
     ticket = cache.load(match)
@@ -81,7 +81,7 @@ def test_a_given_up_load_keeps_its_slots_quarantined_until_the_service_settles(
     cache.unlock(cache.insert(tokens, pages).handle)
     cache.drain(timeout_s=30)
     cache.clear()
-    assert cache.lookup(tokens)["storage"] == 3 * PAGE
+    assert cache.lookup(tokens)["disk"] == 3 * PAGE
     ticket = cache.load(cache.match(tokens))
     assert ticket is not None
     fallback = cache.give_up(ticket)  # the real client cancels the read

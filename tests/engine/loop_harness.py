@@ -11,6 +11,7 @@ import itertools
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import zmq
 
@@ -75,9 +76,10 @@ class LoopHarness:
             for r in rids
         ]
 
-    def admin(self, op: str, timeout_s: float = 30) -> dict:
+    def admin(self, op: str, timeout_s: float = 30, **options: Any) -> dict:
+        """One admin call; `options` are further `AdminRequest` fields (tiers...)."""
         req_id = f"a{next(self._ids)}"
-        self.send_sock.send(encode(AdminRequest(req_id, op)))
+        self.send_sock.send(encode(AdminRequest(req_id, op, **options)))
         while True:
             msg = self._recv(timeout_s)
             if isinstance(msg, AdminReply) and msg.req_id == req_id:

@@ -199,7 +199,7 @@ def test_loads_given_up_then_idle_then_clear_leave_nothing_cached(
     try:
         outs = [harness.generate([p], one)[0] for p in prompts]  # one at a time
         harness.wait_quiet()  # idle: nothing queued, no copy or storage ticket pending
-        harness.admin("clear")
+        harness.admin("clear", tiers=("device", "host"))
         stats = harness.admin("stats")["cache"]
     finally:
         harness.stop()

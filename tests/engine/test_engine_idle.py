@@ -42,7 +42,7 @@ def test_a_given_up_load_landing_while_idle_leaves_nothing_locked(smollm: Loaded
         engine.generate([prompt], ONE)
         engine.cache.drain()  # stored below L2
         engine.cache.clear()
-        assert engine.cache.lookup(prompt)["storage"] > 0
+        assert engine.cache.lookup(prompt)["disk"] > 0
         storage.hold = True
         storage.cancellable = False  # the read has started: it lands later
         harness = LoopHarness(engine)
@@ -51,7 +51,7 @@ def test_a_given_up_load_landing_while_idle_leaves_nothing_locked(smollm: Loaded
             assert out.finish_reason == "length" and out.cached.disk == 0  # given up
             storage.hold = False  # the load lands while the engine is idle
             harness.wait_quiet()
-            cleared = harness.admin("clear")
+            cleared = harness.admin("clear", tiers=("device", "host"))
             stats = harness.admin("stats")["cache"]
         finally:
             harness.stop()

@@ -45,6 +45,9 @@ from fault_helpers import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
+# `/cache/clear`'s default scope takes the disk too: these tests drop L1/L2 only, so that
+# prompts are asked again from the (damaged) files.
+L1_L2 = {"scope": ["device", "host"]}
 CORRUPTIONS = ("flip_header", "flip_padding", "flip_payload", "truncate", "delete", "replace")
 
 
@@ -156,7 +159,7 @@ def test_corrupt_files_are_detected_and_never_served(matrix: Matrix) -> None:
             injected += len(round_)
             full = sum(len(p.pages) * PAGE_SIZE for p in round_)
             for _ in range(4):  # a load the engine chose to skip (cost model) reads nothing
-                httpx.post(server.url + "/cache/clear", timeout=60).raise_for_status()
+                httpx.post(server.url + "/cache/clear", json=L1_L2, timeout=60).raise_for_status()
                 checked.append(ask_all(server.url, round_, matrix.expected))
                 # usage counts only what was loaded: each damaged prompt recomputed a part
                 assert checked[-1].tiers.get("disk", 0) < full, checked[-1].tiers

@@ -13,6 +13,7 @@ token. Behaviour the tests steer:
   logprob is `-(i + 1) / 10` (so member 0 is the most likely), its alternatives
   are the next token ids; prompt logprobs likewise, on member 0's first output.
 * `max_tokens` 0 answers with the prompt logprobs alone.
+* `pin` of more than `PIN_LIMIT_TOKENS` tokens is refused with code "over_limit".
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ EOS = 2
 SLOW_SEED = 424242
 SLOW_DELAY_S = 0.2
 FAST_DELAY_S = 0.002
+PIN_LIMIT_TOKENS = 128  # a longer pin is refused as over the limit (HTTP 409)
 
 
 @dataclass
@@ -98,6 +100,10 @@ class FakeEngine:
                 if msg.index is None or key[1] == msg.index:
                     self._send(self._out(self.jobs.pop(key), (), "abort"))
         elif isinstance(msg, AdminRequest):
+            if msg.op == "pin" and len(msg.token_ids) > PIN_LIMIT_TOKENS:
+                reply = AdminReply(msg.req_id, False, {"code": "over_limit"}, "over the limit")
+                self._send(reply)
+                return
             self._send(AdminReply(msg.req_id, True, self.admin(msg)))
 
     def admin(self, msg: AdminRequest) -> dict:
@@ -136,7 +142,11 @@ class FakeEngine:
             return {"device": self._cached(msg.token_ids), "host": 0, "disk": 0, "remote": 0}
         if msg.op == "clear":
             n, self.seen = len(self.seen), []
-            return {"cleared": n}
+            return {"cleared": n, "scope": list(msg.tiers), "cache_salt": msg.cache_salt or None}
+        if msg.op == "pin":
+            return {"pin_id": "0" * 32, "pages": len(msg.token_ids) // PAGE, "ttl_s": msg.ttl_s}
+        if msg.op == "unpin":
+            return {"pin_ids": list(msg.pin_ids), "removed": len(msg.pin_ids)}
         raise ValueError(msg.op)
 
     def _out(self, job: _Job, tokens: tuple[int, ...], reason: str | None) -> TokenOutput:

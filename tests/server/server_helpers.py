@@ -17,6 +17,7 @@ from asynchicache.server.context import AppContext, ModelInfo
 from asynchicache.server.engine_client import EngineClient
 from asynchicache.server.frontend import Frontend
 from asynchicache.server.http import StopSignal, bind_socket, serve_http
+from asynchicache.storage.probe import ServiceProbe
 
 API_KEY = "test-key"
 FAKE_CONTEXT = 256
@@ -31,8 +32,10 @@ class ThreadServer:
         frontend: Frontend,
         api_key: str | None,
         admin_api_key: str | None = None,
+        service_addr: str | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.service_addr = service_addr  # a cache service /ready pings, as `serve`'s does
         self.frontend = frontend
         self.api_key = api_key
         self.admin_api_key = admin_api_key
@@ -49,17 +52,21 @@ class ThreadServer:
         client = EngineClient.for_run_dir(self.run_dir)
         await client.start()
         model = ModelInfo("fake-model", FAKE_CONTEXT, self.frontend.config.vocab_size)
+        probe = None if self.service_addr is None else ServiceProbe(self.service_addr)
         ctx = AppContext(
             client,
             self.frontend.tokenizer,
             model,
             api_key=self.api_key,
             admin_api_key=self.admin_api_key,
+            service_probe=probe,
         )
         try:
             await serve_http(ctx, ServerConfig(log_level="warning"), self.sock, self._stop)
         finally:
             await client.close()
+            if probe is not None:
+                probe.close()
 
     def start(self) -> None:
         self._thread.start()

@@ -1,0 +1,245 @@
+"""The engine's cache administration: the ops of an `AdminRequest`, answered between steps.
+
+    health  stats  lookup  integrity  clear  pin  unpin
+
+`clear` empties the tiers asked for (default: device, host and disk): L1 and
+L2 here (cache.clearing), disk and Redis through the cache service
+(`StorageClient.clear`), one `cache_salt`'s pages or everyone's; pinned pages
+stay unless `include_pinned`, pages in use stay and are counted.
+
+`pin` keeps a prompt's full pages from eviction in L2 (cache.pins) and L3 (a pin
+file in the disk folder, written by the cache service: it survives restarts and
+binds every server on the folder), and sends the pages it holds down to disk
+now. Pins may hold `--max-pinned-fraction` of each tier: past it the pin is
+refused with code "over_limit" (HTTP 409). The engine's copy of the pins is
+refreshed from the service's listing (`refresh_pins`), so L2 honours the pins
+other servers on the folder made.
+
+Calls to the cache service wait a bounded time: these are an operator's acts,
+rare, and the engine's loop runs them between two steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from asynchicache.cache.keys import chain_hashes
+from asynchicache.cache.pins import PinnedChain
+from asynchicache.engine.protocol import AdminReply, AdminRequest
+from asynchicache.storage.admin_messages import ClearReply, PinReply, PinsReply
+from asynchicache.storage.client_admin import AdminRequests
+
+if TYPE_CHECKING:
+    from asynchicache.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+CLEAR_TIERS = ("device", "host", "disk", "remote")
+DEFAULT_CLEAR_TIERS = ("device", "host", "disk")
+STORAGE_TIERS = ("disk", "remote")
+CLEAR_TIMEOUT_S = 60.0
+PIN_TIMEOUT_S = 10.0
+PINS_TIMEOUT_S = 1.0
+
+
+class AdminError(Exception):
+    """An op refused: `code` is "bad_request", "over_limit" or "unavailable"."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class EngineAdmin:
+    """Answers `AdminRequest`s for one engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.cache = engine.cache
+        storage = engine.cache.storage
+        self.storage = storage if isinstance(storage, AdminRequests) else None
+
+    def handle(self, msg: AdminRequest) -> AdminReply:
+        try:
+            return AdminReply(msg.req_id, True, self._payload(msg))
+        except AdminError as exc:
+            return AdminReply(msg.req_id, False, {"code": exc.code}, str(exc))
+        except Exception as exc:  # an admin call must never take the engine down
+            log.exception("admin %s failed", msg.op)
+            return AdminReply(msg.req_id, False, {"code": "internal"}, str(exc))
+
+    def _payload(self, msg: AdminRequest) -> dict[str, Any]:
+        e = self.engine
+        if msg.op == "health":
+            return {"ok": True, "model": e.loaded.name}
+        if msg.op == "stats":
+            return {**e.stats(), "pins": self.pins()}
+        if msg.op == "lookup":
+            return dict(self.cache.lookup(list(msg.token_ids), salt=msg.cache_salt))
+        if msg.op == "integrity":
+            return e.integrity()
+        if msg.op == "clear":
+            return self.clear(msg.tiers or DEFAULT_CLEAR_TIERS, msg.cache_salt,
+                              msg.include_pinned)  # fmt: skip
+        if msg.op == "pin":
+            return self.pin(list(msg.token_ids), msg.cache_salt, msg.ttl_s)
+        if msg.op == "unpin":
+            return self.unpin(msg.pin_ids, list(msg.token_ids), msg.cache_salt)
+        raise AdminError(
+            f"unknown admin op {msg.op!r}; known: health, stats, lookup, integrity, clear, "
+            "pin, unpin",
+            "bad_request",
+        )
+
+    # -- clear ------------------------------------------------------------------------------
+
+    def clear(self, tiers: tuple[str, ...], salt: str, include_pinned: bool) -> dict[str, Any]:
+        wanted = set(CLEAR_TIERS) if "all" in tiers else set(tiers)
+        unknown = sorted(wanted - set(CLEAR_TIERS))
+        if unknown:
+            raise AdminError(f"unknown tiers {unknown}; known: {list(CLEAR_TIERS)} or all",
+                             "bad_request")  # fmt: skip
+        done = self.cache.clear_tiers("device" in wanted, "host" in wanted, salt or None,
+                                      include_pinned)  # fmt: skip
+        out: dict[str, dict[str, Any]] = {
+            tier: {"removed": t.removed, "kept_in_use": t.kept_in_use,
+                   "kept_pinned": t.kept_pinned, "error": None}
+            for tier, t in done.tiers.items()
+        }  # fmt: skip
+        below = [t for t in STORAGE_TIERS if t in wanted]
+        if below:
+            out.update(self._clear_storage(below, salt, include_pinned))
+        if include_pinned:
+            self._drop_pins(salt)
+        scope = [t for t in CLEAR_TIERS if t in wanted]
+        removed = sum(t["removed"] for t in out.values())
+        return {"scope": scope, "cache_salt": salt or None, "include_pinned": include_pinned,
+                "removed": removed, "cleared": removed, "tiers": out}  # fmt: skip
+
+    def _clear_storage(
+        self, tiers: list[str], salt: str, include_pinned: bool
+    ) -> dict[str, dict[str, Any]]:
+        def failed(why: str) -> dict[str, dict[str, Any]]:
+            return {t: {"removed": 0, "kept_in_use": 0, "kept_pinned": 0, "error": why}
+                    for t in tiers}  # fmt: skip
+
+        if self.storage is None:
+            return failed("no disk tier (--no-disk-cache)")
+        root = self._root(salt) if salt else b""
+        reply = self.storage.clear(tiers, root, include_pinned, timeout_s=CLEAR_TIMEOUT_S)
+        if not isinstance(reply, ClearReply):
+            return failed(f"the cache service did not answer in {CLEAR_TIMEOUT_S:.0f}s")
+        out = failed("not configured")
+        for part in reply.tiers:
+            out[part.tier] = {"removed": part.removed, "kept_in_use": 0,
+                              "kept_pinned": part.pinned_kept, "error": part.error}  # fmt: skip
+        return out
+
+    def _drop_pins(self, salt: str) -> None:
+        pins = self.cache.pins
+        pins.clear(None if not salt else [c.pin_id for c in pins.chains() if c.salt == salt])
+        self.refresh_pins()
+
+    # -- pins -------------------------------------------------------------------------------
+
+    def _root(self, salt: str) -> bytes:
+        ns = self.engine.namespace
+        return (ns.with_salt(salt) if salt else ns).digest()
+
+    def _chain(self, tokens: list[int], salt: str) -> tuple[bytes, ...]:
+        ps = self.cache.page_size
+        full = len(tokens) // ps
+        if full == 0:
+            raise AdminError(f"the prompt has {len(tokens)} tokens: a pin needs at least one "
+                             f"full page of {ps}", "bad_request")  # fmt: skip
+        return tuple(chain_hashes(self._root(salt), tokens[: full * ps], ps))
+
+    def pin(self, tokens: list[int], salt: str, ttl_s: float | None) -> dict[str, Any]:
+        if ttl_s is not None and not ttl_s > 0:
+            raise AdminError(f"ttl_s must be positive, got {ttl_s}", "bad_request")
+        hashes = self._chain(tokens, salt)
+        self._check_host_room(hashes)
+        reply = self._pin_below(hashes, salt, ttl_s)
+        expires = reply.pin.expires_at if reply is not None and reply.pin is not None else (
+            None if ttl_s is None else time.time() + ttl_s)  # fmt: skip
+        pin_id = hashes[-1].hex()
+        self.cache.pins.add(PinnedChain(pin_id, hashes, expires, salt))
+        cached = self.cache.persist(tokens[: len(hashes) * self.cache.page_size], salt)
+        return {
+            "pin_id": pin_id, "cache_salt": salt or None, "pages": len(hashes),
+            "tokens": len(hashes) * self.cache.page_size, "expires_at": expires,
+            "pages_cached": cached, "persistent": reply is not None,
+            "pages_on_disk": reply.pages_present if reply is not None else 0,
+            "pinned_bytes": reply.pinned_bytes if reply is not None else 0,
+            "limit_bytes": reply.limit_bytes if reply is not None else 0,
+        }  # fmt: skip
+
+    def _check_host_room(self, hashes: tuple[bytes, ...]) -> None:
+        slots = self.cache.parts.host.size
+        if slots == 0:
+            return
+        limit = int(self.cache.config.max_pinned_fraction * slots)
+        pins = self.cache.pins
+        new = pins.new_pages(hashes)
+        if pins.num_pages + new > limit:
+            raise AdminError(
+                f"pinning {new} more pages would pin {pins.num_pages + new} of the host "
+                f"tier's {slots} pages; --max-pinned-fraction allows {limit} "
+                f"({pins.num_pages} pinned already)",
+                "over_limit",
+            )
+
+    def _pin_below(
+        self, hashes: tuple[bytes, ...], salt: str, ttl_s: float | None
+    ) -> PinReply | None:
+        """The pin file in the disk folder (None: no disk tier, the pin lives in L2 only)."""
+        if self.storage is None:
+            return None
+        reply = self.storage.pin(hashes, self._root(salt), salt, ttl_s, timeout_s=PIN_TIMEOUT_S)
+        if reply is None:
+            raise AdminError("the cache service did not answer the pin", "unavailable")
+        if reply.code == "over_limit":
+            raise AdminError(reply.error or "over --max-pinned-fraction", "over_limit")
+        if reply.code is not None:
+            raise AdminError(f"the cache service refused the pin: {reply.code}: {reply.error}",
+                             "unavailable" if reply.code == "no_disk" else "internal")  # fmt: skip
+        return reply
+
+    def unpin(self, pin_ids: tuple[str, ...], tokens: list[int], salt: str) -> dict[str, Any]:
+        ids = list(pin_ids) or [self._chain(tokens, salt)[-1].hex()]
+        removed = self.cache.pins.remove(ids)
+        if self.storage is not None:
+            below = self.storage.unpin(ids, timeout_s=PIN_TIMEOUT_S)
+            if below is None:
+                raise AdminError("the cache service did not answer the unpin", "unavailable")
+            removed = max(removed, below)
+        return {"pin_ids": ids, "removed": removed}
+
+    def refresh_pins(self, timeout_s: float = PINS_TIMEOUT_S) -> PinsReply | None:
+        """Take the cache service's pins (every server's on the folder) as L2's; None when
+        it did not answer (the engine keeps its own copy)."""
+        if self.storage is None:
+            return None
+        reply = self.storage.pins(timeout_s=timeout_s)
+        if reply is not None:
+            self.cache.pins.replace(
+                PinnedChain(p.pin_id, p.pages, p.expires_at, p.salt) for p in reply.pins
+            )
+        return reply
+
+    def pins(self) -> dict[str, Any]:
+        """The pins, for `/cache/stats`."""
+        below = self.refresh_pins()
+        pins = self.cache.pins
+        slots = self.cache.parts.host.size
+        return {
+            "pinned": [{"pin_id": c.pin_id, "cache_salt": c.salt or None, "pages": len(c.pages),
+                        "expires_at": c.expires_at} for c in pins.chains()],
+            "pinned_pages": pins.num_pages,
+            "host_limit_pages": int(self.cache.config.max_pinned_fraction * slots),
+            "disk_pinned_pages": below.pinned_pages if below is not None else None,
+            "disk_pinned_bytes": below.pinned_bytes if below is not None else None,
+            "disk_limit_bytes": below.limit_bytes if below is not None else None,
+        }  # fmt: skip

@@ -1,0 +1,132 @@
+"""The cache admin routes: what an operator (and a router) asks of the cache.
+
+    GET  /cache/stats     counters per tier, queues, pins
+    POST /cache/lookup    tokens of a prompt each tier holds (device, host, disk, remote)
+    POST /cache/clear     empty tiers (scope), one tenant's pages (cache_salt) or all
+    POST /cache/pin       keep a prompt's pages in L2 and L3 (computed first if missing)
+    POST /cache/unpin     drop pins
+
+The engine does the work (engine/admin.py); an op it refuses answers with the
+status its code names: "bad_request" 400, "over_limit" 409 (a pin past
+--max-pinned-fraction), "unavailable" 503.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import FastAPI
+
+from asynchicache.engine.protocol import GenerateRequest, SamplingParams
+from asynchicache.server.context import AppContext
+from asynchicache.server.engine_client import EngineUnavailable
+from asynchicache.server.errors import APIError
+from asynchicache.server.requests import chat_prompt_ids
+from asynchicache.server.schemas import (
+    ChatCompletionRequest,
+    ClearRequest,
+    LookupRequest,
+    PinRequest,
+    UnpinRequest,
+)
+
+STATS_TIMEOUT_S = 5.0
+CLEAR_TIMEOUT_S = 90.0  # the cache service deletes files and Redis keys meanwhile
+PIN_TIMEOUT_S = 30.0
+_STATUS_BY_CODE = {"bad_request": 400, "over_limit": 409, "unavailable": 503}
+
+
+async def admin(
+    ctx: AppContext, op: str, timeout_s: float = STATS_TIMEOUT_S, **kwargs: Any
+) -> dict[str, Any]:
+    """An admin call's payload; its failure as the HTTP error its code names."""
+    try:
+        reply = await ctx.client.admin(op, timeout_s=timeout_s, **kwargs)
+    except EngineUnavailable as exc:
+        raise APIError(503, str(exc), type_="service_unavailable") from exc
+    if not reply.ok:
+        code = reply.payload.get("code")
+        status = _STATUS_BY_CODE.get(code or "", 500)
+        message = reply.error if status != 500 else f"cache {op} failed: {reply.error}"
+        kind = "invalid_request_error" if 400 <= status < 500 else None
+        raise APIError(status, message or "failed", code=code, type_=kind)
+    return reply.payload
+
+
+def prompt_ids(ctx: AppContext, body: LookupRequest) -> list[int]:
+    """The token ids of a body's `prompt` (text or ids) or `messages` (chat template)."""
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "send exactly one of 'prompt' and 'messages'", param="prompt")
+    if body.messages is not None:
+        return chat_prompt_ids(ctx, ChatCompletionRequest(messages=body.messages))
+    if isinstance(body.prompt, str):
+        return ctx.tokenizer.encode(body.prompt, add_special_tokens=False)
+    ids = list(body.prompt or [])
+    if any(not 0 <= t < ctx.model.vocab_size for t in ids):
+        raise APIError(400, "a token id is outside the vocabulary", param="prompt")
+    return ids
+
+
+async def _compute(ctx: AppContext, ids: list[int], salt: str) -> None:
+    """Prefill a prompt (one greedy token) so that its pages exist to be pinned."""
+    if len(ids) >= ctx.model.max_model_len:
+        raise APIError(400, f"the prompt has {len(ids)} tokens; this model's context is "
+                       f"{ctx.model.max_model_len}", param="prompt")  # fmt: skip
+    req = GenerateRequest(f"pin-{uuid.uuid4().hex}", tuple(ids),
+                          SamplingParams(max_tokens=1, temperature=0.0), salt)  # fmt: skip
+    try:
+        async for out in ctx.client.generate(req):
+            if out.finish_reason == "error":
+                raise APIError(500, f"computing the prompt failed: {out.error}")
+    except EngineUnavailable as exc:
+        raise APIError(503, str(exc), type_="service_unavailable") from exc
+
+
+def add_cache_routes(app: FastAPI, ctx: AppContext) -> None:
+    @app.get("/cache/stats")
+    async def cache_stats(integrity: bool = False) -> dict[str, Any]:
+        payload = await admin(ctx, "stats")
+        if integrity:  # ?integrity=true: also run the cache's check_integrity() (soak, tests)
+            payload["integrity"] = await admin(ctx, "integrity")
+        return payload
+
+    @app.post("/cache/lookup")
+    async def cache_lookup(body: LookupRequest) -> dict[str, Any]:
+        ids = prompt_ids(ctx, body)
+        payload = await admin(ctx, "lookup", token_ids=tuple(ids), cache_salt=body.cache_salt or "")
+        return {"prompt_tokens": len(ids), "cached_tokens_by_tier": payload}
+
+    @app.post("/cache/clear")
+    async def cache_clear(body: ClearRequest | None = None) -> dict[str, Any]:
+        body = body or ClearRequest()
+        return await admin(ctx, "clear", timeout_s=CLEAR_TIMEOUT_S, tiers=body.tiers,
+                           cache_salt=body.cache_salt or "",
+                           include_pinned=body.include_pinned)  # fmt: skip
+
+    @app.post("/cache/pin")
+    async def cache_pin(body: PinRequest) -> dict[str, Any]:
+        ids = prompt_ids(ctx, body)
+        salt = body.cache_salt or ""
+        full = len(ids) // ctx.model.page_size * ctx.model.page_size
+        if full == 0:
+            raise APIError(400, f"the prompt has {len(ids)} tokens: a pin needs at least one "
+                           f"full page of {ctx.model.page_size}", param="prompt")  # fmt: skip
+        cached = await admin(ctx, "lookup", token_ids=tuple(ids), cache_salt=salt)
+        computed = sum(cached.values()) < full
+        if computed:
+            await _compute(ctx, ids, salt)
+        payload = await admin(ctx, "pin", timeout_s=PIN_TIMEOUT_S, token_ids=tuple(ids),
+                              cache_salt=salt, ttl_s=body.ttl_s)  # fmt: skip
+        return {**payload, "computed": computed}
+
+    @app.post("/cache/unpin")
+    async def cache_unpin(body: UnpinRequest) -> dict[str, Any]:
+        pin_ids = tuple(body.pin_ids or ()) + ((body.pin_id,) if body.pin_id else ())
+        ids: list[int] = []
+        if not pin_ids:
+            ids = prompt_ids(ctx, body)
+        elif body.prompt is not None or body.messages is not None:
+            raise APIError(400, "send pin ids or a prompt, not both", param="pin_id")
+        return await admin(ctx, "unpin", timeout_s=PIN_TIMEOUT_S, token_ids=tuple(ids),
+                           cache_salt=body.cache_salt or "", pin_ids=pin_ids)  # fmt: skip
