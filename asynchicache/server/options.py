@@ -114,6 +114,11 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         "--max-model-len", type=int, help="cap the context length (default: the model's)"
     )
     g.add_argument("--seed", type=int, default=e.seed, help="sampling seed of requests without one")
+    g.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads of the engine process (default: the cores it may use, minus one)",
+    )
 
 
 def _add_cache(p: argparse.ArgumentParser) -> None:
@@ -288,6 +293,7 @@ def to_config(args: argparse.Namespace) -> LaunchConfig:
         max_prefill_tokens=args.max_prefill_tokens,
         max_model_len=args.max_model_len,
         seed=args.seed,
+        threads=args.threads,
     )
     return LaunchConfig(
         server, engine, _cache(args), host_cache_tokens=args.hiradix_cache_token_num
