@@ -115,9 +115,8 @@ def _load_hf_folder(folder: Path, dtype: str, device: str) -> LoadedModel:
     tokenizer = Tokenizer.from_hf_folder(folder)
     model = _build(config, dtype, device)
     model.load_hf_weights(_safetensors_tensors(files))
-    return LoadedModel(
-        model, config, tokenizer, fingerprint(config, files), folder.name, folder, dtype, device
-    )
+    fp = fingerprint(config, files, model.kernels)
+    return LoadedModel(model, config, tokenizer, fp, folder.name, folder, dtype, device)
 
 
 def _safetensors_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -134,9 +133,8 @@ def _load_gguf(path: Path, dtype: str, device: str) -> LoadedModel:
     model = _build(config, dtype, device)
     model.load_hf_weights(gguf.hf_tensors(config))
     name = _QUANT_SUFFIX.sub("", path.stem)
-    return LoadedModel(
-        model, config, tokenizer, fingerprint(config, [path]), name, path, dtype, device
-    )
+    fp = fingerprint(config, [path], model.kernels)
+    return LoadedModel(model, config, tokenizer, fp, name, path, dtype, device)
 
 
 def _build(config: ModelConfig, dtype: str, device: str) -> LlamaForCausalLM:
@@ -148,12 +146,16 @@ def _build(config: ModelConfig, dtype: str, device: str) -> LlamaForCausalLM:
     return model.eval()
 
 
-def fingerprint(config: ModelConfig, files: list[Path]) -> str:
-    """xxh3-128 (hex) of the model config and the weight files' contents."""
+def fingerprint(config: ModelConfig, files: list[Path], kernels: str = "torch") -> str:
+    """xxh3-128 (hex) of the model config, the weight files' contents and the kernels
+    that compute the layers (`LlamaForCausalLM.kernels`: the same weights computed
+    by other kernels give KV that differs in the last bits)."""
     digest = xxhash.xxh3_128()
     digest.update(json.dumps(asdict(config), sort_keys=True, default=str).encode())
     for file in files:
         digest.update(_content_digest(file))
+    if kernels != "torch":  # torch's own kernels keep the fingerprints they always had
+        digest.update(b"kernels:" + kernels.encode())
     return digest.hexdigest()
 
 
