@@ -6,6 +6,7 @@ was wrong. Derived values are properties; nothing mutates a config once built.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -26,6 +27,12 @@ class PrefetchPolicy(StrEnum):
     BEST_EFFORT = "best_effort"
     WAIT_COMPLETE = "wait_complete"
     TIMEOUT = "timeout"
+
+
+# Every size flag (--host-cache-gb, --disk-cache-gb, ...) counts GiB: 2**30 bytes.
+# One unit everywhere, and a token count turned into GiB (a power of two) and
+# back into bytes is exact in floating point.
+GIB = 2**30
 
 
 def default_disk_cache_dir() -> Path:
@@ -87,6 +94,16 @@ class CacheConfig:
         return self.device_cache_tokens // self.page_size
 
     @property
+    def host_cache_bytes(self) -> int:
+        """--host-cache-gb in bytes (GiB)."""
+        return int(self.host_cache_gb * GIB)
+
+    @property
+    def disk_cache_bytes(self) -> int:
+        """--disk-cache-gb in bytes (GiB)."""
+        return int(self.disk_cache_gb * GIB)
+
+    @property
     def disk_enabled(self) -> bool:
         return self.enable_prefix_cache and self.disk_cache_dir is not None
 
@@ -132,6 +149,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # None = no authentication
+    # Guards the cache admin routes (clear, pin, unpin) apart from --api-key;
+    # None = they take the same key as everything else.
+    admin_api_key: str | None = None
     log_level: str = "info"
     served_model_name: str | None = None  # None = the loaded model's own name
     startup_timeout_s: float = 600.0  # model load + first health answer
@@ -147,5 +167,56 @@ class ServerConfig:
             )
         if self.api_key is not None and not self.api_key:
             raise ValueError("--api-key must not be empty")
+        if self.admin_api_key is not None and not self.admin_api_key:
+            raise ValueError("--admin-api-key must not be empty")
         _positive("--startup-timeout", self.startup_timeout_s)
         _positive("--shutdown-timeout", self.shutdown_timeout_s)
+
+
+@dataclass(frozen=True)
+class ServiceTuning:
+    """How hard the cache service (L3/L4 process) works; `serve` passes these through."""
+
+    disk_sync: str = "batch"  # storage.disk.SyncMode: batch, file or none
+    io_threads: int = 16  # parallel file I/O per namespace
+    workers: int = 4  # requests served at once
+    client_ttl_s: float = 120.0  # an engine silent this long is forgotten
+
+    def __post_init__(self) -> None:
+        if self.disk_sync not in ("batch", "file", "none"):
+            raise ValueError(f"--disk-sync must be batch, file or none, got {self.disk_sync!r}")
+        _positive("--io-threads", self.io_threads)
+        _positive("--workers", self.workers)
+        _positive("--client-ttl", self.client_ttl_s)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything `asynchicache serve` was asked for."""
+
+    server: ServerConfig
+    engine: EngineConfig
+    cache: CacheConfig
+    service: ServiceTuning = field(default_factory=ServiceTuning)
+    # LightLLM's --hiradix_cache_token_num: the host tier's size in tokens,
+    # turned into bytes once the model's KV size per token is known.
+    host_cache_tokens: int | None = None
+    # --storage-timeout: how long the engine waits for one cache-service ticket (an
+    # L3/L4 load or store) before it gives up on it; 3x that, silent, restarts the service.
+    storage_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.cache.remote_url is not None and not self.cache.disk_enabled:
+            raise ValueError(
+                "--remote-url needs the disk tier (drop --no-disk-cache/--no-prefix-cache): "
+                "the cache service keeps L4 behind L3"
+            )
+        if self.host_cache_tokens is not None and self.host_cache_tokens <= 0:
+            raise ValueError(
+                f"--hiradix_cache_token_num must be positive, got {self.host_cache_tokens}"
+            )
+        if not (math.isfinite(self.storage_timeout_s) and self.storage_timeout_s > 0):
+            raise ValueError(
+                f"--storage-timeout must be a positive number of seconds, "
+                f"got {self.storage_timeout_s}"
+            )

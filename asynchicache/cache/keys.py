@@ -6,17 +6,33 @@
 H is xxh3_128 (16-byte digests) over little-endian int32 token ids. Nothing here
 depends on the process (no `hash()`, no random seed), so every process, restart
 and instance computes the same names.
+
+The namespace is everything besides the tokens that decides a page's bytes:
+the weights (fingerprint), dtype, page size, the KV layout, the engine that
+computed the KV and the version of its arithmetic, and an optional salt. A
+page computed by other code is another page: a disk folder that survives an
+upgrade of the numerics is a miss, never stale KV served as a hit.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import xxhash
 
-KV_LAYOUT_VERSION = 1
+# 2: the namespace names the engine and its numerics; page headers carry the parent hash.
+KV_LAYOUT_VERSION = 2
+# Our engine's marker. Pages computed by another engine (the vLLM connector's) carry
+# another marker, so the two never share a page even for the same model and dtype.
+ENGINE = "asynchicache"
+# The version of our engine's K/V arithmetic (engine/models: norms, rotary, attention
+# inputs, weight dequantization). Bump it whenever the K/V a prompt produces changes;
+# tests/engine/test_numerics.py fails when the reference K/V moved without a bump.
+#   1: one-pass RMSNorm, in-place rotary (the first versioned numerics)
+#   2: linear layers through oneDNN with reordered weights (engine/models/gemm.py)
+NUMERICS_VERSION = 2
 HASH_BYTES = 16
 
 
@@ -29,31 +45,51 @@ class Namespace:
     page_size: int
     layout_version: int = KV_LAYOUT_VERSION
     cache_salt: str = ""
+    engine: str = ENGINE
+    numerics_version: int = NUMERICS_VERSION
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:
             raise ValueError(f"page_size must be positive, got {self.page_size}")
         if not self.model_fingerprint:
             raise ValueError("model_fingerprint must not be empty")
+        if not self.engine or "\x1f" in self.engine:
+            raise ValueError(f"engine marker must be non-empty without \\x1f, got {self.engine!r}")
 
     def encode(self) -> bytes:
+        """The namespace's bytes (in every page header; the disk folder is named after them)."""
         fields = (
             self.model_fingerprint,
             self.dtype,
             str(self.page_size),
             str(self.layout_version),
             self.cache_salt,
+            self.engine,
+            str(self.numerics_version),
         )
         return "\x1f".join(fields).encode()
 
+    @classmethod
+    def decode(cls, data: bytes) -> Namespace:
+        """The inverse of `encode` (a page header's namespace); ValueError when it is not one."""
+        try:
+            fields = data.decode().split("\x1f")
+            fp, dtype, page_size, layout, salt, engine, numerics = fields
+            return cls(fp, dtype, int(page_size), int(layout), salt, engine, int(numerics))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ValueError(f"not a namespace of this version: {data[:80]!r}") from exc
+
     def digest(self) -> bytes:
         """h_0 of every chain in this namespace."""
-        return xxhash.xxh3_128_digest(b"asynchicache-ns\x00" + self.encode())
+        return namespace_digest(self.encode())
 
     def with_salt(self, cache_salt: str) -> Namespace:
-        return Namespace(
-            self.model_fingerprint, self.dtype, self.page_size, self.layout_version, cache_salt
-        )
+        return replace(self, cache_salt=cache_salt)
+
+
+def namespace_digest(encoded: bytes) -> bytes:
+    """h_0 of the namespace whose `encode()` is `encoded`."""
+    return xxhash.xxh3_128_digest(b"asynchicache-ns\x00" + encoded)
 
 
 def tokens_bytes(tokens: Sequence[int]) -> bytes:

@@ -17,7 +17,9 @@ from asynchicache.cache.keys import Namespace
 from asynchicache.cache.pools import KVLayout
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.cost import CostModel
+from asynchicache.engine.group import Forker, make_members
 from asynchicache.engine.loader import LoadedModel, load_model
+from asynchicache.engine.logprobs import collect_prompt_logprobs
 from asynchicache.engine.protocol import (
     AdminReply,
     AdminRequest,
@@ -28,7 +30,7 @@ from asynchicache.engine.protocol import (
 )
 from asynchicache.engine.request import Request
 from asynchicache.engine.runner import ForwardBatch, ModelRunner
-from asynchicache.engine.sampler import sample
+from asynchicache.engine.sampler import Pick, pick
 from asynchicache.engine.scheduler import Batch, Scheduler
 from asynchicache.storage.base import PageLayout, StorageTier
 
@@ -77,10 +79,12 @@ class Engine:
             self.layout.page_bytes, cache_config.page_size, engine_config.min_load_tokens
         )
         self.scheduler = Scheduler(engine_config, cache_config, self.cache, self.cost)
+        self.forker = Forker(self.scheduler, self.runner.kv_pool)
         self.device_tokens = self.cache.stats().device.total * cache_config.page_size
         self.last_batch_size = 0
         self.eos_ids = frozenset(self.loaded.tokenizer.eos_token_ids)
         self.steps = 0
+        self.computed_prompt_tokens = 0  # prompt tokens fed to the model (cache misses)
 
     def _register_pool(self, storage: StorageTier | None) -> None:
         """Tell the cache service which shared-memory pool our L2 slot numbers index."""
@@ -110,12 +114,12 @@ class Engine:
             )
         if error is not None:
             return TokenOutput(msg.rid, (), True, "error", n, 0, error=error)
-        req = Request(msg.rid, list(msg.prompt_token_ids), msg.sampling, msg.cache_salt)
-        self.scheduler.add(req)
+        # A group's leader alone enters the scheduler; the others wait for its prefill.
+        self.scheduler.add(make_members(msg)[0])
         return None
 
-    def abort(self, rid: str) -> bool:
-        return self.scheduler.abort(rid)
+    def abort(self, rid: str, index: int | None = None) -> bool:
+        return self.scheduler.abort(rid, index)
 
     @property
     def has_work(self) -> bool:
@@ -129,42 +133,78 @@ class Engine:
         outputs: list[TokenOutput] = []
         if batch.seqs:
             outputs += self._run(batch)
-        for req in self.scheduler.drain_finished():
-            if not outputs_has(outputs, req.rid):
-                outputs.append(self._final_output(req, ()))
+        while finished := self.scheduler.drain_finished():
+            for req in finished:
+                if req.group is not None:  # a leader ended before its prompt was computed
+                    self.forker.end_waiting(req)
+                if not outputs_has(outputs, req.rid, req.index):
+                    outputs.append(self._final_output(req, ()))
         self.steps += 1
         return outputs
 
     def _run(self, batch: Batch) -> list[TokenOutput]:
+        every = [s.request.needs_whole_prompt for s in batch.seqs]
         forward = ForwardBatch(
             token_ids=[s.request.tokens[s.request.num_computed : s.request.num_computed + s.num_new]
                        for s in batch.seqs],
             starts=[s.request.num_computed for s in batch.seqs],
             page_tables=[s.request.page_table for s in batch.seqs],
+            every_position=every if any(every) else (),
+        )
+        self.computed_prompt_tokens += sum(
+            max(0, min(s.num_new, len(s.request.prompt) - s.request.num_computed))
+            for s in batch.seqs
         )
         t0 = time.perf_counter()
-        logits = self.runner.forward(forward)  # [seqs, vocab]
+        logits = self.runner.forward(forward)  # [seqs (+ every position of flagged), vocab]
         elapsed = time.perf_counter() - t0
         prefill_tokens = sum(s.num_new for s in batch.seqs if s.num_new > 1)
         if prefill_tokens >= 64 and prefill_tokens > len(batch.seqs):
             self.cost.prefill_tok_s.observe(batch.num_tokens, elapsed)
+        if any(every):
+            self._collect_prompt_logprobs(batch, logits)
         ready = self.scheduler.after_forward(batch)
         if not ready:
             return []
         index = {id(s.request): i for i, s in enumerate(batch.seqs)}
+        for leader in [r for r in ready if r.group is not None]:
+            for member in self.forker.fork(leader):  # sample from the leader's logits
+                index[id(member)] = index[id(leader)]
+                ready.append(member)
+        outputs = [self._prompt_only(r) for r in ready if r.sampling.max_tokens == 0]
+        ready = [r for r in ready if r.sampling.max_tokens > 0]
         rows = logits[[index[id(r)] for r in ready]]
-        tokens = sample(rows, [r.sampling for r in ready], [r.generator for r in ready])
-        return [self._append(req, tok) for req, tok in zip(ready, tokens, strict=True)]
+        picks = pick(rows, [r.sampling for r in ready], [r.generator for r in ready],
+                     [(r.prompt, r.output) for r in ready])
+        return outputs + [self._append(req, p) for req, p in zip(ready, picks, strict=True)]
 
-    def _append(self, req: Request, token: int) -> TokenOutput:
+    def _collect_prompt_logprobs(self, batch: Batch, logits: torch.Tensor) -> None:
+        """Prompt logprobs from the extra rows the runner returned (see `ForwardBatch`)."""
+        row = len(batch.seqs)
+        for seq in batch.seqs:
+            req = seq.request
+            if not req.needs_whole_prompt:
+                continue
+            top = req.sampling.prompt_logprobs or 0
+            chunk = logits[row : row + seq.num_new]  # [num_new, vocab]
+            collect_prompt_logprobs(req.prompt_logprobs, req.prompt, chunk, req.num_computed, top)
+            row += seq.num_new
+
+    def _prompt_only(self, req: Request) -> TokenOutput:
+        """`max_tokens` 0: the prompt's logprobs are the whole answer."""
+        self.scheduler.finish(req, "length")
+        return self._final_output(req, ())
+
+    def _append(self, req: Request, chosen: Pick) -> TokenOutput:
+        token = chosen.token
         req.output.append(token)
+        if chosen.logprob is not None:
+            req.cumulative_logprob += chosen.logprob.logprob
         reason = self._stop_reason(req, token)
         if reason is None:
-            return TokenOutput(
-                req.rid, (token,), False, None, len(req.prompt), len(req.output), req.cached
-            )
+            return self._output(req, (token,), chosen)
         self.scheduler.finish(req, reason)
-        return self._final_output(req, (token,))
+        return self._final_output(req, (token,), chosen)
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         sp: SamplingParams = req.sampling
@@ -175,11 +215,14 @@ class Engine:
         return None
 
     @staticmethod
-    def _final_output(req: Request, tokens: tuple[int, ...]) -> TokenOutput:
-        return TokenOutput(
-            req.rid, tokens, True, req.finish_reason, len(req.prompt), len(req.output),
-            req.cached, req.error,
-        )
+    def _output(req: Request, tokens: tuple[int, ...], chosen: Pick | None) -> TokenOutput:
+        return _token_output(req, tokens, chosen, finished=False)
+
+    @staticmethod
+    def _final_output(
+        req: Request, tokens: tuple[int, ...], chosen: Pick | None = None
+    ) -> TokenOutput:
+        return _token_output(req, tokens, chosen, finished=True)
 
     # ---------------------------------------------------------- conveniences
     def generate(
@@ -244,6 +287,9 @@ class Engine:
             "storage": self._storage_stats(),
             "queues": self.scheduler.queue_lengths(),
             "preemptions": self.scheduler.preemptions,
+            "computed_prompt_tokens": self.computed_prompt_tokens,
+            # Locks held on cached pages (0 when idle: every request released its own).
+            "cache_lock_refs": sum(node.lock_ref for node in self.cache.tree.iter_nodes()),
             "prefill_tok_s_estimate": self.cost.prefill_tok_s.value,
         }
 
@@ -266,8 +312,23 @@ class Engine:
         self.cache.close()
 
 
-def outputs_has(outputs: list[TokenOutput], rid: str) -> bool:
-    return any(o.rid == rid and o.finished for o in outputs)
+def outputs_has(outputs: list[TokenOutput], rid: str, index: int = 0) -> bool:
+    return any(o.rid == rid and o.index == index and o.finished for o in outputs)
+
+
+def _token_output(
+    req: Request, tokens: tuple[int, ...], chosen: Pick | None, finished: bool
+) -> TokenOutput:
+    """One output of `req`; its prompt logprobs ride on its first (sent once)."""
+    prompt_lps: tuple = ()
+    if req.prompt_logprobs and len(req.output) <= 1 and req.index == 0:
+        prompt_lps, req.prompt_logprobs = tuple(req.prompt_logprobs), []
+    return TokenOutput(
+        req.rid, tokens, finished, req.finish_reason if finished else None, len(req.prompt),
+        len(req.output), req.cached, req.error if finished else None, req.index,
+        (chosen.logprob,) if chosen is not None and chosen.logprob is not None else (),
+        prompt_lps, req.cumulative_logprob,
+    )
 
 
 def _fields(out: TokenOutput) -> dict:

@@ -77,7 +77,7 @@ class EngineLoop:
             if early is not None:
                 self._send(early)
         elif isinstance(msg, AbortRequest):
-            self.engine.abort(msg.rid)
+            self.engine.abort(msg.rid, msg.index)
         elif isinstance(msg, AdminRequest):
             self._send(self.engine.admin(msg))
         else:

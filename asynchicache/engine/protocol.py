@@ -8,6 +8,7 @@ HTTP process tokenizes and detokenizes.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -15,10 +16,29 @@ from typing import Any
 
 import msgpack
 
+# The most alternatives a client may ask per token (OpenAI's chat limit; vLLM's default).
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class LogitBias:
+    """Added to one token's logit before sampling (OpenAI's `logit_bias` entry)."""
+
+    token_id: int
+    bias: float
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request decoding settings (OpenAI names)."""
+    """Per-request decoding settings (OpenAI names).
+
+    `logprobs` / `prompt_logprobs`: None computes none; k >= 0 returns, per
+    sampled (prompt) token, its log-probability and the k most likely
+    alternatives, from the raw model distribution (before temperature,
+    penalties and top-p). A request with `prompt_logprobs` computes its whole
+    prompt: a cached prefix has no logits. `max_tokens` 0 samples nothing
+    (the prompt's logprobs are the answer).
+    """
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -28,33 +48,73 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+    repetition_penalty: float = 1.0  # divides (or multiplies) logits of prompt and output tokens
+    logit_bias: tuple[LogitBias, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
-        if self.temperature < 0:
+        if self.max_tokens < 0 or (self.max_tokens == 0 and self.prompt_logprobs is None):
+            raise ValueError(
+                f"max_tokens must be positive (0 only with prompt_logprobs), got {self.max_tokens}"
+            )
+        if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not 0 <= k <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {k}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty < math.inf:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if any(not -100 <= b.bias <= 100 for b in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
 
+    @property
+    def penalized(self) -> bool:
+        """Whether the logits are changed before sampling (penalties or biases)."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+            or self.logit_bias
+        )
+
 
 @dataclass(frozen=True)
 class GenerateRequest:
+    """A prompt to complete `n` times: one request group, its prompt computed once.
+
+    Every member streams `TokenOutput`s under the same `rid`, told apart by
+    their `index` (0..n-1); member i > 0 of a seeded request draws from a seed
+    derived from `seed` and i (`engine.group.member_seed`).
+    """
+
     rid: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     cache_salt: str = ""
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
 
 
 @dataclass(frozen=True)
 class AbortRequest:
     rid: str
+    index: int | None = None  # one member of the group; None: every member
 
 
 @dataclass(frozen=True)
@@ -72,8 +132,25 @@ class CachedTokens:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the raw model distribution, and the most
+    likely alternatives at its position (most likely first)."""
+
+    token_id: int
+    logprob: float
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
 class TokenOutput:
-    """New tokens for one request; the last one has `finished` set."""
+    """New tokens for one member (`index`) of a request; its last has `finished` set.
+
+    `logprobs` runs parallel to `token_ids` when the request asked for them;
+    `prompt_logprobs` (prompt tokens 1.., the first has none) comes once, on
+    member 0's first output. `cumulative_logprob` sums the member's token
+    logprobs so far (when computed).
+    """
 
     rid: str
     token_ids: tuple[int, ...]
@@ -83,6 +160,10 @@ class TokenOutput:
     completion_tokens: int = 0
     cached: CachedTokens = field(default_factory=CachedTokens)
     error: str | None = None
+    index: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
+    cumulative_logprob: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -111,10 +192,12 @@ class AdminReply:
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (
+        LogitBias,
         SamplingParams,
         GenerateRequest,
         AbortRequest,
         CachedTokens,
+        TokenLogprob,
         TokenOutput,
         AdminRequest,
         AdminReply,

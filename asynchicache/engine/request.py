@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from asynchicache.engine.protocol import CachedTokens, SamplingParams
+from asynchicache.engine.protocol import CachedTokens, SamplingParams, TokenLogprob
 
 
 class Phase(Enum):
@@ -47,6 +47,17 @@ class Request:
     finish_reason: str | None = None
     error: str | None = None
     aborted: bool = False
+    # What the OpenAI surface adds (logprobs, request groups): see engine/group.py.
+    index: int = 0  # member of its request group
+    group: Any = None  # the RequestGroup while members wait for the shared prefill
+    shared: Any = None  # SharedPages: prompt pages held with the other members (no tree)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+
+    @property
+    def needs_whole_prompt(self) -> bool:
+        """Prompt logprobs need logits a cached prefix lacks: compute every prompt token."""
+        return self.sampling.prompt_logprobs is not None and not self.output
 
     @property
     def tokens(self) -> list[int]:

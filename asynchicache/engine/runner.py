@@ -5,7 +5,8 @@ are already in the pool (`start`: a cached prefix or earlier chunks) and its
 page table. A batch may mix prefill chunks at any `start` and single-token
 decodes. The runner flattens all new tokens into one `[T]` batch, builds the
 attention metadata once, and returns float32 logits for the last new token of
-each sequence only.
+each sequence only, plus, for sequences flagged in `every_position` (requests
+that want prompt logprobs), the logits of each of their new tokens.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class ForwardBatch:
     token_ids: Sequence[Sequence[int]]
     starts: Sequence[int]
     page_tables: Sequence[Sequence[int]]
+    every_position: Sequence[bool] = ()  # empty: no sequence wants more than its last row
 
     def __post_init__(self) -> None:
         if not (len(self.token_ids) == len(self.starts) == len(self.page_tables)):
@@ -85,7 +87,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [num_seqs, vocab] (float32) for each sequence's last new token."""
+        """Logits [num_seqs + extra, vocab] (float32): each sequence's last new token, then
+        every new token of each sequence flagged in `every_position`, in batch order."""
         plan = _BatchPlan(batch, self.page_size, self.num_pages)
         meta = plan.metadata(self.device)
         attn = PagedAttention(self.kv_pool, meta, self.model.config.sliding_windows)
@@ -107,7 +110,10 @@ class _BatchPlan:
         lengths = np.array([len(ids) for ids in batch.token_ids], dtype=np.int64)
         self.ends = np.cumsum(lengths)  # [seqs]
         self.begins = self.ends - lengths
-        self.last_rows = self.ends - 1
+        every = [i for i, flag in enumerate(batch.every_position) if flag]
+        self.last_rows = np.concatenate(
+            [self.ends - 1, *(np.arange(self.begins[i], self.ends[i]) for i in every)]
+        )
         self.input_ids = np.fromiter(
             (t for ids in batch.token_ids for t in ids), dtype=np.int64, count=int(self.ends[-1])
         )

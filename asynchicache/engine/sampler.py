@@ -3,17 +3,22 @@
 `sample` handles a batch whose rows have different settings: greedy rows take
 the argmax, the others are tempered, top-k and top-p filtered (vectorized over
 the batch) and drawn with their request's own `torch.Generator`, so a seeded
-request gives the same tokens whatever else is in the batch.
+request gives the same tokens whatever else is in the batch. `pick` adds what a
+request may ask beyond that: penalties and biases before sampling, and the
+chosen token's logprob (from the raw logits) after.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
 
-from asynchicache.engine.protocol import SamplingParams
+from asynchicache.engine.logprobs import token_logprobs
+from asynchicache.engine.penalties import apply_penalties
+from asynchicache.engine.protocol import SamplingParams, TokenLogprob
 
 
 def request_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator:
@@ -53,6 +58,34 @@ def sample(
             drawn = torch.multinomial(probs[j], 1, generator=generators[i])
             tokens[i] = drawn[0]
     return tokens.tolist()
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The chosen token, and its raw logprob when the request asked (or None)."""
+
+    token: int
+    logprob: TokenLogprob | None = None
+
+
+def pick(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    histories: Sequence[tuple[Sequence[int], Sequence[int]]],
+) -> list[Pick]:
+    """Raw logits [n, vocab] -> one token per row, penalized as each row asks,
+    with its logprob for rows whose `logprobs` is set. histories[i] = (prompt, output)."""
+    tokens = sample(apply_penalties(logits, params, histories), params, generators)
+    asking = [i for i, p in enumerate(params) if p.logprobs is not None]
+    found: dict[int, TokenLogprob] = {}
+    if asking:
+        rows = logits.index_select(0, torch.tensor(asking, device=logits.device))
+        entries = token_logprobs(
+            rows, [tokens[i] for i in asking], [params[i].logprobs or 0 for i in asking]
+        )
+        found = dict(zip(asking, entries, strict=True))
+    return [Pick(tok, found.get(i)) for i, tok in enumerate(tokens)]
 
 
 def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

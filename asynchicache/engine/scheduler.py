@@ -66,12 +66,13 @@ class Scheduler:
             req.generator = request_generator(req.sampling.seed)
         self.waiting.append(req)
 
-    def abort(self, rid: str) -> bool:
-        for req in [*self.waiting, *self.running, *self.loading.values()]:
-            if req.rid == rid:
-                self._finish(req, "abort")
-                return True
-        return False
+    def abort(self, rid: str, index: int | None = None) -> bool:
+        """End `rid`: one member of its group, or (index None) every member."""
+        found = [r for r in [*self.waiting, *self.running, *self.loading.values()]
+                 if r.rid == rid and index in (None, r.index)]
+        for req in found:
+            self._finish(req, "abort")
+        return bool(found)
 
     @property
     def has_work(self) -> bool:
@@ -90,7 +91,7 @@ class Scheduler:
 
     def _start(self, req: Request) -> None:
         """Match the prompt's prefix; start a load or take what L1 holds."""
-        if not self._prefix_enabled():
+        if not self._prefix_enabled() or req.needs_whole_prompt:
             req.phase = Phase.RUNNING
             self.running.append(req)
             return
@@ -300,6 +301,9 @@ class Scheduler:
         private = req.page_table[req.shared_pages :]
         if private:
             self.cache.free(private)
+        if req.shared is not None:  # prompt pages of a request group (engine/group.py)
+            self.cache.free(req.shared.release())
+            req.shared = None
         if req.handle is not None:
             self.cache.unlock(req.handle)
         req.handle = None

@@ -5,7 +5,8 @@
     GET  /cache/stats             POST /cache/lookup             POST /cache/clear
 
 With an API key configured, every endpoint but `/health` wants
-`Authorization: Bearer <key>`.
+`Authorization: Bearer <key>`. With an admin key configured, the routes that
+drop or pin cache contents (`ADMIN_PATHS`) want that key instead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from asynchicache.server import completions
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineUnavailable
 from asynchicache.server.errors import APIError, install_error_handlers
+from asynchicache.server.requests import chat_prompt_ids
 from asynchicache.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -34,33 +36,47 @@ from asynchicache.server.schemas import (
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/health"})
+ADMIN_PATHS = frozenset({"/cache/clear", "/cache/pin", "/cache/unpin"})
 STATS_TIMEOUT_S = 5.0
 
 
 class APIKeyMiddleware:
-    """Rejects requests without the right bearer token (plain ASGI: streams pass untouched)."""
+    """Rejects requests without the right bearer token (plain ASGI: streams pass untouched).
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    `api_key` guards every path but `PUBLIC_PATHS`; `admin_api_key`, when set,
+    replaces it on `ADMIN_PATHS` (clearing or pinning the cache is an
+    operator's act, not a client's). None: that key is not required.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str | None, admin_api_key: str | None) -> None:
         self.app = app
-        self._key = api_key.encode()
+        self._key = api_key.encode() if api_key is not None else None
+        self._admin_key = admin_api_key.encode() if admin_api_key is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or self._authorized(scope):
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
+        admin = scope["path"] in ADMIN_PATHS and self._admin_key is not None
+        wanted = self._admin_key if admin else self._key
+        if wanted is None or _bearer_matches(scope, wanted):
+            await self.app(scope, receive, send)
+            return
+        what = "admin API key" if admin else "API key"
         err = APIError(
             401,
-            "Incorrect or missing API key; send 'Authorization: Bearer <key>'.",
+            f"Incorrect or missing {what}; send 'Authorization: Bearer <key>'.",
             code="invalid_api_key",
         )
         await err.response()(scope, receive, send)
 
-    def _authorized(self, scope: Scope) -> bool:
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                scheme, _, token = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
-        return False
+
+def _bearer_matches(scope: Scope, key: bytes) -> bool:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key)
+    return False
 
 
 async def _admin(ctx: AppContext, op: str, **kwargs: Any) -> dict[str, Any]:
@@ -78,7 +94,7 @@ def _lookup_ids(ctx: AppContext, body: LookupRequest) -> list[int]:
         raise APIError(400, "send exactly one of 'prompt' and 'messages'", param="prompt")
     if body.messages is not None:
         chat = ChatCompletionRequest(messages=body.messages)
-        return completions.build_chat(ctx, chat).prompt_token_ids  # type: ignore[return-value]
+        return chat_prompt_ids(ctx, chat)
     if isinstance(body.prompt, str):
         return ctx.tokenizer.encode(body.prompt, add_special_tokens=False)
     return list(body.prompt or [])
@@ -143,6 +159,8 @@ def create_app(ctx: AppContext) -> FastAPI:
     app = FastAPI(title="asynchicache", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
     _routes(app, ctx)
-    if ctx.api_key is not None:
-        app.add_middleware(APIKeyMiddleware, api_key=ctx.api_key)
+    if ctx.api_key is not None or ctx.admin_api_key is not None:
+        app.add_middleware(
+            APIKeyMiddleware, api_key=ctx.api_key, admin_api_key=ctx.admin_api_key
+        )
     return app

@@ -1,19 +1,23 @@
-"""`/v1/completions` and `/v1/chat/completions`: validate, tokenize, generate, frame.
+"""`/v1/completions` and `/v1/chat/completions`: plan, generate, frame.
 
-Everything a client can get wrong is checked here, before the engine sees the
-request, and answered with a 400/404 in OpenAI's error shape.
+`server/requests.py` turns a body into engine requests (one per prompt, each a
+group of `best_of` samples); this module runs them and frames the events as
+OpenAI does: choice `i * n + j` is sample j of prompt i, streamed chunks carry
+their choice's `index`, `usage` counts each prompt once and every sample's
+tokens. With `best_of > n` (never streamed) the n samples with the highest
+cumulative logprob are kept.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from asynchicache.engine.protocol import GenerateRequest, SamplingParams
+from asynchicache.engine.protocol import CachedTokens, TokenLogprob
 from asynchicache.server import sse
 from asynchicache.server.context import AppContext
 from asynchicache.server.disconnect import (
@@ -23,9 +27,17 @@ from asynchicache.server.disconnect import (
 )
 from asynchicache.server.engine_client import EngineUnavailable
 from asynchicache.server.errors import APIError, error_body
-from asynchicache.server.generation import Finished, TextDelta, generate_text
+from asynchicache.server.generation import Finished, PromptLogprobs, TextDelta, generate_many
+from asynchicache.server.logprobs import (
+    CompletionLogprobsBuilder,
+    TokenText,
+    chat_logprobs,
+    merge,
+)
+from asynchicache.server.requests import Plan, plan_chat, plan_completion
 from asynchicache.server.schemas import (
     ChatChoice,
+    ChatChoiceLogprobs,
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -33,167 +45,76 @@ from asynchicache.server.schemas import (
     ChatDelta,
     ChatResponseMessage,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     PromptTokensDetails,
-    SamplingFields,
     Usage,
 )
 
-# OpenAI's default for the legacy completions endpoint; chat defaults to the
-# rest of the context.
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+# -------------------------------------------------------------------- results
+@dataclass
+class Sample:
+    """One member's whole answer (non-streaming)."""
+
+    parts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish: Finished | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
 
 
-# ------------------------------------------------------------------ validation
-def check_model(ctx: AppContext, model: str | None) -> None:
-    if model is not None and model != ctx.model.name:
-        raise APIError(
-            404,
-            f"The model `{model}` does not exist; this server serves `{ctx.model.name}`.",
-            param="model",
-            code="model_not_found",
+@dataclass
+class PromptResult:
+    """Every member of one prompt's request group, and the prompt's logprobs."""
+
+    samples: list[Sample]
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
+
+    def best(self, n: int) -> list[Sample]:
+        """The n samples to answer with: all of them, or the n most likely for best_of."""
+        if len(self.samples) == n:
+            return self.samples
+        ranked = sorted(
+            self.samples,
+            key=lambda s: s.finish.cumulative_logprob if s.finish else float("-inf"),
+            reverse=True,
         )
+        return ranked[:n]
 
 
-def _check_supported(body: SamplingFields) -> None:
-    if body.n != 1:
-        raise APIError(400, "only n=1 is supported", param="n")
-    if body.best_of not in (None, 1):
-        raise APIError(400, "only best_of=1 is supported", param="best_of")
-    if body.logprobs:
-        raise APIError(400, "logprobs are not supported", param="logprobs")
+@dataclass
+class Tally:
+    """What `usage` reports: each prompt once, every sample's tokens."""
 
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached: list[CachedTokens] = field(default_factory=list)
+    counted: set[int] = field(default_factory=set)
 
-def _check_ids(ctx: AppContext, ids: list[int]) -> None:
-    if not ids:
-        raise APIError(400, "the prompt is empty", param="prompt")
-    bad = next((t for t in ids if not 0 <= t < ctx.model.vocab_size), None)
-    if bad is not None:
-        raise APIError(
-            400,
-            f"token id {bad} is outside the vocabulary (0..{ctx.model.vocab_size - 1})",
-            param="prompt",
+    def add(self, prompt: int, f: Finished) -> None:
+        self.completion_tokens += f.completion_tokens
+        if prompt not in self.counted:
+            self.counted.add(prompt)
+            self.prompt_tokens += f.prompt_tokens
+            self.cached.append(f.cached)
+
+    def usage(self) -> Usage:
+        by_tier = {
+            tier: sum(getattr(c, tier) for c in self.cached)
+            for tier in ("device", "host", "disk", "remote")
+        }
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(
+                cached_tokens=sum(by_tier.values()), cached_tokens_by_tier=by_tier
+            ),
         )
-
-
-def _max_tokens(
-    ctx: AppContext, prompt_len: int, requested: int | None, default: int | None
-) -> int:
-    """The completion budget; a prompt or budget beyond the context is the client's error."""
-    limit = ctx.model.max_model_len
-    if prompt_len >= limit:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {limit} tokens, but the prompt has "
-            f"{prompt_len} tokens. Please shorten the prompt.",
-            param="messages" if default is None else "prompt",
-            code="context_length_exceeded",
-        )
-    room = limit - prompt_len
-    if requested is None:
-        return min(default, room) if default is not None else room
-    if requested > room:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {limit} tokens. However, you requested "
-            f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the "
-            f"completion). Please reduce the prompt or max_tokens.",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    return requested
-
-
-# Below this, logits / temperature overflows to inf: such a request is greedy (as in vLLM).
-MIN_TEMPERATURE = 1e-5
-
-
-def _sampling(body: SamplingFields, max_tokens: int) -> SamplingParams:
-    top_k = body.top_k if body.top_k and body.top_k > 0 else 0
-    temperature = 1.0 if body.temperature is None else body.temperature
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=0.0 if temperature < MIN_TEMPERATURE else temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=top_k,
-        seed=body.seed,
-        stop=body.stop_list,
-        ignore_eos=body.ignore_eos,
-    )
-
-
-def _completion_ids(ctx: AppContext, body: CompletionRequest) -> list[int]:
-    if body.echo:
-        raise APIError(400, "echo is not supported", param="echo")
-    if body.suffix:
-        raise APIError(400, "suffix is not supported", param="suffix")
-    prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        if len(prompt) != 1:
-            raise APIError(
-                400, "send one prompt per request (batches are not supported)", param="prompt"
-            )
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return ctx.tokenizer.encode(prompt, add_special_tokens=False)
-    return [int(t) for t in prompt]  # type: ignore[union-attr]
-
-
-def _chat_ids(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        for m in body.messages
-    ]
-    try:
-        text = ctx.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    except Exception as exc:  # a template raising on an odd conversation is the input's fault
-        raise APIError(
-            400, f"the chat template rejected these messages: {exc}", param="messages"
-        ) from exc
-    return ctx.tokenizer.encode(text, add_special_tokens=False)
-
-
-def _salt(body: SamplingFields) -> str:
-    return body.cache_salt or ""
-
-
-def build_completion(ctx: AppContext, body: CompletionRequest) -> GenerateRequest:
-    check_model(ctx, body.model)
-    _check_supported(body)
-    ids = _completion_ids(ctx, body)
-    _check_ids(ctx, ids)
-    max_tokens = _max_tokens(ctx, len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
-    rid = f"cmpl-{uuid.uuid4().hex}"
-    return GenerateRequest(rid, tuple(ids), _sampling(body, max_tokens), _salt(body))
-
-
-def build_chat(ctx: AppContext, body: ChatCompletionRequest) -> GenerateRequest:
-    check_model(ctx, body.model)
-    _check_supported(body)
-    ids = _chat_ids(ctx, body)
-    _check_ids(ctx, ids)
-    max_tokens = _max_tokens(ctx, len(ids), body.token_limit, None)
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
-    return GenerateRequest(rid, tuple(ids), _sampling(body, max_tokens), _salt(body))
-
-
-# -------------------------------------------------------------------- framing
-def usage_of(f: Finished) -> Usage:
-    by_tier = {
-        "device": f.cached.device,
-        "host": f.cached.host,
-        "disk": f.cached.disk,
-        "remote": f.cached.remote,
-    }
-    return Usage(
-        prompt_tokens=f.prompt_tokens,
-        completion_tokens=f.completion_tokens,
-        total_tokens=f.prompt_tokens + f.completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(
-            cached_tokens=f.cached.total, cached_tokens_by_tier=by_tier
-        ),
-    )
 
 
 def _raise_for(f: Finished) -> None:
@@ -203,23 +124,33 @@ def _raise_for(f: Finished) -> None:
         )
 
 
-async def _collect(ctx: AppContext, req: GenerateRequest, endpoint: str) -> tuple[str, Finished]:
-    parts: list[str] = []
-    finish: Finished | None = None
-    async for event in generate_text(ctx, req, endpoint):
-        if isinstance(event, TextDelta):
-            parts.append(event.text)
-        else:
-            finish = event
-    assert finish is not None, "generate_text always ends with Finished"
-    return "".join(parts), finish
+async def _collect(ctx: AppContext, plan: Plan, endpoint: str) -> tuple[list[PromptResult], Tally]:
+    results = [PromptResult([Sample() for _ in range(r.n)]) for r in plan.requests]
+    tally = Tally()
+    events = generate_many(ctx, plan.requests, endpoint)
+    try:
+        async for i, event in events:
+            if isinstance(event, PromptLogprobs):
+                results[i].prompt_logprobs = event.entries
+                continue
+            sample = results[i].samples[event.index]
+            if isinstance(event, TextDelta):
+                sample.parts.append(event.text)
+                sample.logprobs += event.logprobs
+            else:
+                _raise_for(event)
+                sample.finish = event
+                tally.add(i, event)
+    finally:
+        await events.aclose()
+    return results, tally
 
 
 async def _run_collect(
-    ctx: AppContext, request: Request, req: GenerateRequest, endpoint: str
-) -> tuple[str, Finished]:
+    ctx: AppContext, request: Request, plan: Plan, endpoint: str
+) -> tuple[list[PromptResult], Tally]:
     try:
-        return await run_until_disconnect(request.receive, _collect(ctx, req, endpoint))
+        return await run_until_disconnect(request.receive, _collect(ctx, plan, endpoint))
     except EngineUnavailable as exc:
         raise APIError(503, str(exc), type_="service_unavailable") from exc
     except ClientDisconnected as exc:
@@ -227,115 +158,221 @@ async def _run_collect(
         raise APIError(499, "the client closed the connection") from exc
 
 
-def _stream_error(exc: Exception) -> bytes:
-    return sse.event(error_body(str(exc), "server_error", code="engine_unavailable"))
+def _reason(sample: Sample) -> str | None:
+    return sample.finish.reason if sample.finish else None
 
 
-async def _completion_events(
-    ctx: AppContext, req: GenerateRequest, include_usage: bool
-) -> AsyncIterator[bytes]:
-    created = int(time.time())
-
-    def chunk(text: str, reason: str | None) -> bytes:
-        choice = CompletionChoice(text=text, finish_reason=reason)
-        return sse.event(
-            CompletionResponse(id=req.rid, created=created, model=ctx.model.name, choices=[choice])
-        )
-
-    try:
-        async for event in generate_text(ctx, req, "completions"):
-            if isinstance(event, TextDelta):
-                yield chunk(event.text, None)
-                continue
-            if event.reason == "error":
-                yield sse.event(error_body(event.error or "generation failed", "server_error"))
-                break
-            yield chunk("", event.reason)
-            if include_usage:
-                yield sse.event(
-                    CompletionResponse(
-                        id=req.rid,
-                        created=created,
-                        model=ctx.model.name,
-                        choices=[],
-                        usage=usage_of(event),
-                    )
-                )
-    except EngineUnavailable as exc:
-        yield _stream_error(exc)
-    yield sse.DONE
+# ---------------------------------------------------------------- completions
+def _echo_text(ctx: AppContext, plan: Plan, i: int) -> str:
+    return ctx.tokenizer.decode(plan.requests[i].prompt_token_ids) if plan.echo else ""
 
 
-async def _chat_events(
-    ctx: AppContext, req: GenerateRequest, include_usage: bool
-) -> AsyncIterator[bytes]:
-    created = int(time.time())
-
-    def chunk(delta: ChatDelta, reason: str | None) -> bytes:
-        choice = ChatChunkChoice(delta=delta, finish_reason=reason)
-        return sse.event(
-            ChatCompletionChunk(id=req.rid, created=created, model=ctx.model.name, choices=[choice])
-        )
-
-    yield chunk(ChatDelta(role="assistant", content=""), None)
-    try:
-        async for event in generate_text(ctx, req, "chat"):
-            if isinstance(event, TextDelta):
-                yield chunk(ChatDelta(content=event.text), None)
-                continue
-            if event.reason == "error":
-                yield sse.event(error_body(event.error or "generation failed", "server_error"))
-                break
-            yield chunk(ChatDelta(), event.reason)
-            if include_usage:
-                yield sse.event(
-                    ChatCompletionChunk(
-                        id=req.rid,
-                        created=created,
-                        model=ctx.model.name,
-                        choices=[],
-                        usage=usage_of(event),
-                    )
-                )
-    except EngineUnavailable as exc:
-        yield _stream_error(exc)
-    yield sse.DONE
-
-
-# ------------------------------------------------------------------ endpoints
-def _stream(events: AsyncIterator[bytes]) -> Response:
-    return EventStreamResponse(events, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+def _completion_logprobs(
+    text: TokenText,
+    plan: Plan,
+    i: int,
+    prompt_lps: tuple[TokenLogprob, ...],
+    entries: list[TokenLogprob],
+) -> CompletionLogprobs | None:
+    if plan.logprobs is None:
+        return None
+    builder = CompletionLogprobsBuilder(text)
+    pieces = [builder.prompt(plan.requests[i].prompt_token_ids, prompt_lps)] if plan.echo else []
+    return merge([*pieces, builder.tokens(entries)])
 
 
 async def completions(ctx: AppContext, request: Request, body: CompletionRequest) -> Response:
-    req = build_completion(ctx, body)
+    plan = plan_completion(ctx, body)
     if body.stream:
-        return _stream(_completion_events(ctx, req, body.include_usage))
-    text, finish = await _run_collect(ctx, request, req, "completions")
-    _raise_for(finish)
+        return _stream(_completion_events(ctx, plan, body.include_usage))
+    results, tally = await _run_collect(ctx, request, plan, "completions")
+    text = TokenText(ctx.tokenizer)
+    choices = []
+    for i, result in enumerate(results):
+        echo = _echo_text(ctx, plan, i)
+        for j, sample in enumerate(result.best(plan.n)):
+            logprobs = _completion_logprobs(text, plan, i, result.prompt_logprobs, sample.logprobs)
+            choices.append(
+                CompletionChoice(
+                    index=i * plan.n + j,
+                    text=echo + sample.text,
+                    logprobs=logprobs,
+                    finish_reason=_reason(sample),
+                )
+            )
     resp = CompletionResponse(
-        id=req.rid,
-        model=ctx.model.name,
-        choices=[CompletionChoice(text=text, finish_reason=finish.reason)],
-        usage=usage_of(finish),
+        id=plan.rid, model=ctx.model.name, choices=choices, usage=tally.usage()
     )
     return JSONResponse(resp.model_dump())
+
+
+class _CompletionChunks:
+    """Frames one streamed completions answer: echo first, then deltas, per choice."""
+
+    def __init__(self, ctx: AppContext, plan: Plan) -> None:
+        self.ctx, self.plan = ctx, plan
+        self.created = int(time.time())
+        self.text = TokenText(ctx.tokenizer)
+        self.builders: dict[int, CompletionLogprobsBuilder] = {}
+        self.prompt_lps: dict[int, tuple[TokenLogprob, ...]] = {}
+
+    def chunk(
+        self, index: int, text: str, reason: str | None, logprobs: CompletionLogprobs | None = None
+    ) -> bytes:
+        choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=reason)
+        return sse.event(
+            CompletionResponse(
+                id=self.plan.rid, created=self.created, model=self.ctx.model.name, choices=[choice]
+            )
+        )
+
+    def first(self, i: int, j: int) -> list[bytes]:
+        """The echoed prompt, before choice (i, j)'s first text."""
+        index = i * self.plan.n + j
+        if index in self.builders:
+            return []
+        builder = self.builders[index] = CompletionLogprobsBuilder(self.text)
+        if not self.plan.echo:
+            return []
+        logprobs = None
+        if self.plan.logprobs is not None:
+            ids = self.plan.requests[i].prompt_token_ids
+            logprobs = builder.prompt(ids, self.prompt_lps.get(i, ()))
+        return [self.chunk(index, _echo_text(self.ctx, self.plan, i), None, logprobs)]
+
+    def delta(self, i: int, event: TextDelta) -> list[bytes]:
+        index = i * self.plan.n + event.index
+        out = self.first(i, event.index)
+        logprobs = None
+        if self.plan.logprobs is not None:
+            logprobs = self.builders[index].tokens(event.logprobs)
+        return [*out, self.chunk(index, event.text, None, logprobs)]
+
+
+async def _completion_events(
+    ctx: AppContext, plan: Plan, include_usage: bool
+) -> AsyncIterator[bytes]:
+    frames = _CompletionChunks(ctx, plan)
+    tally = Tally()
+    events = generate_many(ctx, plan.requests, "completions")
+    try:
+        async for i, event in events:
+            if isinstance(event, PromptLogprobs):
+                frames.prompt_lps[i] = event.entries
+            elif isinstance(event, TextDelta):
+                for data in frames.delta(i, event):
+                    yield data
+            elif event.reason == "error":
+                yield sse.event(error_body(event.error or "generation failed", "server_error"))
+                break
+            else:
+                tally.add(i, event)
+                for data in frames.first(i, event.index):
+                    yield data
+                yield frames.chunk(i * plan.n + event.index, "", event.reason)
+        else:
+            if include_usage:
+                yield sse.event(
+                    CompletionResponse(
+                        id=plan.rid,
+                        created=frames.created,
+                        model=ctx.model.name,
+                        choices=[],
+                        usage=tally.usage(),
+                    )
+                )
+    except EngineUnavailable as exc:
+        yield _stream_error(exc)
+    finally:
+        await events.aclose()
+    yield sse.DONE
+
+
+# ----------------------------------------------------------------------- chat
+def _chat_choice_logprobs(
+    text: TokenText, plan: Plan, entries: list[TokenLogprob] | tuple[TokenLogprob, ...]
+) -> ChatChoiceLogprobs | None:
+    if plan.logprobs is None:
+        return None
+    return ChatChoiceLogprobs(content=chat_logprobs(text, entries))
 
 
 async def chat_completions(
     ctx: AppContext, request: Request, body: ChatCompletionRequest
 ) -> Response:
-    req = build_chat(ctx, body)
+    plan = plan_chat(ctx, body)
     if body.stream:
-        return _stream(_chat_events(ctx, req, body.include_usage))
-    text, finish = await _run_collect(ctx, request, req, "chat")
-    _raise_for(finish)
+        return _stream(_chat_events(ctx, plan, body.include_usage))
+    results, tally = await _run_collect(ctx, request, plan, "chat")
+    text = TokenText(ctx.tokenizer)
+    choices = [
+        ChatChoice(
+            index=j,
+            message=ChatResponseMessage(content=sample.text),
+            logprobs=_chat_choice_logprobs(text, plan, sample.logprobs),
+            finish_reason=_reason(sample),
+        )
+        for j, sample in enumerate(results[0].best(plan.n))
+    ]
     resp = ChatCompletionResponse(
-        id=req.rid,
-        model=ctx.model.name,
-        choices=[
-            ChatChoice(message=ChatResponseMessage(content=text), finish_reason=finish.reason)
-        ],
-        usage=usage_of(finish),
+        id=plan.rid, model=ctx.model.name, choices=choices, usage=tally.usage()
     )
     return JSONResponse(resp.model_dump())
+
+
+async def _chat_events(ctx: AppContext, plan: Plan, include_usage: bool) -> AsyncIterator[bytes]:
+    created = int(time.time())
+    text = TokenText(ctx.tokenizer)
+    tally = Tally()
+
+    def chunk(
+        index: int, delta: ChatDelta, reason: str | None, logprobs: ChatChoiceLogprobs | None = None
+    ) -> bytes:
+        choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=reason)
+        return sse.event(
+            ChatCompletionChunk(
+                id=plan.rid, created=created, model=ctx.model.name, choices=[choice]
+            )
+        )
+
+    for j in range(plan.n):
+        yield chunk(j, ChatDelta(role="assistant", content=""), None)
+    events = generate_many(ctx, plan.requests, "chat")
+    try:
+        async for _, event in events:
+            if isinstance(event, PromptLogprobs):
+                continue
+            if isinstance(event, TextDelta):
+                logprobs = _chat_choice_logprobs(text, plan, event.logprobs)
+                yield chunk(event.index, ChatDelta(content=event.text), None, logprobs)
+            elif event.reason == "error":
+                yield sse.event(error_body(event.error or "generation failed", "server_error"))
+                break
+            else:
+                tally.add(0, event)
+                yield chunk(event.index, ChatDelta(), event.reason)
+        else:
+            if include_usage:
+                yield sse.event(
+                    ChatCompletionChunk(
+                        id=plan.rid,
+                        created=created,
+                        model=ctx.model.name,
+                        choices=[],
+                        usage=tally.usage(),
+                    )
+                )
+    except EngineUnavailable as exc:
+        yield _stream_error(exc)
+    finally:
+        await events.aclose()
+    yield sse.DONE
+
+
+# ------------------------------------------------------------------ streaming
+def _stream_error(exc: Exception) -> bytes:
+    return sse.event(error_body(str(exc), "server_error", code="engine_unavailable"))
+
+
+def _stream(events: AsyncIterator[bytes]) -> Response:
+    return EventStreamResponse(events, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)

@@ -34,7 +34,7 @@ class TextTokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def apply_chat_template(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True
@@ -61,4 +61,5 @@ class AppContext:
     tokenizer: TextTokenizer
     model: ModelInfo
     api_key: str | None = None
+    admin_api_key: str | None = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)

@@ -133,45 +133,37 @@ class EngineClient:
         await self._push.send(encode(msg))
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenOutput]:
-        """Yield the engine's outputs for `req` until the finished one.
+        """Yield the engine's outputs for every member of `req` until each has finished.
 
-        If the consumer stops early (client disconnected, stop string hit), the
-        request is aborted so that the engine frees its pages.
+        If the consumer stops early (client disconnected), the request is
+        aborted so that the engine frees its pages.
         """
         if self._dead is not None:
             raise EngineUnavailable(self._dead)
         queue: asyncio.Queue[TokenOutput] = asyncio.Queue()
         self._streams[req.rid] = queue
-        finished = False
+        open_members = set(range(req.n))
         try:
             await self._send(req)
-            while not finished:
+            while open_members:
                 out = await queue.get()
-                finished = out.finished
+                if out.finish_reason == "error":  # answers the whole request
+                    open_members.discard(out.index)
+                    yield out
+                    return  # (the finally aborts the other members)
+                if out.finished:
+                    open_members.discard(out.index)
                 yield out
         finally:
-            # `abort()` removes the queue once it has the final output: no second abort.
-            if not finished and self._streams.get(req.rid) is queue:
+            if open_members and self._streams.get(req.rid) is queue:
                 await self._abort_quietly(req.rid)
             if self._streams.get(req.rid) is queue:
                 del self._streams[req.rid]
 
-    async def abort(self, rid: str) -> TokenOutput | None:
-        """Abort `rid` and return the engine's final output for it, if it comes in time."""
-        queue = self._streams.get(rid)
-        await self._send(AbortRequest(rid))
-        if queue is None:
-            return None
-        try:
-            async with asyncio.timeout(ABORT_GRACE_S):
-                while True:
-                    out = await queue.get()
-                    if out.finished:
-                        return out
-        except TimeoutError:
-            return None
-        finally:
-            self._streams.pop(rid, None)
+    async def abort(self, rid: str, index: int | None = None) -> None:
+        """Ask the engine to end `rid` (one member, or all): its final outputs follow
+        on the request's stream."""
+        await self._send(AbortRequest(rid, index))
 
     async def _abort_quietly(self, rid: str) -> None:
         # Runs in a finally that may itself be unwinding a cancellation: shield the

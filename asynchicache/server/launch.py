@@ -5,10 +5,12 @@
     asynchicache: cache-service  L3 disk / L4 remote, reading and writing L2 pages
 
 Start order: cache service, engine, then HTTP once the engine answers
-"health". The launcher owns SIGINT/SIGTERM: it stops accepting requests, then
-stops the engine (which hands its last stores to the service), then the cache
-service (which finishes its writes), then removes the private runtime folder,
-any shared-memory segment a dead child left, and temp files of killed writers.
+"health". The cache service is restarted when it dies, and when it stays
+silent (no answer to a `Stats` ping) for 3x `--storage-timeout`. The
+launcher owns SIGINT/SIGTERM: it stops accepting requests, then stops the
+engine (which hands its last stores to the service), then the cache service
+(which finishes its writes), then removes the private runtime folder, any
+shared-memory segment a dead child left, and temp files of killed writers.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from setproctitle import setproctitle
 
-from asynchicache.config import CacheConfig
+from asynchicache.config import GIB, CacheConfig, LaunchConfig, ServiceTuning
 from asynchicache.engine.process import EngineProcessConfig, run_engine
 from asynchicache.server.context import AppContext, ModelInfo
 from asynchicache.server.engine_client import (
@@ -38,8 +41,9 @@ from asynchicache.server.engine_client import (
 )
 from asynchicache.server.frontend import Frontend, load_frontend
 from asynchicache.server.http import StopSignal, bind_socket, serve_http
-from asynchicache.server.options import LaunchConfig
 from asynchicache.server.supervisor import ChildSpec, Supervisor
+from asynchicache.storage.disk import SyncMode
+from asynchicache.storage.probe import ServiceProbe
 from asynchicache.storage.service import ServiceConfig, run_service
 from asynchicache.storage.shm import remove_stale_segments
 from asynchicache.storage.tiered import RemoteTierConfig
@@ -56,12 +60,18 @@ def make_run_dir() -> Path:
 
 
 def sized_cache(config: LaunchConfig, frontend: Frontend) -> CacheConfig:
-    """The cache config with the host tier sized from a token count, when one was given."""
+    """The cache config with the host tier sized from a token count, when one was given.
+
+    The count is rounded up to whole pages; GiB are powers of two, so the pool
+    turns the size back into exactly that many pages.
+    """
     if config.host_cache_tokens is None:
         return config.cache
-    per_token = frontend.kv_bytes_per_token(config.engine.dtype)
-    gb = config.host_cache_tokens * per_token / 1e9
-    return replace(config.cache, host_cache_gb=gb, enable_host_cache=True)
+    ps = config.cache.page_size
+    pages = -(-config.host_cache_tokens // ps)
+    page_bytes = ps * frontend.kv_bytes_per_token(config.engine.dtype)
+    gib = pages * page_bytes / GIB
+    return replace(config.cache, host_cache_gb=gib, enable_host_cache=True)
 
 
 @dataclass(frozen=True)
@@ -88,8 +98,20 @@ def run_cache_service(launch: ServiceLaunch) -> None:
     run_service(launch.config, stop)
 
 
-def _service_spec(cache: CacheConfig, run_dir: Path, log_level: str) -> ChildSpec | None:
-    """The cache service child (restarted if it crashes), when the disk tier is on."""
+# A cache service silent this many storage timeouts is restarted: by then every ticket
+# sent to it has timed out, and its exit settles what the engine keeps quarantined.
+SILENT_TIMEOUTS = 3
+
+
+def _service_spec(
+    cache: CacheConfig,
+    tuning: ServiceTuning,
+    run_dir: Path,
+    log_level: str,
+    storage_timeout_s: float,
+) -> ChildSpec | None:
+    """The cache service child (restarted if it crashes or stays silent), when the disk
+    tier is on."""
     if not cache.disk_enabled or cache.disk_cache_dir is None:
         return None
     remote = None
@@ -103,10 +125,21 @@ def _service_spec(cache: CacheConfig, run_dir: Path, log_level: str) -> ChildSpe
     config = ServiceConfig(
         disk_cache_dir=cache.disk_cache_dir,
         address=f"ipc://{run_dir / 'cache-service'}",
-        capacity_bytes=int(cache.disk_cache_gb * 1e9),
+        capacity_bytes=cache.disk_cache_bytes,
+        io_threads=tuning.io_threads,
+        workers=tuning.workers,
+        sync=SyncMode(tuning.disk_sync),
+        client_ttl_s=tuning.client_ttl_s,
         remote=remote,
     )
-    return ChildSpec("cache-service", run_cache_service, ServiceLaunch(config, log_level), True)
+    return ChildSpec(
+        "cache-service",
+        run_cache_service,
+        ServiceLaunch(config, log_level),
+        restart=True,
+        probe=partial(ServiceProbe, config.address),
+        silent_limit_s=SILENT_TIMEOUTS * storage_timeout_s,
+    )
 
 
 def _engine_spec(
@@ -118,6 +151,7 @@ def _engine_spec(
         input_addr=engine_input_addr(run_dir),
         output_addr=engine_output_addr(run_dir),
         storage_addr=storage_addr,
+        storage_timeout_s=config.storage_timeout_s,
         log_level=config.server.log_level,
     )
     return ChildSpec("engine", run_engine, proc_config)
@@ -181,7 +215,9 @@ async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: 
         log.error("cannot load the model's tokenizer and config: %s", exc)
         return 2
     cache = sized_cache(config, frontend)
-    service = _service_spec(cache, run_dir, config.server.log_level)
+    service = _service_spec(
+        cache, config.service, run_dir, config.server.log_level, config.storage_timeout_s
+    )
     if service is not None:
         sup.start(service)
     sup.start(_engine_spec(config, cache, run_dir, None if service is None else service.arg.addr))
@@ -201,6 +237,7 @@ async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: 
                     created=int(time.time()),
                 ),
                 api_key=config.server.api_key,
+                admin_api_key=config.server.admin_api_key,
             )
             # Printed, not logged: it is for the person who ran the command, at any log level.
             print(

@@ -1,52 +1,39 @@
-"""`asynchicache serve` flags -> `LaunchConfig` (Server/Engine/Cache configs).
+"""`asynchicache serve` flags (and an optional YAML config file) -> `LaunchConfig`.
 
-Flags follow the config fields' names. The seed's flags are accepted as aliases:
+This module only turns argv into configuration; the configs themselves, their
+defaults and their validation live in `asynchicache.config`. Every size flag
+counts GiB (2**30 bytes).
 
-    --use_hiradix_cache           enable the host tier (L2); it is on by default here
-    --hiradix_cache_gpu           keep the first cache level (L1) on the GPU: --device cuda
-    --hiradix_cache_token_num N   host tier (L2) capacity in tokens, instead of --host-cache-gb
+LightLLM's flag names are accepted, each mapped to exactly one of ours:
+
+    --use_hiradix_cache           the host tier (L2) on; it is on by default, so
+                                  this only overrides --no-host-cache
+    --hiradix_cache_gpu           L1 on the GPU: --device cuda (an error with --device cpu)
+    --hiradix_cache_token_num N   L2 capacity of N tokens, rounded up to whole
+                                  pages, instead of --host-cache-gb
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from asynchicache.config import (
     CacheConfig,
     EngineConfig,
+    LaunchConfig,
     PrefetchPolicy,
     ServerConfig,
+    ServiceTuning,
     WritePolicy,
     default_disk_cache_dir,
 )
 
 API_KEY_ENV = "ASYNCHICACHE_API_KEY"
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """Everything `asynchicache serve` was asked for."""
-
-    server: ServerConfig
-    engine: EngineConfig
-    cache: CacheConfig
-    # The seed's --hiradix_cache_token_num: the host tier's size in tokens,
-    # turned into bytes once the model's KV size per token is known.
-    host_cache_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.cache.remote_url is not None and not self.cache.disk_enabled:
-            raise ValueError(
-                "--remote-url needs the disk tier (drop --no-disk-cache/--no-prefix-cache): "
-                "the cache service keeps L4 behind L3"
-            )
-        if self.host_cache_tokens is not None and self.host_cache_tokens <= 0:
-            raise ValueError(
-                f"--hiradix_cache_token_num must be positive, got {self.host_cache_tokens}"
-            )
+ADMIN_API_KEY_ENV = "ASYNCHICACHE_ADMIN_API_KEY"
+DEFAULT_STORAGE_TIMEOUT_S = LaunchConfig.storage_timeout_s
 
 
 def _add_server(p: argparse.ArgumentParser) -> None:
@@ -59,7 +46,14 @@ def _add_server(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--api-key",
         default=os.environ.get(API_KEY_ENV),
-        help=f"require 'Authorization: Bearer KEY' on all but /health (or ${API_KEY_ENV})",
+        help=f"require 'Authorization: Bearer KEY' on all but /health and /ready "
+        f"(or ${API_KEY_ENV})",
+    )
+    g.add_argument(
+        "--admin-api-key",
+        default=os.environ.get(ADMIN_API_KEY_ENV),
+        help="require this key (instead of --api-key) on /cache/clear, /cache/pin and "
+        f"/cache/unpin (or ${ADMIN_API_KEY_ENV})",
     )
     g.add_argument("--served-model-name", help="model id clients send (default: the model's name)")
     g.add_argument(
@@ -73,6 +67,12 @@ def _add_server(p: argparse.ArgumentParser) -> None:
         type=float,
         default=s.startup_timeout_s,
         help="seconds to wait for the engine to load the model (default %(default)s)",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=s.shutdown_timeout_s,
+        help="seconds each child gets to stop before SIGKILL (default %(default)s)",
     )
 
 
@@ -115,6 +115,13 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--seed", type=int, default=e.seed, help="sampling seed of requests without one")
     g.add_argument(
+        "--min-load-tokens",
+        type=int,
+        default=e.min_load_tokens,
+        help="load a prefix from L2/L3/L4 only when it has at least this many tokens "
+        "(default %(default)s)",
+    )
+    g.add_argument(
         "--threads",
         type=int,
         help="torch threads of the engine process (default: the cores it may use, minus one)",
@@ -140,7 +147,8 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         "--host-cache-gb",
         type=float,
         default=c.host_cache_gb,
-        help="L2 shared-memory pool size in GB; 0 disables it (default %(default)s)",
+        help="L2 shared-memory pool size in GiB (2**30 bytes); 0 disables it "
+        "(default %(default)s)",
     )
     g.add_argument("--no-host-cache", action="store_true", help="disable the L2 host tier")
     g.add_argument(
@@ -153,7 +161,8 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         "--disk-cache-gb",
         type=float,
         default=c.disk_cache_gb,
-        help="L3 capacity in GB, files already there included (default %(default)s)",
+        help="L3 capacity in GiB (2**30 bytes), files already there included "
+        "(default %(default)s)",
     )
     g.add_argument("--no-disk-cache", action="store_true", help="disable the L3 disk tier")
     g.add_argument(
@@ -199,24 +208,64 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         help="...or when its prompt has at least this many tokens (default %(default)s)",
     )
     g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching entirely")
+    g.add_argument(
+        "--storage-timeout",
+        type=float,
+        default=DEFAULT_STORAGE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long the engine waits for one L3/L4 load or store of the cache service "
+        "before it recomputes instead; a service silent for 3x this long is restarted "
+        "(default %(default)s)",
+    )
 
 
-def _add_seed_aliases(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("aliases of the seed's flags")
+def _add_service(p: argparse.ArgumentParser) -> None:
+    t = ServiceTuning()
+    g = p.add_argument_group("cache service (the L3/L4 process)")
+    g.add_argument(
+        "--disk-sync",
+        default=t.disk_sync,
+        choices=["batch", "file", "none"],
+        help="durability of stored pages: one syncfs per store, fdatasync per file, or none "
+        "(default %(default)s)",
+    )
+    g.add_argument(
+        "--io-threads",
+        type=int,
+        default=t.io_threads,
+        help="parallel file reads and writes per namespace (default %(default)s)",
+    )
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=t.workers,
+        help="cache-service requests (loads, stores) served at once (default %(default)s)",
+    )
+    g.add_argument(
+        "--client-ttl",
+        type=float,
+        default=t.client_ttl_s,
+        help="seconds after which the service forgets a silent engine (default %(default)s)",
+    )
+
+
+def _add_lightllm_aliases(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("LightLLM-compatible flags")
     g.add_argument(
         "--use_hiradix_cache",
         action="store_true",
-        help="enable the host tier (L2): undoes --no-host-cache",
+        help="turn the host tier (L2) on; it is on by default, so this only overrides "
+        "--no-host-cache",
     )
     g.add_argument(
         "--hiradix_cache_gpu",
         action="store_true",
-        help="keep the first cache level (L1) on the GPU: same as --device cuda",
+        help="L1 on the GPU: the same as --device cuda (an error with --device cpu)",
     )
     g.add_argument(
         "--hiradix_cache_token_num",
         type=int,
-        help="host tier (L2) capacity in tokens instead of --host-cache-gb",
+        help="L2 capacity in tokens (rounded up to whole pages), instead of --host-cache-gb",
     )
 
 
@@ -225,10 +274,18 @@ def build_parser() -> argparse.ArgumentParser:
         prog="asynchicache serve",
         description="Run the OpenAI-compatible server with the hierarchical KV cache.",
     )
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE.yaml",
+        help="read flags from a YAML mapping (keys: flag names, e.g. disk-cache-gb: 50); "
+        "flags given on the command line win",
+    )
     _add_server(p)
     _add_engine(p)
     _add_cache(p)
-    _add_seed_aliases(p)
+    _add_service(p)
+    _add_lightllm_aliases(p)
     return p
 
 
@@ -280,9 +337,11 @@ def to_config(args: argparse.Namespace) -> LaunchConfig:
         host=args.host,
         port=args.port,
         api_key=args.api_key,
+        admin_api_key=args.admin_api_key,
         log_level=args.log_level,
         served_model_name=args.served_model_name,
         startup_timeout_s=args.startup_timeout,
+        shutdown_timeout_s=args.shutdown_timeout,
     )
     engine = EngineConfig(
         model=args.model,
@@ -292,22 +351,91 @@ def to_config(args: argparse.Namespace) -> LaunchConfig:
         chunked_prefill_size=args.chunked_prefill_size,
         max_prefill_tokens=args.max_prefill_tokens,
         max_model_len=args.max_model_len,
+        min_load_tokens=args.min_load_tokens,
         seed=args.seed,
         threads=args.threads,
     )
-    return LaunchConfig(
-        server, engine, _cache(args), host_cache_tokens=args.hiradix_cache_token_num
+    service = ServiceTuning(
+        disk_sync=args.disk_sync,
+        io_threads=args.io_threads,
+        workers=args.workers,
+        client_ttl_s=args.client_ttl,
     )
+    return LaunchConfig(
+        server,
+        engine,
+        _cache(args),
+        service,
+        host_cache_tokens=args.hiradix_cache_token_num,
+        storage_timeout_s=args.storage_timeout,
+    )
+
+
+def _file_value(action: argparse.Action, key: str, value: Any, path: Path) -> Any:
+    """A config-file value as the flag would have parsed it (same types and choices)."""
+    where = f"--config {path}: {key}"
+    if action.nargs == 0:  # a switch such as --no-disk-cache
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} is a switch: use true or false, got {value!r}")
+        return value
+    if value is None:
+        return None
+    if isinstance(value, dict | list | bool):
+        raise ValueError(f"{where} must be a single value, got {value!r}")
+    try:
+        parsed = action.type(value) if callable(action.type) else value
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    if action.choices is not None and parsed not in action.choices:
+        raise ValueError(f"{where} must be one of {list(action.choices)}, got {value!r}")
+    return parsed
+
+
+def config_file_defaults(parser: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
+    """Flag defaults from a YAML file: `{dest: value}`; unknown keys are an error."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"--config {path}: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected a mapping of flag names to values")
+    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dest = str(key).lstrip("-").replace("-", "_")
+        action = actions.get(dest)
+        if action is None:
+            known = ", ".join(sorted(d.replace("_", "-") for d in actions))
+            raise ValueError(f"--config {path}: unknown flag {key!r}; known: {known}")
+        out[dest] = _file_value(action, str(key), value, path)
+    return out
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """argv (and the --config file it names) -> parsed flags; the command line wins."""
+    parser = build_parser()
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--config", type=Path)
+    known, _ = first.parse_known_args(argv)
+    if known.config is not None:
+        try:
+            parser.set_defaults(**config_file_defaults(parser, known.config))
+        except ValueError as exc:
+            parser.error(str(exc))
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
     """`asynchicache serve ...`: parse, validate, run until stopped."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     try:
         config = to_config(args)
     except ValueError as exc:
-        parser.error(str(exc))
+        build_parser().error(str(exc))
     import logging
 
     from asynchicache.server.launch import launch

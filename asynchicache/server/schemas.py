@@ -3,7 +3,8 @@
 Requests validate types and ranges here, so a bad field becomes a 400 before
 anything reaches the engine. Unknown fields are ignored, as OpenAI's own server
 does for fields it does not know; fields we know but do not implement
-(`logprobs`, `echo`, `suffix`, `n > 1`, `best_of`) are rejected in `api.py`.
+(`suffix`) and combinations that make no sense (`best_of < n`) are rejected in
+`server/requests.py`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from asynchicache.engine.protocol import MAX_LOGPROBS
+
 TIERS = ("device", "host", "disk", "remote")
+# Samples per prompt (n, best_of): each is a running request in the engine.
+MAX_SAMPLES = 32
 
 
 def _utf8(value: str) -> str:
@@ -41,19 +46,23 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: Text | None = None
-    max_tokens: int | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(default=None, ge=0)  # 0 only with echo (completions)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1)  # vLLM's; -1 and 0 disable it
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # what torch accepts
     stop: Text | list[Text] | None = None
-    n: int = Field(default=1, ge=1)
-    best_of: int | None = None
+    n: int = Field(default=1, ge=1, le=MAX_SAMPLES)
+    best_of: int | None = Field(default=None, ge=1, le=MAX_SAMPLES)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: bool | int | None = None
     cache_salt: Text | None = None  # per-request cache namespace, as vLLM names it
     ignore_eos: bool = False  # vLLM extension: keep going past end-of-sequence
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # Token id (as a string, as JSON keys are) -> bias added to its logit.
+    logit_bias: dict[Text, Annotated[float, Field(ge=-100, le=100)]] | None = None
 
     @property
     def stop_list(self) -> tuple[str, ...]:
@@ -68,10 +77,11 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    # One prompt: text, or token ids. A list of several prompts is rejected in api.py.
+    # One prompt (text or token ids) or a list of them: a choice per prompt and sample.
     prompt: Text | list[Text] | list[int] | list[list[int]]
     echo: bool = False
     suffix: Text | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
 class TextPart(BaseModel):
@@ -99,6 +109,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, gt=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     @property
     def token_limit(self) -> int | None:
@@ -132,10 +144,19 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+class CompletionLogprobs(BaseModel):
+    """Legacy completions shape: parallel lists, one entry per token (echoed prompt first)."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -153,10 +174,24 @@ class ChatResponseMessage(BaseModel):
     content: str
 
 
+class ChatTopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob] = Field(default_factory=list)
+
+
+class ChatChoiceLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatResponseMessage
-    logprobs: None = None
+    logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -177,7 +212,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
 
 

@@ -4,6 +4,12 @@ Each child is a `multiprocessing` spawn-context process that runs `_child_main`:
 it names itself (`asynchicache: <role>`), leaves the terminal's process group
 (so Ctrl-C reaches only the launcher, which stops children in order), and asks
 the kernel to SIGTERM it if the launcher dies (no orphans, even after kill -9).
+
+A child with a `probe` (the cache service) is also watched for silence: alive
+but not answering its health ping for `silent_limit_s` (stopped by a signal,
+hung), it is killed and restarted like a crashed one. For the cache service
+that matters beyond availability: engines keep the L2 slots of tickets they
+gave up quarantined until the service answers or exits.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,21 @@ def _child_main(role: str, parent_pid: int, target: Callable[[Any], None], arg: 
     target(arg)
 
 
+class Probe(Protocol):
+    """A health ping that never blocks (e.g. `storage.probe.ServiceProbe`)."""
+
+    @property
+    def answered(self) -> bool:
+        """Whether the child answered at least once."""
+        ...
+
+    def silent_s(self) -> float:
+        """Seconds since the child last answered; sends the next ping."""
+        ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class ChildSpec:
     """How to (re)start one child: `target(arg)` runs in the new process."""
@@ -57,6 +78,13 @@ class ChildSpec:
     # A child that ran this long was healthy: its next crash starts the count over,
     # so only a crash loop stops the server, not crashes spread over days.
     stable_s: float = 10.0
+    probe: Callable[[], Probe] | None = None  # made at every (re)start; None: not pinged
+    silent_limit_s: float = 30.0  # alive but silent this long: killed (and restarted)
+    startup_limit_s: float = 120.0  # the same, before its first answer (imports, start-up)
+
+    def __post_init__(self) -> None:
+        if self.silent_limit_s <= 0 or self.startup_limit_s <= 0:
+            raise ValueError(f"{self.role}: silence limits must be positive")
 
 
 class Child:
@@ -69,6 +97,8 @@ class Child:
         self.not_before = 0.0  # monotonic time of the earliest restart (crash-loop backoff)
         self.started_at = 0.0  # monotonic time of the last start
         self.pids: list[int] = []  # every pid this child ever had (for cleanup)
+        self.probe: Probe | None = None
+        self.silent_kills = 0
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
@@ -84,6 +114,31 @@ class Child:
         assert proc.pid is not None
         self.pids.append(proc.pid)
         log.info("started %s (pid %d)", self.spec.role, proc.pid)
+        self._close_probe()
+        if self.spec.probe is not None:
+            self.probe = self.spec.probe()
+
+    def silent(self) -> float | None:
+        """Seconds it has been silent past its limit (None: within it, or not pinged)."""
+        if self.probe is None:
+            return None
+        silent = self.probe.silent_s()
+        limit = self.spec.silent_limit_s
+        if not self.probe.answered:
+            limit = max(limit, self.spec.startup_limit_s)
+        return silent if silent > limit else None
+
+    def kill(self) -> None:
+        """SIGKILL (a stopped or hung process ignores SIGTERM) and reap it."""
+        proc = self.process
+        if proc is not None and proc.exitcode is None:
+            proc.kill()
+            proc.join(5.0)
+
+    def _close_probe(self) -> None:
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
 
     @property
     def alive(self) -> bool:
@@ -95,6 +150,7 @@ class Child:
 
     def stop(self, timeout_s: float) -> None:
         """SIGTERM, wait up to `timeout_s`, then SIGKILL."""
+        self._close_probe()
         proc = self.process
         if proc is None or proc.exitcode is not None:
             return
@@ -130,7 +186,7 @@ class Supervisor:
         if self.stopping:
             return None
         for role, child in self.children.items():
-            if child.alive:
+            if child.alive and not self._silenced(role, child):
                 continue
             now = time.monotonic()
             if child.not_before == 0.0 and now - child.started_at >= child.spec.stable_s:
@@ -152,6 +208,21 @@ class Supervisor:
             )
             child.start()
         return None
+
+    def _silenced(self, role: str, child: Child) -> bool:
+        """Kill a child that stays silent past its limit; True if it was killed."""
+        silent = child.silent()
+        if silent is None:
+            return False
+        log.error(
+            "%s (pid %s) alive but silent for %.1fs; killing it to restart it",
+            role,
+            child.process.pid if child.process else "?",
+            silent,
+        )
+        child.silent_kills += 1
+        child.kill()
+        return not child.alive
 
     def stop_all(self, timeout_s: float) -> list[int]:
         """Stop children, last started first; returns every pid they ever had."""

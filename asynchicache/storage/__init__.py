@@ -2,7 +2,8 @@
 
 Public names; see base.py for the protocols, disk.py for the disk tier,
 redis.py for the remote tier, tiered.py for how the service chains them,
-service.py / client.py for the process boundary.
+service.py / client.py for the process boundary, tickets.py for the life of a
+ticket (and the quarantine of its slots), deadline.py for when a job stops.
 """
 
 from asynchicache.storage.base import (
@@ -10,11 +11,14 @@ from asynchicache.storage.base import (
     Completion,
     PageLayout,
     PageRef,
+    Settled,
     StorageBackend,
     StorageTier,
     TicketKind,
 )
-from asynchicache.storage.client import ClientConfig, StorageClient
+from asynchicache.storage.client import StorageClient
+from asynchicache.storage.client_config import ClientConfig
+from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk import DiskBackend, DiskConfig
 from asynchicache.storage.redis import RedisBackend, RedisConfig
 from asynchicache.storage.service import CacheService, ServiceConfig, run_service
@@ -25,6 +29,7 @@ __all__ = [
     "CacheService",
     "ClientConfig",
     "Completion",
+    "Deadline",
     "DiskBackend",
     "DiskConfig",
     "PageLayout",
@@ -33,6 +38,7 @@ __all__ = [
     "RedisConfig",
     "RemoteTierConfig",
     "ServiceConfig",
+    "Settled",
     "StorageBackend",
     "StorageClient",
     "StorageTier",

@@ -1,27 +1,41 @@
 """The engine's side of the cache service: `StorageClient`, a non-blocking `StorageTier`.
 
 `submit_load`/`submit_store` send a request and return its ticket at once;
-`poll()` drains replies without blocking and returns `Completion`s. Nothing
-the scheduler calls waits on I/O, except `exists()`, a request/reply bounded
-by a short timeout (0 pages when the service does not answer in time).
+`poll()` drains replies without blocking and returns `Completion`s and
+`Settled`s. Nothing the scheduler calls waits on I/O, except `exists()`, a
+request/reply bounded by a short timeout (0 pages when the service does not
+answer in time).
 
-Failure handling, so the engine can always fall back to recompute:
+Failure handling, so the engine can always fall back to recompute without a
+late storage job ever touching a slot it reused (`storage.tickets` holds the
+ticket lifetimes):
 
-* every ticket has a deadline; past it, it completes with an error. The
-  service starts no page read or write after 80% of that deadline, so a
-  timed-out load's slots are normally quiet when the engine reuses them; a
-  read already inside the kernel when a service is frozen (SIGSTOP, a hung
-  disk) for longer than the margin can still land later (known gap);
+* every ticket has an absolute CLOCK_MONOTONIC deadline, set at submit. The
+  request carries it (less a 10% margin, so that a slow but working service
+  answers before the client gives up) and the service checks it before every
+  page it reads, writes or copies: time queued in a socket or a frozen
+  service is not free. Past the deadline the ticket completes with
+  `settled=False` and a `Cancel` goes out: its slots stay quarantined until a
+  `Settled` for it, on the service's late final reply, a cancel the service
+  acknowledges as settled (the job never started, or had not arrived and is
+  now refused), or the service process's exit;
+* `cancel(ticket)` gives a ticket up the same way at once (the engine's
+  abandoned loads);
 * the DEALER socket watches its connection (a ZeroMQ monitor): when the
-  service goes away, every pending ticket fails at the next `poll()`, and new
-  tickets fail at once while it is away (`ZMQ_IMMEDIATE`: nothing is queued
-  for a service that is not there);
+  service goes away every open ticket completes at the next `poll()` —
+  settled if the service process is gone (its pid, pinned by its start time,
+  comes with `RegisterReply`; a zombie counts as gone), else unsettled until
+  it is gone or answers a `Cancel` after a reconnect. New tickets fail at once
+  while it is away (`ZMQ_IMMEDIATE`: nothing is queued for a service that is
+  not there), and so do tickets refused before reaching it: those are settled;
 * ZeroMQ reconnects when a service comes back at the same address; the client
   re-registers on every new connection, on a heartbeat, and when the service
   answers "unregistered" (then it also resends that request once).
 
-`StorageClient.in_thread(...)` runs the service in a thread of this process,
-behind the same interface, for tests and small deployments.
+`quarantined` counts the tickets given up but not settled; `counters` how
+often each signal settled one. `StorageClient.in_thread(...)` runs the service
+in a thread of this process, behind the same interface, for tests and small
+deployments: `close()` stops it and settles every quarantined ticket.
 """
 
 from __future__ import annotations
@@ -33,14 +47,16 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from asynchicache.storage.base import Completion, PageLayout, PageRef, TicketKind
+from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled, TicketKind
+from asynchicache.storage.client_config import ClientConfig
+from asynchicache.storage.liveness import ProcessIdentity
 from asynchicache.storage.messages import (
     Cancel,
+    CancelReply,
     Clear,
     ClearReply,
     ErrorReply,
@@ -60,42 +76,16 @@ from asynchicache.storage.messages import (
     encode,
 )
 from asynchicache.storage.service import CacheService, ServiceConfig
+from asynchicache.storage.tickets import OpenTicket, TicketBook
 
 log = logging.getLogger(__name__)
 
 _UP = zmq.EVENT_HANDSHAKE_SUCCEEDED
 _DOWN = zmq.EVENT_DISCONNECTED
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    """How an engine reaches the cache service and what it registers there."""
-
-    address: str
-    namespace: bytes = b""  # Namespace.encode() of the model's pages
-    segment: str = ""  # name of the L2 pool's shared-memory segment
-    layout: PageLayout | None = None  # one page of that pool
-    ticket_timeout_s: float = 10.0
-    exists_timeout_s: float = 0.05
-    heartbeat_s: float = 1.0
-    reconnect_ms: int = 100
-
-    def __post_init__(self) -> None:
-        if self.ticket_timeout_s <= 0 or self.exists_timeout_s <= 0:
-            raise ValueError("storage client timeouts must be positive")
-
-    @property
-    def has_pool(self) -> bool:
-        return bool(self.namespace and self.segment and self.layout is not None)
-
-
-@dataclass
-class _Pending:
-    kind: TicketKind
-    requested: int
-    deadline: float
-    request: Request
-    resent: bool = False
+# The service's work deadline comes this share of the timeout before the client gives
+# up: a service that is slow but working answers (settled) before the ticket times out.
+_SERVICE_MARGIN = 0.1
+_EXIT_CHECK_S = 0.05  # how often orphaned tickets look whether their service exited
 
 
 class StorageClient:
@@ -104,8 +94,10 @@ class StorageClient:
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
         self._ids = itertools.count(1)
-        self._pending: dict[int, _Pending] = {}
-        self._done: list[Completion] = []
+        self._book = TicketBook()
+        self._service_id: ProcessIdentity | None = None  # the service that registered us
+        self._last_exit_check = 0.0
+        self._closed = False
         self._answers: dict[int, Reply] = {}
         self._up = False
         self._registered = False
@@ -166,35 +158,35 @@ class StorageClient:
 
     def submit_load(self, hashes: Sequence[bytes], slots: Sequence[int]) -> int:
         ticket = next(self._ids)
-        # The service starts no page read after 80% of our deadline, so when we
-        # report a timeout, reads into these slots have normally ended too.
-        timeout_ms = int(self.config.ticket_timeout_s * 800)
-        request = Load(ticket, tuple(hashes), tuple(slots), timeout_ms)
+        deadline_ns = self._service_deadline_ns()
+        request = Load(ticket, tuple(hashes), tuple(slots), deadline_ns)
         self._start(ticket, TicketKind.LOAD, len(hashes), request)
         return ticket
 
     def submit_store(self, pages: Sequence[PageRef]) -> int:
         ticket = next(self._ids)
-        timeout_ms = int(self.config.ticket_timeout_s * 800)
-        self._start(ticket, TicketKind.STORE, len(pages), Store(ticket, tuple(pages), timeout_ms))
+        request = Store(ticket, tuple(pages), self._service_deadline_ns())
+        self._start(ticket, TicketKind.STORE, len(pages), request)
         return ticket
 
     def cancel(self, ticket: int) -> None:
-        """Ask the service to skip the ticket if not started; it still completes via poll()."""
-        if ticket in self._pending and self._up:
-            self._send(Cancel(next(self._ids), ticket))
+        """Give `ticket` up now: its `Completion` (error "cancelled", `settled=False`) comes
+        at the next `poll()`, its `Settled` once the service stopped or skipped the job.
+        Nothing happens for a ticket already completed."""
+        if self._book.give_up(ticket, "cancelled"):
+            self._book.counters["cancelled"] += 1
+            if self._up:
+                self._send(Cancel(next(self._ids), ticket))
 
-    def poll(self) -> list[Completion]:
-        now = time.monotonic()
-        self._pump_monitor()
-        self._pump_replies()
-        self._expire(now)
-        if self._up and now - self._last_register > self.config.heartbeat_s:
-            self._register()
-        done, self._done = self._done, []
+    def poll(self) -> list[Completion | Settled]:
+        self._pump()
+        done, self._book.events = self._book.events, []
         return done
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._sock.disable_monitor()
         self._monitor.close(linger=0)
         self._sock.close(linger=0)
@@ -203,6 +195,8 @@ class StorageClient:
             stop, thread = self._service
             stop.set()
             thread.join(timeout=30)
+            if not thread.is_alive():  # its workers finished: no slot is touched any more
+                self._book.settle_all("client closed")
 
     # -- extras -------------------------------------------------------------
 
@@ -213,7 +207,20 @@ class StorageClient:
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        """Tickets submitted and not completed yet."""
+        return len(self._book.open)
+
+    @property
+    def quarantined(self) -> int:
+        """Tickets given up (timed out, cancelled, disconnected) and not settled yet: their
+        slots may still be touched by the service."""
+        return len(self._book.quarantined)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Tickets quarantined and cancelled, and how each settled (late reply, cancel
+        acknowledged, refused, service exited, client closed)."""
+        return dict(self._book.counters)
 
     def wait_ready(self, timeout_s: float = 10.0) -> bool:
         """Block until connected and registered (start-up helper; not for the scheduler path)."""
@@ -230,22 +237,24 @@ class StorageClient:
         return False
 
     def wait(self, tickets: Iterable[int], timeout_s: float) -> list[Completion]:
-        """Poll until all `tickets` completed or `timeout_s` passed (tests, tools, shutdown)."""
+        """Poll until all `tickets` completed or `timeout_s` passed (tests, tools, shutdown);
+        other events stay queued for the caller's next `poll()`."""
+        return self._wait(Completion, tickets, timeout_s)
+
+    def wait_settled(self, tickets: Iterable[int], timeout_s: float) -> list[Settled]:
+        """Poll until all `tickets` (completed unsettled) settled, or `timeout_s` passed."""
+        return self._wait(Settled, tickets, timeout_s)
+
+    def _wait(self, kind: type, tickets: Iterable[int], timeout_s: float) -> list:
         want = set(tickets)
-        got: list[Completion] = []
-        others: list[Completion] = []
+        got: list = []
         deadline = time.monotonic() + timeout_s
-        while want and time.monotonic() < deadline:
-            for c in self.poll():
-                if c.ticket in want:
-                    got.append(c)
-                    want.discard(c.ticket)
-                else:
-                    others.append(c)
-            if want:
-                self._sock.poll(5)
-        self._done = others + self._done  # the caller's next poll() still sees them
-        return got
+        while True:
+            self._pump()
+            got += self._book.take(kind, want)  # other events stay for the next poll()
+            if not want or self._closed or time.monotonic() > deadline:
+                return got
+            self._sock.poll(5)
 
     def stats(self, timeout_s: float = 1.0) -> StatsReply | None:
         reply = self._ask(Stats(next(self._ids)), timeout_s)
@@ -258,16 +267,37 @@ class StorageClient:
 
     # -- internals ----------------------------------------------------------
 
+    def _pump(self) -> None:
+        """Take what the socket and the clock say; events queue up in the book."""
+        if self._closed:
+            return
+        now = time.monotonic()
+        self._pump_monitor()
+        self._pump_replies()
+        self._expire(now)
+        if self._book.has_orphans and now - self._last_exit_check > _EXIT_CHECK_S:
+            self._last_exit_check = now
+            self._book.settle_exited()
+        if self._up and now - self._last_register > self.config.heartbeat_s:
+            self._register()
+
+    def _service_deadline_ns(self) -> int:
+        """The request's deadline: CLOCK_MONOTONIC, shared with the service's process."""
+        share = 1.0 - _SERVICE_MARGIN
+        return time.monotonic_ns() + int(self.config.ticket_timeout_s * share * 1e9)
+
     def _start(self, ticket: int, kind: TicketKind, n: int, request: Request) -> None:
         self._pump_monitor()
-        deadline = time.monotonic() + self.config.ticket_timeout_s
-        self._pending[ticket] = _Pending(kind, n, deadline, request)
+        give_up_at = time.monotonic() + self.config.ticket_timeout_s
+        service = self._service_id if self._registered else None
+        self._book.add(ticket, OpenTicket(kind, n, give_up_at, request, service))
+        # Refused before reaching the service: settled at once.
         if not self.config.has_pool:
-            self._fail(ticket, "no L2 pool registered with the storage client")
+            self._book.refuse(ticket, "no L2 pool registered with the storage client")
         elif not self._up:
-            self._fail(ticket, "cache service unavailable")
+            self._book.refuse(ticket, "cache service unavailable")
         elif not self._send(request):
-            self._fail(ticket, "cache service not accepting requests")
+            self._book.refuse(ticket, "cache service not accepting requests")
 
     def _send(self, msg: Request) -> bool:
         try:
@@ -313,8 +343,7 @@ class StorageClient:
                 self._up = False
                 self._registered = False
                 self._answers.clear()
-                for ticket in list(self._pending):
-                    self._fail(ticket, "cache service disconnected")
+                self._book.disconnected()
 
     def _pump_replies(self) -> None:
         while True:
@@ -329,40 +358,50 @@ class StorageClient:
 
     def _on_reply(self, reply: Reply) -> None:
         if isinstance(reply, RegisterReply):
-            self._registered = reply.error is None
-            self._slots = reply.slots
-            if reply.error:
-                log.warning("cache service refused registration: %s", reply.error)
+            self._on_registered(reply)
         elif isinstance(reply, LoadReply | StoreReply):
             remote = reply.pages_from_remote if isinstance(reply, LoadReply) else 0
-            self._complete(reply.req_id, reply.pages_ok, reply.error, remote)
-        elif isinstance(reply, ErrorReply) and reply.req_id in self._pending:
+            self._book.answered(reply.req_id, reply.pages_ok, reply.error, remote)
+        elif isinstance(reply, CancelReply):
+            if reply.settled:
+                self._book.settle(reply.target, "cancel acknowledged")
+        elif isinstance(reply, ErrorReply) and reply.req_id in self._book.open:
             self._retry_or_fail(reply)
+        elif isinstance(reply, ErrorReply) and reply.req_id in self._book.quarantined:
+            self._book.settle(reply.req_id, "refused")  # the service did not take it
         else:
             self._answers[reply.req_id] = reply
             if len(self._answers) > 1024:  # answers nobody waits for any more (timed out)
                 self._answers.pop(next(iter(self._answers)))
 
+    def _on_registered(self, reply: RegisterReply) -> None:
+        self._registered = reply.error is None
+        self._slots = reply.slots
+        if reply.error:
+            log.warning("cache service refused registration: %s", reply.error)
+        if reply.pid <= 0:
+            return
+        service = self._service_id
+        if service is None or service.pid != reply.pid or not service.alive():
+            service = ProcessIdentity.of(reply.pid)
+        self._service_id = service
+        self._book.identify(service)
+        # Back on the same service after a dropped connection: ask it about what we gave up.
+        for ticket in self._book.orphans_of(service):
+            self._send(Cancel(next(self._ids), ticket))
+
     def _retry_or_fail(self, reply: ErrorReply) -> None:
-        pending = self._pending[reply.req_id]
+        pending = self._book.open[reply.req_id]
         if reply.code == "unregistered" and not pending.resent:
             pending.resent = True
             self._register()
             if self._send(pending.request):
                 return
-        self._fail(reply.req_id, f"{reply.code}: {reply.message}")
-
-    def _complete(self, ticket: int, pages_ok: int, error: str | None, remote: int = 0) -> None:
-        pending = self._pending.pop(ticket, None)
-        if pending is not None:  # None: it already timed out or failed
-            done = Completion(ticket, pending.kind, pages_ok, pending.requested, error, remote)
-            self._done.append(done)
-
-    def _fail(self, ticket: int, error: str) -> None:
-        self._complete(ticket, 0, error)
+        self._book.refuse(reply.req_id, f"{reply.code}: {reply.message}")
 
     def _expire(self, now: float) -> None:
-        for ticket in [t for t, p in self._pending.items() if p.deadline < now]:
+        for ticket in self._book.overdue(now):
+            self._book.give_up(ticket, "timed out")
+            self._book.counters["timed_out"] += 1
             if self._up:
                 self._send(Cancel(next(self._ids), ticket))
-            self._fail(ticket, "timed out")

@@ -32,7 +32,7 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -41,6 +41,8 @@ import numpy as np
 import xxhash
 
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
+from asynchicache.storage.deadline import Deadline, passed
+from asynchicache.storage.disk_folder import FolderBudget, NamespaceLease
 from asynchicache.storage.fileio import (
     DIRECT_ALIGN,
     Scratch,
@@ -154,10 +156,10 @@ class _Batch:
     pool: np.ndarray  # [slots, page_bytes] uint8, the L2 pool
     stamp_ns: int  # LRU stamp of the chain's first page; later pages are older by 1 ns each
     direct: bool  # O_DIRECT possible for this pool and layout
-    deadline: float | None  # monotonic; no page starts after it
+    deadline: Deadline | None  # no page starts after it passed (or was cancelled)
 
     def late(self) -> bool:
-        return self.deadline is not None and time.monotonic() > self.deadline
+        return passed(self.deadline)
 
 
 class DiskBackend:
@@ -171,6 +173,9 @@ class DiskBackend:
         self._folder = config.folder
         make_private_dir(config.root)
         make_private_dir(self._folder)
+        # The capacity is the whole folder's (every namespace); see storage.disk_folder.
+        self._lease = NamespaceLease(self._folder)
+        self._budget = FolderBudget(config.root, self._folder, config.capacity_bytes)
         self._index = PageIndex()
         self._stats = BackendStats(capacity_bytes=config.capacity_bytes)
         self._stats_lock = threading.Lock()
@@ -194,9 +199,12 @@ class DiskBackend:
         hashes: Sequence[bytes],
         slots: Sequence[int],
         pool: np.ndarray,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> int:
-        """Read pages into their slots; pages not started by `deadline` (monotonic) are misses."""
+        """Read pages into their slots; pages not started by `deadline` are misses.
+
+        Returns only once no read into `pool` is in flight, even when one failed.
+        """
         if len(hashes) != len(slots):
             raise ValueError(f"{len(hashes)} hashes but {len(slots)} slots")
         check_pool(pool, self.page_bytes, slots)
@@ -207,7 +215,7 @@ class DiskBackend:
             self._io.submit(self._read_one, h, s, batch)
             for h, s in zip(hashes[:n], slots[:n], strict=True)
         ]
-        sizes = [f.result() for f in futures]
+        sizes = _results(futures)
         ok = sizes.index(0) if 0 in sizes else n
         self._index.add_chain(list(zip(hashes[:ok], sizes[:ok], strict=True)))
         self._restamp(hashes[:ok], batch.stamp_ns)
@@ -220,8 +228,14 @@ class DiskBackend:
         )
         return ok
 
-    def put(self, pages: Sequence[PageRef], pool: np.ndarray, deadline: float | None = None) -> int:
-        """Write pages from their slots; pages not started by `deadline` are not stored."""
+    def put(
+        self, pages: Sequence[PageRef], pool: np.ndarray, deadline: Deadline | None = None
+    ) -> int:
+        """Write pages from `pool[page.slot]`; pages not started by `deadline` are not stored.
+
+        The cache service passes private copies of the L2 slots (see `storage.tiered`).
+        Returns only once no write from `pool` is in flight.
+        """
         check_pool(pool, self.page_bytes, [p.slot for p in pages])
         age: dict[bytes, int] = {}  # position in the chain: 0 ends most recent
         for i, p in enumerate(pages):
@@ -229,18 +243,25 @@ class DiskBackend:
         batch = self._batch(pool, deadline)
         todo = self._new_pages(pages)
         sizes = [self._file_size(len(p.tokens)) for p in todo]
-        grant = self._index.reserve(sum(sizes), self.config.capacity_bytes)
+        grant = self._index.reserve(sum(sizes), self._capacity(sum(sizes)))
         self._drop_victims(grant.victims)
         errors = self._write_all(todo, sizes, grant.nbytes, batch, age)
         lost = {h for h, _ in grant.victims} | {h for h, err in errors.items() if err is not None}
         new = {p.page_hash: size for p, size in zip(todo, sizes, strict=True)}
         size_of = {p.page_hash: self._file_size(len(p.tokens)) for p in pages}
-        stored = [h for h in age if h not in lost]
-        self._index.commit(grant.nbytes, [(h, size_of[h]) for h in stored])
-        self._index.record_stamps((h, batch.stamp_ns - age[h]) for h in stored if h in new)
-        self._restamp([h for h in stored if h not in new], batch.stamp_ns)
+        kept = [h for h in age if h not in lost]
+        # Pages skipped as already indexed count only if no concurrent put evicted them.
+        indexed = self._index.commit(grant.nbytes, [(h, size_of[h]) for h in kept], new)
+        self._index.record_stamps((h, batch.stamp_ns - age[h]) for h in kept if h in new)
+        self._restamp([h for h in kept if h not in new and h in indexed], batch.stamp_ns)
         self._count_writes(len(todo), [e for e in errors.values() if e is not None])
-        return sum(p.page_hash not in lost for p in pages)
+        return sum(p.page_hash in indexed for p in pages)
+
+    def _capacity(self, needed: int) -> int:
+        """This namespace's share of the folder's capacity, once `needed` more bytes come."""
+        self._lease.try_acquire()
+        own = self._index.bytes_used + self._index.bytes_reserved
+        return self._budget.own_capacity(own, needed)
 
     def _restamp(self, chain: Sequence[bytes], stamp_ns: int) -> None:
         """Persist the LRU position of pages just read, first page newest.
@@ -257,7 +278,7 @@ class DiskBackend:
                 done.append((h, stamp_ns - i))
         self._index.record_stamps(done)
 
-    def _batch(self, pool: np.ndarray, deadline: float | None) -> _Batch:
+    def _batch(self, pool: np.ndarray, deadline: Deadline | None) -> _Batch:
         direct = self._direct and direct_possible(self.page_bytes, pool)
         return _Batch(pool, time.time_ns(), direct, deadline)
 
@@ -279,7 +300,7 @@ class DiskBackend:
             self._io.submit(self._write_temp, p, batch, batch.stamp_ns - age[p.page_hash])
             for p in todo[:fits]
         ]
-        temps = {p.page_hash: f.result() for p, f in zip(todo[:fits], futures, strict=True)}
+        temps = dict(zip((p.page_hash for p in todo[:fits]), _results(futures), strict=True))
         errors: dict[bytes, str | None] = {p.page_hash: "over capacity" for p in todo[fits:]}
         written = {h: t for h, t in temps.items() if isinstance(t, Path)}
         errors.update({h: t for h, t in temps.items() if isinstance(t, str)})
@@ -339,12 +360,15 @@ class DiskBackend:
         snap.bytes_used = self._index.bytes_used
         snap.extra["index_ready"] = float(self.ready)
         snap.extra["io_threads"] = float(self.config.io_threads)
+        snap.extra["other_namespaces_bytes"] = float(self._budget.other_bytes)
+        snap.extra["stale_namespace_evictions"] = float(self._budget.stale_evicted_pages)
         return snap
 
     def close(self) -> None:
         self._closing.set()
         self._scanner.join(timeout=5.0)
         self._io.shutdown(wait=True)
+        self._lease.release()
 
     # -- extras ---------------------------------------------------------
 
@@ -508,6 +532,7 @@ class DiskBackend:
                 self.layout,
                 self.page_bytes,
                 payload_checksum(src),
+                page.parent,
             )
         )
         direct = batch.direct and self._direct and len(header) == DIRECT_ALIGN
@@ -551,7 +576,8 @@ class DiskBackend:
                     return
                 self._index.add_scanned(self._scan_subdir(sub))
             self._index.end_scan()
-            self._drop_victims(self._index.reserve(0, self.config.capacity_bytes).victims)
+            self._budget.refresh()
+            self._drop_victims(self._index.reserve(0, self._capacity(0)).victims)
             log.info(
                 "disk index ready: %d pages, %.1f MB in %s",
                 len(self._index),
@@ -603,6 +629,13 @@ class DiskBackend:
         if problem is None and st.st_size != header_len + header.payload_len:
             problem = f"file size {st.st_size} != {header_len + header.payload_len}"
         return problem if problem else ScannedPage(page_hash, st.st_size, st.st_mtime_ns)
+
+
+def _results(futures: Sequence[Future]) -> list:
+    """Every future's result, after all of them finished: a job that fails must not
+    return (and be answered) while its other pages are still being read or written."""
+    wait(futures)
+    return [f.result() for f in futures]
 
 
 def _publish(tmp: Path, path: Path) -> str | None:

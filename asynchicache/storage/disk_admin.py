@@ -19,8 +19,12 @@ from asynchicache.storage.disk import (
     namespace_dir_name,
     parse_page_file_name,
 )
+from asynchicache.storage.disk_folder import LEASE_NAME, exclusive, in_use
 from asynchicache.storage.header import (
+    HEADER_ALIGN,
     HeaderError,
+    HeaderVersionError,
+    PageHeader,
     decode_header,
     payload_checksum,
     peek_header_len,
@@ -33,6 +37,7 @@ class NamespaceReport:
     namespace: str = ""  # readable form of the namespace bytes, from a header
     pages: int = 0
     bytes: int = 0
+    in_use: bool = False  # a live server leases it (its pages are not evicted for others)
 
 
 @dataclass
@@ -57,9 +62,9 @@ class FolderReport:
 def folder_stats(root: Path) -> FolderReport:
     """Pages and bytes per namespace (file sizes only: fast)."""
     report = FolderReport(str(root))
-    for ns_dir in _namespace_dirs(root):
-        ns = NamespaceReport(ns_dir.name)
-        for path in _files(ns_dir):
+    for ns_dir in namespace_dirs(root):
+        ns = NamespaceReport(ns_dir.name, in_use=in_use(ns_dir))
+        for path in page_files(ns_dir):
             if path.name.startswith(TMP_PREFIX):
                 report.temp_files += 1
             elif parse_page_file_name(path.name) is not None:
@@ -74,9 +79,9 @@ def folder_stats(root: Path) -> FolderReport:
 def verify_folder(root: Path, remove: bool = True) -> FolderReport:
     """Re-read every page file, check header and checksum; report (and remove) bad ones."""
     report = FolderReport(str(root))
-    for ns_dir in _namespace_dirs(root):
-        ns = NamespaceReport(ns_dir.name)
-        for path in _files(ns_dir):
+    for ns_dir in namespace_dirs(root):
+        ns = NamespaceReport(ns_dir.name, in_use=in_use(ns_dir))
+        for path in page_files(ns_dir):
             if path.name.startswith(TMP_PREFIX):
                 report.temp_files += 1
                 continue
@@ -100,8 +105,8 @@ def verify_folder(root: Path, remove: bool = True) -> FolderReport:
 def clear_folder(root: Path) -> int:
     """Remove every page and temp file (and the folders they leave empty); pages removed."""
     removed = 0
-    for ns_dir in _namespace_dirs(root):
-        for path in _files(ns_dir):
+    for ns_dir in namespace_dirs(root):
+        for path in page_files(ns_dir):
             is_page = parse_page_file_name(path.name) is not None
             if is_page or path.name.startswith(TMP_PREFIX):
                 path.unlink(missing_ok=True)
@@ -109,12 +114,23 @@ def clear_folder(root: Path) -> int:
         for sub in ns_dir.iterdir():
             if sub.is_dir():
                 _rmdir_if_empty(sub)
+        with exclusive(ns_dir, create=False) as unused:
+            if unused:  # a live server's lease stays (and with it the folder)
+                (ns_dir / LEASE_NAME).unlink(missing_ok=True)
         _rmdir_if_empty(ns_dir)
     return removed
 
 
 def check_page_file(path: Path, page_hash: bytes, ns_folder: str) -> str | None:
     """Everything a reader checks, for one file; the problem, or None when it is sound."""
+    result = read_page_file(path, page_hash, ns_folder)
+    return result if isinstance(result, str) else None
+
+
+def read_page_file(
+    path: Path, page_hash: bytes, ns_folder: str
+) -> tuple[PageHeader, memoryview] | str:
+    """A page file's header and verified payload, or the problem with it."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -132,18 +148,38 @@ def check_page_file(path: Path, page_hash: bytes, ns_folder: str) -> str | None:
         return f"payload length {header.payload_len} != layout's {header.layout.page_bytes}"
     if len(data) != header_len + header.payload_len:
         return f"size {len(data)} != {header_len + header.payload_len}"
-    if payload_checksum(memoryview(data)[header_len:]) != header.payload_checksum:
+    payload = memoryview(data)[header_len:]
+    if payload_checksum(payload) != header.payload_checksum:
         return "payload checksum mismatch"
-    return None
+    return header, payload
 
 
-def _namespace_dirs(root: Path) -> list[Path]:
+OLD_FORMAT = "page format of another version"
+
+
+def read_page_header(path: Path) -> PageHeader | str:
+    """A page file's header alone (one block read), or the problem with it (a problem
+    starting with OLD_FORMAT: a file written by another version of the code)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(HEADER_ALIGN)
+            header_len = peek_header_len(head)
+            if header_len > len(head):
+                head += f.read(header_len - len(head))
+        return decode_header(head)
+    except HeaderVersionError as exc:
+        return f"{OLD_FORMAT}: {exc}"
+    except (OSError, HeaderError) as exc:
+        return f"bad header: {exc}"
+
+
+def namespace_dirs(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("ns-"))
 
 
-def _files(ns_dir: Path) -> list[Path]:
+def page_files(ns_dir: Path) -> list[Path]:
     out = []
     for sub in sorted(ns_dir.iterdir()):
         if sub.is_dir() and len(sub.name) == 2:
@@ -196,7 +232,8 @@ def _report_text(report: FolderReport, action: str) -> str:
     lines = [f"{report.root}: {report.pages} pages, {report.bytes / 1e9:.3f} GB"]
     for ns in report.namespaces:
         lines.append(
-            f"  {ns.folder}  {ns.pages:8d} pages  {ns.bytes / 1e9:8.3f} GB  {ns.namespace}"
+            f"  {ns.folder}  {ns.pages:8d} pages  {ns.bytes / 1e9:8.3f} GB  "
+            f"{'in use' if ns.in_use else 'unused'}  {ns.namespace}"
         )
     if report.temp_files:
         lines.append(f"  {report.temp_files} temporary files (writes in progress or interrupted)")

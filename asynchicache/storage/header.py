@@ -5,14 +5,18 @@ so the payload starts on a page boundary (O_DIRECT-friendly, and a default
 model page of 737,280 bytes is itself 180 x 4096):
 
     fixed    magic 8s | version u16 | header_len u32 | payload_len u64
-             payload_checksum 16s (xxh3_128) | page_hash 16s
+             payload_checksum 16s (xxh3_128) | page_hash 16s | parent_hash 16s
              ns_len u16 | n_tokens u32 | dtype_len u8 | ndim u8
     variable namespace | tokens (int32 each) | dtype (ascii) | shape (u32 each)
     check    xxh3_64 of everything above (u64)
 
 The header checksum protects the tokens and the payload checksum; the payload
-checksum protects the KV bytes. Decoding never evaluates anything (no pickle):
-a header that does not parse is a `HeaderError`, which readers treat as a miss.
+checksum protects the KV bytes. `parent_hash` is the hash the page's hash was
+chained from (the previous page's, or the namespace digest for a first page;
+zeros when unknown), so a folder's chains can be rebuilt and audited
+(`asynchicache cache verify --deep`). Version 1 files (no parent) are a miss.
+Decoding never evaluates anything (no pickle): a header that does not parse is
+a `HeaderError`, which readers treat as a miss.
 """
 
 from __future__ import annotations
@@ -29,16 +33,21 @@ from asynchicache.storage.base import PageLayout
 Buffer = bytes | bytearray | memoryview
 
 MAGIC = b"ACKVPAGE"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: parent_hash
 HEADER_ALIGN = 4096
 PAGE_HASH_BYTES = 16
-_FIXED = struct.Struct("<8sHIQ16s16sHIBB")
+_FIXED = struct.Struct("<8sHIQ16s16s16sHIBB")
+_NO_PARENT = bytes(PAGE_HASH_BYTES)
 _CHECK = struct.Struct("<Q")
 _MAX_HEADER = 1 << 20
 
 
 class HeaderError(ValueError):
     """The bytes are not a valid page header (garbage, truncated, other version)."""
+
+
+class HeaderVersionError(HeaderError):
+    """A page header of another format version (written by older or newer code)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class PageHeader:
     layout: PageLayout
     payload_len: int
     payload_checksum: bytes
+    parent: bytes = b""  # the previous page's hash (b"": unknown)
 
     @property
     def header_len(self) -> int:
@@ -78,6 +88,8 @@ def encode_header(header: PageHeader) -> bytes:
     """The header bytes, zero-padded to `header.header_len`."""
     if len(header.page_hash) != PAGE_HASH_BYTES:
         raise ValueError(f"page hash must be {PAGE_HASH_BYTES} bytes")
+    if len(header.parent) not in (0, PAGE_HASH_BYTES) or header.parent == _NO_PARENT:
+        raise ValueError(f"parent hash must be {PAGE_HASH_BYTES} non-zero bytes or empty")
     dtype = header.layout.dtype.encode()
     header_len = header.header_len
     fixed = _FIXED.pack(
@@ -87,6 +99,7 @@ def encode_header(header: PageHeader) -> bytes:
         header.payload_len,
         header.payload_checksum,
         header.page_hash,
+        header.parent or _NO_PARENT,
         len(header.namespace),
         len(header.tokens),
         len(dtype),
@@ -119,7 +132,7 @@ def decode_header(data: Buffer) -> PageHeader:
     header_len = peek_header_len(view)
     if len(view) < header_len:
         raise HeaderError(f"header needs {header_len} bytes, got {len(view)}")
-    (_, _, _, payload_len, checksum, page_hash, ns_len, n_tokens, dtype_len, ndim) = (
+    (_, _, _, payload_len, checksum, page_hash, parent, ns_len, n_tokens, dtype_len, ndim) = (
         _FIXED.unpack_from(view)
     )
     end = _FIXED.size + ns_len + 4 * n_tokens + dtype_len + 4 * ndim
@@ -143,13 +156,14 @@ def decode_header(data: Buffer) -> PageHeader:
         layout = PageLayout(dtype, shape)
     except ValueError as exc:
         raise HeaderError(f"bad layout in header: {exc}") from exc
-    return PageHeader(namespace, page_hash, tokens, layout, payload_len, checksum)
+    parent = b"" if parent == _NO_PARENT else parent
+    return PageHeader(namespace, page_hash, tokens, layout, payload_len, checksum, parent)
 
 
 def _check_prologue(magic: bytes, version: int, header_len: int) -> None:
     if magic != MAGIC:
         raise HeaderError("bad magic (not a page file)")
     if version != FORMAT_VERSION:
-        raise HeaderError(f"unsupported format version {version}")
+        raise HeaderVersionError(f"unsupported format version {version}")
     if header_len % HEADER_ALIGN or not 0 < header_len <= _MAX_HEADER:
         raise HeaderError(f"bad header length {header_len}")

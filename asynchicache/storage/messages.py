@@ -4,6 +4,11 @@ Only page hashes, L2 slot numbers and statuses cross the socket; KV bytes stay
 in the shared L2 pool that both sides map. Every request carries a `req_id`
 (the client's ticket id for loads and stores) that its reply repeats.
 
+Loads and stores carry an absolute deadline (`deadline_ns`, CLOCK_MONOTONIC,
+shared by the processes of one host; see `storage.deadline`). Every Load and
+Store gets exactly one final reply, after which the service touches none of
+its slots.
+
 `encode`/`decode` are the only codec. `decode` checks every field against its
 type hint, so a malformed or hostile frame is a clean `ValueError`, never a
 half-built message that fails later inside the service.
@@ -43,9 +48,13 @@ class Register:
 
 @dataclass(frozen=True)
 class RegisterReply:
+    """`pid` is the service's process id: its exit tells a client that work it gave up on
+    can no longer touch the client's slots."""
+
     req_id: int
     slots: int = 0
     error: str | None = None
+    pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,12 +74,12 @@ class ExistsReply:
 
 @dataclass(frozen=True)
 class Load:
-    """Read pages into L2 slots. Work not started within `timeout_ms` is skipped."""
+    """Read pages into L2 slots; no page is started after `deadline_ns` (monotonic_ns)."""
 
     req_id: int
     hashes: tuple[bytes, ...]
     slots: tuple[int, ...]
-    timeout_ms: int = 10_000
+    deadline_ns: int | None = None
 
     def __post_init__(self) -> None:
         _check_hashes(self.hashes)
@@ -89,11 +98,14 @@ class LoadReply:
 
 @dataclass(frozen=True)
 class Store:
-    """Write pages from their L2 slots (which the client leaves untouched until the reply)."""
+    """Write pages from their L2 slots (which the client leaves untouched until the reply).
+
+    The service copies each slot once, before `deadline_ns`, and writes from its copies.
+    """
 
     req_id: int
     pages: tuple[PageRef, ...]
-    timeout_ms: int = 10_000
+    deadline_ns: int | None = None
 
     def __post_init__(self) -> None:
         _check_hashes(tuple(p.page_hash for p in self.pages))
@@ -109,7 +121,7 @@ class StoreReply:
 
 @dataclass(frozen=True)
 class Cancel:
-    """Skip load/store `target` if it has not started; its own reply still comes."""
+    """Stop load/store `target`: skipped if not started, else stopped at its next page."""
 
     req_id: int
     target: int
@@ -117,9 +129,13 @@ class Cancel:
 
 @dataclass(frozen=True)
 class CancelReply:
+    """`settled`: the service will never touch the target's slots (it had not started it,
+    or does not know it and will refuse it if it comes). False: it is running and stops at
+    its next page; its final reply follows."""
+
     req_id: int
     target: int
-    cancelled: bool
+    settled: bool
 
 
 @dataclass(frozen=True)

@@ -141,15 +141,30 @@ class PageIndex:
             self._reserved += granted
             return Reservation(granted, tuple(victims))
 
-    def commit(self, reserved: int, pages: Sequence[tuple[bytes, int]]) -> None:
-        """Release a reservation and index the pages that were stored, in chain order.
+    def commit(
+        self,
+        reserved: int,
+        pages: Sequence[tuple[bytes, int]],
+        written: Iterable[bytes] | None = None,
+    ) -> set[bytes]:
+        """Release a reservation and index the pages of a store, in chain order.
 
-        Pages already indexed are touched and keep their recorded size.
+        Pages in `written` (all of `pages` when None) were just written and are
+        indexed; the others were skipped because they were indexed when the
+        store began, and are only touched if they still are: another store may
+        have evicted (and unlinked) one since, and indexing it again would make
+        the index claim a page the folder no longer holds. Returns the hashes
+        of `pages` that are indexed now.
         """
+        fresh = None if written is None else set(written)
+        indexed: set[bytes] = set()
         with self._lock:
             self._reserved -= reserved
             for h, size in reversed(pages):
-                self._insert(h, size)
+                if fresh is None or h in fresh or h in self._lru:
+                    self._insert(h, size)
+                    indexed.add(h)
+            return indexed
 
     def begin_scan(self) -> None:
         with self._lock:

@@ -8,17 +8,23 @@ Pages are read and written on plain RESP connections (`storage.resp`) in
 parallel: the pages of a call are grouped by the node owning their slot, cut
 into pipelined batches of `batch_pages` GETs or SETs, and spread over
 `io_threads` threads, each with its own connection. A GET's payload is
-received straight into its L2 slot and a SET's is sent straight from it; the
-header and checksum are verified before a page counts, and a value that fails
-is a miss, is UNLINKed and is counted in `corrupt_detected`. Small commands
+received into a private buffer (`fetch`), its header and checksum are verified,
+and only then, if the job's deadline still holds, is it copied into its L2 slot
+(`read`): a reply that arrives late can never land in a slot the engine has
+reused. A SET is sent straight from the buffer it is given (the service gives
+private copies, see `storage.tiered`). A value that fails verification is a
+miss, is UNLINKed and is counted in `corrupt_detected`. Small commands
 (EXISTS, EXPIRE, UNLINK, SCAN) and the cluster's slot map go through redis-py.
 
 Faults: any transport error (refused, reset, timeout) trips a circuit breaker.
 While it is open every call returns at once (0 pages; the other tiers or a
 recompute serve the request), and a background prober reconnects with
-exponential backoff. Socket timeouts are short, so at most the calls already
-in flight wait, and only that long. Eviction is Redis's: an optional TTL per
-value, or the server's `maxmemory-policy` (e.g. allkeys-lru).
+exponential backoff. Socket timeouts are short, and every page read has a time
+limit of its own (`page_timeout_s`, and the job's deadline), so at most the
+calls already in flight wait, and only that long. A read stopped by its job's
+deadline closes its connection (replies are left unread) but is no outage.
+Eviction is Redis's: an optional TTL per value, or the server's
+`maxmemory-policy` (e.g. allkeys-lru).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -39,10 +45,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
 from asynchicache.storage.breaker import CircuitBreaker
+from asynchicache.storage.deadline import Deadline, passed
 from asynchicache.storage.disk import check_pool
 from asynchicache.storage.redis_topology import RedisTopology, RemoteEndpoint, parse_remote_url
 from asynchicache.storage.remote_value import ValueFormat, ValueRejected
 from asynchicache.storage.resp import NodeAddress, RespConnection, RespError, command
+from asynchicache.storage.write_behind import StagedPages
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +80,7 @@ class RedisConfig:
     batch_pages: int = 4  # pages per pipelined round trip on one connection
     connect_timeout_s: float = 0.5
     socket_timeout_s: float = 2.0  # per send/recv of page traffic
+    page_timeout_s: float = 2.0  # one page's whole GET reply, however it trickles in
     control_timeout_s: float = 0.5  # EXISTS and friends (the service's loop waits on these)
     retry_initial_s: float = 0.5
     retry_max_s: float = 30.0
@@ -83,7 +92,8 @@ class RedisConfig:
             raise ValueError(f"--remote-ttl must be positive seconds, got {self.ttl_s}")
         if self.io_threads <= 0 or self.batch_pages <= 0:
             raise ValueError("remote io_threads and batch_pages must be positive")
-        if min(self.connect_timeout_s, self.socket_timeout_s, self.control_timeout_s) <= 0:
+        timeouts = (self.connect_timeout_s, self.socket_timeout_s, self.control_timeout_s)
+        if min(*timeouts, self.page_timeout_s) <= 0:
             raise ValueError("remote timeouts must be positive")
         parse_remote_url(self.url, self.cluster)  # a bad URL fails here, naming the flag
 
@@ -117,11 +127,15 @@ class _Call:
     hashes: list[bytes]
     keys: list[bytes]
     slots: list[int]
-    pool: np.ndarray  # [slots, page_bytes] uint8, the L2 pool
-    deadline: float | None  # monotonic; no batch starts after it
+    pool: np.ndarray  # [rows, page_bytes] uint8: where pages are read into / sent from
+    deadline: Deadline | None  # no page starts after it passed
 
     def late(self) -> bool:
-        return self.deadline is not None and time.monotonic() > self.deadline
+        return passed(self.deadline)
+
+
+class _JobLate(Exception):
+    """The job's deadline passed in the middle of a pipelined batch."""
 
 
 class RedisBackend:
@@ -154,7 +168,7 @@ class RedisBackend:
         hashes: Sequence[bytes],
         slots: Sequence[int],
         pool: np.ndarray,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> int:
         """Read pages into their slots; returns how many leading pages were verified."""
         return len(self.read(hashes, slots, pool, deadline))
@@ -164,27 +178,46 @@ class RedisBackend:
         hashes: Sequence[bytes],
         slots: Sequence[int],
         pool: np.ndarray,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> list[tuple[int, ...]]:
-        """`get` that also returns the token ids of each verified leading page (from headers)."""
+        """`get` that also returns the token ids of each leading page copied (from headers).
+
+        Pages are fetched into private memory and verified first; each is copied
+        into its slot only if `deadline` still holds then.
+        """
         if len(hashes) != len(slots):
             raise ValueError(f"{len(hashes)} hashes but {len(slots)} slots")
         check_pool(pool, self.page_bytes, slots)
+        fetched = self.fetch(hashes, deadline)
+        try:
+            copied = fetched.copy_to(pool, slots, deadline)
+            return [r.tokens for r in fetched.refs[:copied]]
+        finally:
+            fetched.release()
+
+    def fetch(self, hashes: Sequence[bytes], deadline: Deadline | None = None) -> StagedPages:
+        """Read pages into a private buffer: `refs` are the leading verified pages (tokens
+        from their headers, `slot` their row). The caller releases it."""
+        staged = StagedPages.empty(len(hashes), self.page_bytes)
         topo = self._usable()
         if topo is None or not hashes:
             self._count(misses=len(hashes))
-            return []
-        call = _Call(list(hashes), [self.key(h) for h in hashes], list(slots), pool, deadline)
+            return staged
+        keys = [self.key(h) for h in hashes]
+        call = _Call(list(hashes), keys, list(range(len(hashes))), staged.pool, deadline)
         reads = self._fan_out(topo, call, self._read_batch)
         ok = next((r.index for r in reads if r.status is not _Status.OK), len(reads))
         self._after_reads(reads, call.keys)
         self._count(
             hits=ok, misses=len(hashes) - ok, pages_read=ok, bytes_read=ok * self.page_bytes
         )
-        return [r.tokens for r in reads[:ok]]
+        staged.refs.extend(PageRef(hashes[i], reads[i].tokens, i) for i in range(ok))
+        return staged
 
-    def put(self, pages: Sequence[PageRef], pool: np.ndarray, deadline: float | None = None) -> int:
-        """Write pages from their slots (skipping those already stored); returns how many are."""
+    def put(
+        self, pages: Sequence[PageRef], pool: np.ndarray, deadline: Deadline | None = None
+    ) -> int:
+        """Write pages from `pool[page.slot]` (skipping those already stored); how many are."""
         check_pool(pool, self.page_bytes, [p.slot for p in pages])
         unique = list({p.page_hash: p for p in pages}.values())
         topo = self._usable()
@@ -268,7 +301,7 @@ class RedisBackend:
     # -- reads --------------------------------------------------------------
 
     def _read_batch(self, call: _Call, node: NodeAddress, idx: list[int]) -> list[_PageRead]:
-        """GET pages `idx` (all on `node`) pipelined on one connection, into their slots."""
+        """GET pages `idx` (all on `node`) pipelined on one connection, into `call.pool`."""
         if call.late():
             self._count(late_skipped=len(idx))
             return [_PageRead(i, _Status.LATE) for i in idx]
@@ -277,22 +310,27 @@ class RedisBackend:
         def work(conn: RespConnection, done: list[_PageRead]) -> None:
             conn.send([request])
             for i in idx:
+                if call.late():  # the rest of the replies stay unread: the connection goes
+                    raise _JobLate
                 done.append(self._read_page(conn, i, call))
 
-        return self._on_connection(node, idx, work)
+        return self._on_connection(node, idx, work, call.deadline)
 
     def _on_connection(
         self,
         node: NodeAddress,
         idx: list[int],
         work: Callable[[RespConnection, list[_PageRead]], None],
+        deadline: Deadline | None = None,
     ) -> list[_PageRead]:
-        """Run `work(conn, done)` on a pooled connection; pages it did not finish are FAILED.
+        """Run `work(conn, done)` on a pooled connection; pages it did not finish are FAILED
+        (LATE when the job's deadline stopped them: that is no outage).
 
         A reused connection that breaks before any reply (the server or a proxy closed it
         while it sat idle) is retried once on a new one; anything else trips the breaker.
         """
         done: list[_PageRead] = []
+        rest = _Status.FAILED
         for fresh in (False, True):
             reused = False
             try:
@@ -303,23 +341,39 @@ class RedisBackend:
                     reused = conn.uses > 1
                     work(conn, done)
                 break
+            except _JobLate:
+                rest = _Status.LATE
+                break
             except _OUTAGE as exc:
+                if passed(deadline):  # our own time limit, not the server's fault
+                    rest = _Status.LATE
+                    break
                 if reused and not done and not isinstance(exc, TimeoutError):
                     self._count(stale_retries=1)
                     continue
                 self._outage(exc)
                 break
-        return done + [_PageRead(i, _Status.FAILED) for i in idx[len(done) :]]
+        if rest is _Status.LATE:
+            self._count(late_aborted=len(idx) - len(done))
+        return done + [_PageRead(i, rest) for i in idx[len(done) :]]
 
     def _read_page(self, conn: RespConnection, i: int, call: _Call) -> _PageRead:
-        """One GET reply: header checked, payload straight into the slot, then its checksum."""
+        """One GET reply, within the page's time limit: header checked, payload into its
+        row of `call.pool`, then its checksum."""
         dst = memoryview(call.pool[call.slots[i]])
+        limit = time.monotonic() + self.config.page_timeout_s
+        left = call.deadline.left_s() if call.deadline is not None else None
+        # A hair past the deadline, so that a limit reached there always reads as "late".
+        until = limit if left is None else min(limit, time.monotonic() + left + 0.001)
+        conn.set_time_limit(until)
         try:
             tokens = self._format.read_page(conn, call.hashes[i], dst)
         except RespError as exc:
             return self._error_reply(i, exc)
         except ValueRejected as exc:
             return _PageRead(i, _Status.CORRUPT, reason=str(exc))
+        finally:
+            conn.set_time_limit(None)
         if tokens is None:
             return _PageRead(i, _Status.MISSING)
         return _PageRead(i, _Status.OK, tokens)
@@ -432,6 +486,7 @@ class RedisBackend:
             for node, idx in by_node.items()
             for k in range(0, len(idx), step)
         ]
+        wait(futures)  # none still reads or writes `call.pool` when this returns or raises
         results = [r for f in futures for r in f.result()]
         return sorted(results, key=lambda r: r.index)
 

@@ -40,7 +40,12 @@ class ValueFormat:
     ttl_s: int | None = None
 
     def set_command(
-        self, key: bytes, page_hash: bytes, tokens: tuple[int, ...], payload: memoryview
+        self,
+        key: bytes,
+        page_hash: bytes,
+        tokens: tuple[int, ...],
+        payload: memoryview,
+        parent: bytes = b"",
     ) -> list[bytes | memoryview]:
         """SET key <header + payload> [EX ttl] as buffers around the slot's memory."""
         header = encode_header(
@@ -51,6 +56,7 @@ class ValueFormat:
                 self.layout,
                 self.layout.page_bytes,
                 payload_checksum(payload),
+                parent,
             )
         )
         argc = 3 if self.ttl_s is None else 5

@@ -11,6 +11,10 @@ Only what page traffic needs is here: connect (TCP or TLS, AUTH, SELECT),
 send a list of buffers, read a status/integer/bulk reply. Everything else
 (cluster topology, EXISTS, UNLINK, SCAN) goes through redis-py.
 
+Time: every recv waits at most the socket timeout, and `set_time_limit` bounds
+a whole reply (a page trickling in byte by byte cannot hold a caller longer);
+passing it raises `TimeoutError`.
+
 Errors: an `OSError` (refused, reset, timed out, `RespProtocolError`) means
 the connection is unusable and must be closed; a `RespError` is an error
 reply from the server ("-ERR ...", "-MOVED ...") and leaves it in sync.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -85,6 +90,8 @@ class RespConnection:
         self._buf = bytearray(_READ_CHUNK)
         self._start = 0
         self._end = 0
+        self._timeout = params.socket_timeout_s
+        self._until: float | None = None  # monotonic time every recv must finish by
         self._sock = self._open(address, params)
         try:
             self._handshake(params)
@@ -116,6 +123,13 @@ class RespConnection:
         if params.db:
             self.send([command(b"SELECT", str(params.db).encode())])
             self.read_status()
+
+    def set_time_limit(self, until: float | None) -> None:
+        """Make every recv until further notice finish by `until` (monotonic seconds), or
+        raise TimeoutError; None: only the per-recv socket timeout applies."""
+        self._until = until
+        if until is None:
+            self._sock.settimeout(self._timeout)
 
     @property
     def tls(self) -> bool:
@@ -184,7 +198,7 @@ class RespConnection:
         self._start += have
         got = have
         while got < len(view):
-            n = self._sock.recv_into(view[got:])
+            n = self._recv_into(view[got:])
             if n == 0:
                 raise RespProtocolError("connection closed in the middle of a reply")
             got += n
@@ -221,10 +235,18 @@ class RespConnection:
             kept = self._end - self._start
             self._buf[:kept] = self._buf[self._start : self._end]
             self._start, self._end = 0, kept
-        n = self._sock.recv_into(memoryview(self._buf)[self._end :])
+        n = self._recv_into(memoryview(self._buf)[self._end :])
         if n == 0:
             raise RespProtocolError("connection closed by the server")
         self._end += n
+
+    def _recv_into(self, view: memoryview) -> int:
+        if self._until is not None:
+            left = self._until - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("reply time limit reached")
+            self._sock.settimeout(min(left, self._timeout))
+        return self._sock.recv_into(view)
 
 
 def _to_int(raw: bytes) -> int:

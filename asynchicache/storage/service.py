@@ -14,6 +14,22 @@ replies back through a queue and a wake-up pipe, because a ZeroMQ socket
 belongs to one thread. A client that vanished costs nothing: its replies are
 dropped (counted). A worker that fails logs, counts and replies with an error;
 the loop keeps going.
+
+Slot lifetimes (the client quarantines a slot until this says it is free):
+
+* a Load or Store carries the client's absolute deadline (CLOCK_MONOTONIC);
+  its job checks it, and its cancel flag, before every page it reads, writes
+  or copies, so neither time spent queued nor a `Cancel` lets work run on;
+* a store's slots are copied once, up front; everything after works from
+  the copy (`storage.tiered`);
+* every Load and Store gets exactly one final reply, sent only when its job
+  touches the client's slots no more (a job that fails waits for its pages in
+  flight first);
+* `Cancel` skips a job not started (answered `settled`), stops a running one
+  at its next page (its final reply follows), and refuses a ticket it has
+  not seen yet, should it still arrive (answered `settled`);
+* `RegisterReply` carries this process's pid: a client whose service died
+  knows its slots are free.
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +51,9 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from asynchicache.config import GIB, CacheConfig, ServiceTuning
 from asynchicache.storage.base import PageLayout
+from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk import DiskConfig, SyncMode
 from asynchicache.storage.fileio import make_private_dir
 from asynchicache.storage.messages import (
@@ -64,6 +83,8 @@ log = logging.getLogger(__name__)
 
 _POLL_MS = 100
 _MAX_BATCH = 256  # requests taken per loop turn before replies get their turn
+_REFUSED_PER_CLIENT = 4096  # cancelled tickets remembered per client, should they still come
+_REFUSED_CLIENTS = 256
 
 
 def default_runtime_dir() -> Path:
@@ -93,12 +114,12 @@ class ServiceConfig:
 
     disk_cache_dir: Path
     address: str = field(default_factory=default_address)
-    capacity_bytes: int = 20 * 10**9
-    io_threads: int = 16
-    workers: int = 4
-    sync: SyncMode = SyncMode.BATCH
+    capacity_bytes: int = int(CacheConfig.disk_cache_gb * GIB)
+    io_threads: int = ServiceTuning.io_threads
+    workers: int = ServiceTuning.workers
+    sync: SyncMode = SyncMode(ServiceTuning.disk_sync)  # noqa: RUF009 (an immutable enum member)
     direct_io: bool = True
-    client_ttl_s: float = 120.0  # a client silent this long (no heartbeat) is dropped
+    client_ttl_s: float = ServiceTuning.client_ttl_s  # a client silent this long is dropped
     remote: RemoteTierConfig | None = None  # L4 (Redis/Valkey) behind the disk: --remote-url
 
     def __post_init__(self) -> None:
@@ -142,6 +163,14 @@ class _Client:
     last_seen: float
 
 
+@dataclass
+class _Job:
+    """A Load/Store/Clear on the worker pool: its future and its stop condition."""
+
+    future: Future
+    deadline: Deadline
+
+
 class CacheService:
     """The service loop; `run()` blocks until `stop` is set."""
 
@@ -151,7 +180,9 @@ class CacheService:
         self._clients: dict[bytes, _Client] = {}
         self._segments: dict[str, tuple[SharedSegment, int]] = {}
         self._backends: dict[tuple[bytes, PageLayout], TieredBackend] = {}
-        self._running: dict[tuple[bytes, int], Future] = {}
+        self._running: dict[tuple[bytes, int], _Job] = {}
+        # Tickets cancelled before they arrived (per client): refused if they still do.
+        self._refused: OrderedDict[bytes, OrderedDict[int, None]] = OrderedDict()
         self._done: queue.SimpleQueue[tuple[bytes, Reply]] = queue.SimpleQueue()
         self._counters: dict[str, float] = {}
         self._workers = ThreadPoolExecutor(config.workers, thread_name_prefix="cache-worker")
@@ -224,8 +255,7 @@ class CacheService:
             remote = client.backend.remote_stats() if client else None
             self._send(ident, StatsReply(msg.req_id, disk, self._service_stats(), remote))
         elif isinstance(msg, Cancel):
-            future = self._running.get((ident, msg.target))
-            self._send(ident, CancelReply(msg.req_id, msg.target, bool(future and future.cancel())))
+            self._send(ident, CancelReply(msg.req_id, msg.target, self._cancel(ident, msg.target)))
         elif client is None:
             self._send(ident, ErrorReply(msg.req_id, "unregistered", "send Register first"))
         elif isinstance(msg, Exists):
@@ -241,23 +271,23 @@ class CacheService:
         old = self._clients.get(ident)
         same = old is not None and old.segment == msg.segment
         if same and old.backend.layout == msg.layout and old.backend.namespace == msg.namespace:
-            return RegisterReply(msg.req_id, old.pool.shape[0])  # a heartbeat
+            return RegisterReply(msg.req_id, old.pool.shape[0], pid=os.getpid())  # a heartbeat
         try:
             backend = self._backend(msg.namespace, msg.layout)
             segment = self._attach(msg.segment)
         except (OSError, ValueError) as exc:
             log.warning("cache service: cannot register %s: %s", msg.segment, exc)
-            return RegisterReply(msg.req_id, 0, str(exc))
+            return RegisterReply(msg.req_id, 0, str(exc), os.getpid())
         slots = segment.size // msg.layout.page_bytes
         if slots == 0:
             self._detach(msg.segment)
-            return RegisterReply(msg.req_id, 0, "segment smaller than one page")
+            return RegisterReply(msg.req_id, 0, "segment smaller than one page", os.getpid())
         pool = segment.as_array()[: slots * msg.layout.page_bytes].reshape(slots, -1)
         if old is not None:
             self._drop_client(ident)
         self._clients[ident] = _Client(msg.segment, backend, pool, time.monotonic())
         log.info("cache service: client registered segment %s (%d slots)", msg.segment, slots)
-        return RegisterReply(msg.req_id, slots)
+        return RegisterReply(msg.req_id, slots, pid=os.getpid())
 
     def _backend(self, namespace: bytes, layout: PageLayout) -> TieredBackend:
         key = (namespace, layout)
@@ -310,16 +340,42 @@ class CacheService:
     # -- work -------------------------------------------------------------
 
     def _submit(self, ident: bytes, client: _Client, msg: Load | Store | Clear) -> None:
-        deadline = time.monotonic() + getattr(msg, "timeout_ms", 60_000) / 1000
-        future = self._workers.submit(self._guarded, msg, client, deadline)
         key = (ident, msg.req_id)
-        self._running[key] = future
+        refused = self._refused.get(ident)
+        if not isinstance(msg, Clear) and refused is not None and msg.req_id in refused:
+            del refused[msg.req_id]
+            self._count("refused_cancelled")
+            self._send(ident, _failed(msg, "cancelled"))
+            return
+        deadline = Deadline(None if isinstance(msg, Clear) else msg.deadline_ns)
+        future = self._workers.submit(self._guarded, msg, client, deadline)
+        self._running[key] = _Job(future, deadline)
         future.add_done_callback(lambda f: self._finished(ident, msg, f))
 
-    def _guarded(self, msg: Load | Store | Clear, client: _Client, deadline: float) -> Reply:
-        if time.monotonic() > deadline:
-            self._count("expired")
-            return _failed(msg, "expired before it started")
+    def _cancel(self, ident: bytes, target: int) -> bool:
+        """Stop `target`; True when it will never touch its slots (see the module docstring)."""
+        job = self._running.get((ident, target))
+        if job is None:  # done and answered (the reply went first), or not here yet
+            refused = self._refused.setdefault(ident, OrderedDict())
+            self._refused.move_to_end(ident)
+            refused[target] = None
+            while len(refused) > _REFUSED_PER_CLIENT:
+                refused.popitem(last=False)
+            while len(self._refused) > _REFUSED_CLIENTS:
+                self._refused.popitem(last=False)
+            return True
+        job.deadline.cancel()
+        if job.future.cancel():  # never started: its "cancelled" reply is queued already
+            self._count("cancelled_waiting")
+            return True
+        self._count("cancelled_running")
+        return False
+
+    def _guarded(self, msg: Load | Store | Clear, client: _Client, deadline: Deadline) -> Reply:
+        if deadline.passed():
+            why = "cancelled" if deadline.cancelled else "expired before it started"
+            self._count("cancelled" if deadline.cancelled else "expired")
+            return _failed(msg, why)
         try:
             return _execute(msg, client, deadline)
         except Exception as exc:
@@ -379,7 +435,7 @@ class CacheService:
         log.info("cache service stopped")
 
 
-def _execute(msg: Load | Store | Clear, client: _Client, deadline: float) -> Reply:
+def _execute(msg: Load | Store | Clear, client: _Client, deadline: Deadline) -> Reply:
     if isinstance(msg, Load):
         read = client.backend.load(msg.hashes, msg.slots, client.pool, deadline)
         ok, n = read.pages_ok, len(msg.hashes)
@@ -421,17 +477,34 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
     )
     p.add_argument("--disk-cache-dir", type=Path, required=True)
     p.add_argument("--socket", default=default_address(), help="ZeroMQ address to bind")
-    p.add_argument("--disk-cache-gb", type=float, default=20.0)
-    p.add_argument("--io-threads", type=int, default=16, help="parallel file I/O per namespace")
-    p.add_argument("--workers", type=int, default=4, help="requests served at once")
+    p.add_argument(
+        "--disk-cache-gb",
+        type=float,
+        default=CacheConfig.disk_cache_gb,
+        help="L3 capacity in GiB (2**30 bytes)",
+    )
+    p.add_argument(
+        "--io-threads",
+        type=int,
+        default=ServiceTuning.io_threads,
+        help="parallel file I/O per namespace",
+    )
+    p.add_argument(
+        "--workers", type=int, default=ServiceTuning.workers, help="requests served at once"
+    )
     p.add_argument(
         "--disk-sync",
         choices=[m.value for m in SyncMode],
-        default=SyncMode.BATCH.value,
+        default=ServiceTuning.disk_sync,
         help="durability of stored pages: one syncfs per put, fdatasync per file, or none",
     )
     p.add_argument("--no-direct-io", action="store_true", help="never use O_DIRECT")
-    p.add_argument("--client-ttl", type=float, default=120.0, help="forget silent clients (s)")
+    p.add_argument(
+        "--client-ttl",
+        type=float,
+        default=ServiceTuning.client_ttl_s,
+        help="forget silent clients (s)",
+    )
     p.add_argument("--remote-url", help="L4 Redis/Valkey, e.g. redis://127.0.0.1:6379/0")
     p.add_argument("--remote-ttl", type=int, help="L4 value expiry in seconds (default: none)")
     p.add_argument("--log-level", default="INFO")
@@ -440,7 +513,7 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
     return ServiceConfig(
         a.disk_cache_dir,
         a.socket,
-        int(a.disk_cache_gb * 1e9),
+        int(a.disk_cache_gb * GIB),
         a.io_threads,
         a.workers,
         sync=SyncMode(a.disk_sync),

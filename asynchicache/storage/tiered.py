@@ -5,14 +5,18 @@ a single storage tier and its protocol does not change:
 
 * `exists` counts the chain's leading pages on disk, then continues the chain
   in the remote tier;
-* `load` (and `get`) reads the disk part, then the rest from the remote tier,
-  and reports how many pages came from L4. Pages found only remotely are
-  copied to disk on the way up when admission allows (`promote_to_disk`), in
-  the background from private copies so the load does not wait for the disk;
-* `put` writes to disk and (`write_remote`) queues the same pages for the
-  remote tier from private copies, so stores do not wait on the network. When
-  the staging budget is spent the upload happens inline instead (the slots
-  are still pinned then), so no page is silently left out of L4.
+* `load` (and `get`) reads the disk part, then the rest from the remote tier
+  into private memory, verifies it, and copies each page into its slot only
+  while the job's deadline holds; it reports how many pages came from L4.
+  Pages found only remotely are written to disk on the way up when admission
+  allows (`promote_to_disk`), in the background, from those private copies;
+* `put` copies the store's slots once, up front (the deadline checked before
+  each page), and never reads the slots again: the disk write and the upload
+  to the remote tier (`write_remote`, queued so stores do not wait on the
+  network) both work from that copy. When the staging budget is spent the
+  upload happens inline instead, so no page is silently left out of L4.
+
+So once `load`/`put` returns, nothing of this backend touches the L2 pool.
 
 A remote tier that is down (circuit breaker open) is skipped at once.
 """
@@ -27,10 +31,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from asynchicache.storage.base import BackendStats, PageRef
+from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk import DiskBackend, DiskConfig
 from asynchicache.storage.redis import RedisBackend, RedisConfig
 from asynchicache.storage.redis_topology import parse_remote_url
-from asynchicache.storage.write_behind import WriteBehind
+from asynchicache.storage.write_behind import StagedPages, WriteBehind, stage
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +129,12 @@ class TieredBackend:
         budget = self.config.staging_bytes
         self._uploads = WriteBehind("remote-upload", budget) if remote else None
         self._promotions = WriteBehind("disk-promotion", budget) if remote else None
-        self._counters = {"pages_from_remote": 0, "uploads_inline": 0, "promotions_skipped": 0}
+        self._counters = {
+            "pages_from_remote": 0,
+            "remote_pages_late": 0,  # fetched and verified, but the job's deadline had passed
+            "uploads_inline": 0,
+            "promotions_skipped": 0,
+        }
         self._lock = threading.Lock()  # the service's workers share this backend
 
     # -- StorageBackend -------------------------------------------------
@@ -141,7 +151,7 @@ class TieredBackend:
         hashes: Sequence[bytes],
         slots: Sequence[int],
         pool: np.ndarray,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> int:
         return self.load(hashes, slots, pool, deadline).pages_ok
 
@@ -150,26 +160,34 @@ class TieredBackend:
         hashes: Sequence[bytes],
         slots: Sequence[int],
         pool: np.ndarray,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> TieredRead:
         """Disk first, then L4 for the rest of the chain; see the module docstring."""
         on_disk = self.disk.get(hashes, slots, pool, deadline)
         if on_disk == len(hashes) or not self._remote_up():
             return TieredRead(on_disk)
         assert self.remote is not None
-        rest_h, rest_s = list(hashes[on_disk:]), list(slots[on_disk:])
-        tokens = self.remote.read(rest_h, rest_s, pool, deadline)
-        got = len(tokens)
+        fetched = self.remote.fetch(hashes[on_disk:], deadline)
+        got = fetched.copy_to(pool, slots[on_disk:], deadline)
         if got:
             self._count("pages_from_remote", got)
-            pages = [PageRef(h, t, s) for h, t, s in zip(rest_h, tokens, rest_s, strict=False)]
-            self._promote(pages, pool, len(hashes))
+        if len(fetched.refs) > got:
+            self._count("remote_pages_late", len(fetched.refs) - got)
+        self._promote(fetched, len(hashes))
         return TieredRead(on_disk + got, got)
 
-    def put(self, pages: Sequence[PageRef], pool: np.ndarray, deadline: float | None = None) -> int:
-        stored = self.disk.put(pages, pool, deadline)
-        if self.config.write_remote and pages and self._remote_up():
-            self._upload(pages, pool, deadline)
+    def put(
+        self, pages: Sequence[PageRef], pool: np.ndarray, deadline: Deadline | None = None
+    ) -> int:
+        """Store pages from a private copy of their slots; how many the disk holds now."""
+        staged: StagedPages | None = stage(pages, pool, deadline)  # the one read of the slots
+        try:
+            stored = self.disk.put(staged.refs, staged.pool, deadline)
+            if self.config.write_remote and staged.refs and self._remote_up():
+                staged = self._upload(staged, deadline)
+        finally:
+            if staged is not None:
+                staged.release()
         return stored
 
     def delete(self, hashes: Sequence[bytes]) -> int:
@@ -221,20 +239,24 @@ class TieredBackend:
     def _remote_up(self) -> bool:
         return self.remote is not None and self.remote.available
 
-    def _upload(self, pages: Sequence[PageRef], pool: np.ndarray, deadline: float | None) -> None:
+    def _upload(self, staged: StagedPages, deadline: Deadline | None) -> StagedPages | None:
+        """Queue `staged` for L4 (None: taken over) or, when staging is full, upload it now."""
         assert self.remote is not None and self._uploads is not None
-        unique = list({p.page_hash: p for p in pages}.values())
-        if not self._uploads.submit(unique, pool, self.remote.put):
-            # Staging is full: upload now, while the store still pins its slots.
-            self._count("uploads_inline")
-            self.remote.put(unique, pool, deadline)
+        if self._uploads.submit(staged, self.remote.put):
+            return None
+        self._count("uploads_inline")
+        self.remote.put(staged.refs, staged.pool, deadline)
+        return staged
 
-    def _promote(self, pages: list[PageRef], pool: np.ndarray, chain_pages: int) -> None:
+    def _promote(self, fetched: StagedPages, chain_pages: int) -> None:
+        """Write pages read from L4 to disk in the background (takes `fetched` over)."""
         assert self._promotions is not None
-        if not (self.config.promote_to_disk and self.config.admits(chain_pages)):
+        admitted = self.config.promote_to_disk and self.config.admits(chain_pages)
+        if fetched.refs and admitted and self._promotions.submit(fetched, self.disk.put):
             return
-        if not self._promotions.submit(pages, pool, self.disk.put):
+        if fetched.refs and admitted:
             self._count("promotions_skipped")
+        fetched.release()
 
     def _count(self, name: str, delta: int = 1) -> None:
         with self._lock:

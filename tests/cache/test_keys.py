@@ -4,7 +4,15 @@ import sys
 
 import pytest
 
-from asynchicache.cache.keys import Namespace, chain_hashes, page_hashes
+from asynchicache.cache.keys import (
+    ENGINE,
+    KV_LAYOUT_VERSION,
+    NUMERICS_VERSION,
+    Namespace,
+    chain_hashes,
+    namespace_digest,
+    page_hashes,
+)
 
 NS = Namespace("smollm2-test", "float32", 16)
 
@@ -44,7 +52,9 @@ def test_salt_and_namespace_fields_change_every_hash() -> None:
         Namespace("smollm2-test", "float32", 16, cache_salt="tenant-b"),
         Namespace("other-model", "float32", 16),
         Namespace("smollm2-test", "bfloat16", 16),
-        Namespace("smollm2-test", "float32", 16, layout_version=2),
+        Namespace("smollm2-test", "float32", 16, layout_version=KV_LAYOUT_VERSION + 1),
+        Namespace("smollm2-test", "float32", 16, engine="vllm"),
+        Namespace("smollm2-test", "float32", 16, numerics_version=NUMERICS_VERSION + 1),
     ]
     for ns in others:
         assert not set(page_hashes(ns, tokens)) & set(base)
@@ -68,3 +78,23 @@ def test_incremental_chain_matches_full_chain() -> None:
 def test_bad_namespace_rejected() -> None:
     with pytest.raises(ValueError, match="page_size"):
         Namespace("m", "float32", 0)
+
+
+def test_namespace_names_our_engine_and_its_numerics() -> None:
+    assert NS.engine == ENGINE == "asynchicache"
+    assert NS.numerics_version == NUMERICS_VERSION
+    fields = NS.encode().split(b"\x1f")
+    assert fields[-2:] == [ENGINE.encode(), str(NUMERICS_VERSION).encode()]
+    with pytest.raises(ValueError, match="engine"):
+        Namespace("m", "float32", 16, engine="")
+
+
+def test_namespace_decodes_what_it_encodes() -> None:
+    salted = Namespace("fp", "bfloat16", 32, cache_salt="t", engine="vllm", numerics_version=7)
+    for ns in (NS, salted):
+        assert Namespace.decode(ns.encode()) == ns
+        assert namespace_digest(ns.encode()) == ns.digest()
+    assert NS.with_salt("t").with_salt("") == NS
+    for bad in (b"", b"a\x1fb", b"\xff\xfe", b"fp\x1ff\x1fx\x1f1\x1f\x1fe\x1f1"):
+        with pytest.raises(ValueError, match="namespace"):
+            Namespace.decode(bad)

@@ -1,5 +1,5 @@
-"""Linear layers through oneDNN with reordered weights: same products, a fingerprint of
-their own, and torch's kernels wherever packing does not apply."""
+"""Linear layers through oneDNN with reordered weights: the same products, and torch's
+kernels wherever packing does not apply."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from asynchicache.engine.loader import LoadedModel, fingerprint, load_model
+from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.models import gemm
 from asynchicache.engine.models.llama import Linear
 
@@ -40,14 +40,10 @@ def test_what_cannot_be_packed_runs_on_torch_kernels() -> None:
 
 
 @needs_onednn
-def test_a_loaded_model_is_packed_and_fingerprinted_by_its_kernels(tiny_llama: LoadedModel,
-                                                                   tiny_checkpoints: dict) -> None:
+def test_a_loaded_model_is_packed(tiny_llama: LoadedModel, tiny_checkpoints: dict) -> None:
     model = tiny_llama.model
-    assert model.kernels == gemm.KERNELS and model.output_packed is not None
+    assert model.output_packed is not None
     assert all(m.packed is not None for m in model.modules() if isinstance(m, Linear))
-    files = sorted(tiny_llama.path.glob("*.safetensors"))
-    assert tiny_llama.fingerprint == fingerprint(tiny_llama.config, files, gemm.KERNELS)
-    assert tiny_llama.fingerprint != fingerprint(tiny_llama.config, files, "torch")
     half = load_model(tiny_checkpoints["llama3-rope-tied"], dtype="float16")
-    assert half.model.kernels == "torch" and half.model.output_packed is None
-    assert half.fingerprint == fingerprint(half.config, files, "torch")
+    assert half.model.output_packed is None  # float16: torch's kernels everywhere
+    assert not any(m.packed is not None for m in half.model.modules() if isinstance(m, Linear))

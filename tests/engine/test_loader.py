@@ -57,6 +57,31 @@ def test_fingerprint_is_stable_and_follows_the_weights(
     assert other.fingerprint != first.fingerprint
 
 
+def test_fingerprint_is_every_tensor_whole_not_the_file_layout(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    """The same tensors in two shards fingerprint alike; a change deep inside any tensor
+    (where a sampled file hash would not look) is another fingerprint."""
+    from safetensors.torch import load_file, save_file
+
+    source = tiny_checkpoints["qwen2"]
+    first = load_model(source)
+    tensors = load_file(str(source / "model.safetensors"))
+    names = sorted(tensors)
+    sharded = tmp_path / "sharded"
+    shutil.copytree(source, sharded, ignore=shutil.ignore_patterns("*.safetensors"))
+    half = len(names) // 2
+    save_file({n: tensors[n] for n in names[:half]}, str(sharded / "a.safetensors"))
+    save_file({n: tensors[n] for n in names[half:]}, str(sharded / "b.safetensors"))
+    assert load_model(sharded).fingerprint == first.fingerprint
+    name = max(names, key=lambda n: tensors[n].numel())
+    tensors[name].view(-1)[tensors[name].numel() // 2 + 1] += 1e-3
+    (sharded / "b.safetensors").unlink()
+    save_file({n: tensors[n] for n in names[half:]}, str(sharded / "b.safetensors"))
+    save_file({n: tensors[n] for n in names[:half]}, str(sharded / "a.safetensors"))
+    assert load_model(sharded).fingerprint != first.fingerprint
+
+
 def test_bfloat16_loads_and_runs(tiny_checkpoints: dict[str, Path]) -> None:
     loaded = load_model(tiny_checkpoints["llama3-rope-tied"], dtype="bfloat16")
     assert loaded.model.embed_tokens.weight.dtype == torch.bfloat16

@@ -100,3 +100,45 @@ def test_stop_checker_strings() -> None:
     assert checker.holdback("text EN") == 2
     assert checker.holdback("text\n") == 1
     assert checker.holdback("text") == 0
+
+
+def test_logit_bias_steers_greedy_and_leaves_logprobs_raw() -> None:
+    from asynchicache.engine.protocol import LogitBias
+    from asynchicache.engine.sampler import pick
+
+    logits = logits_rows(2, seed=5)
+    worst = int(logits[0].argmin())
+    biased = SamplingParams(temperature=0, logprobs=2, logit_bias=(LogitBias(worst, 100.0),))
+    plain = SamplingParams(temperature=0, logprobs=0)
+    picks = pick(logits, [biased, plain], [None, None], [([1], []), ([1], [])])
+    assert picks[0].token == worst and picks[1].token == int(logits[1].argmax())
+    raw = torch.log_softmax(logits, dim=-1)
+    assert picks[0].logprob is not None and picks[1].logprob is not None
+    assert picks[0].logprob.logprob == pytest.approx(raw[0, worst].item(), abs=1e-6)
+    assert list(picks[0].logprob.top_ids) == raw[0].topk(2).indices.tolist()
+    assert picks[1].logprob.top_ids == ()
+
+
+def test_penalties_follow_openai_and_vllm() -> None:
+    from asynchicache.engine.penalties import apply_penalties
+
+    row = torch.tensor([[2.0, -2.0, 1.0, 0.5, 3.0]])
+    prompt, output = [3], [0, 0, 1]
+    cases = {
+        SamplingParams(presence_penalty=0.5): [1.5, -2.5, 1.0, 0.5, 3.0],
+        SamplingParams(frequency_penalty=0.5): [1.0, -2.5, 1.0, 0.5, 3.0],
+        SamplingParams(repetition_penalty=2.0): [1.0, -4.0, 1.0, 0.25, 3.0],
+    }
+    for params, expected in cases.items():
+        got = apply_penalties(row, [params], [(prompt, output)])
+        assert got[0].tolist() == pytest.approx(expected), params
+    assert apply_penalties(row, [SamplingParams()], [(prompt, output)]) is row
+
+
+def test_penalties_change_what_greedy_picks() -> None:
+    from asynchicache.engine.sampler import pick
+
+    row = torch.tensor([[5.0, 4.9, 0.0]])
+    params = SamplingParams(temperature=0, frequency_penalty=1.0)
+    assert pick(row, [params], [None], [([2], [0])])[0].token == 1
+    assert pick(row, [SamplingParams(temperature=0)], [None], [([2], [0])])[0].token == 0

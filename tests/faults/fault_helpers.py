@@ -4,7 +4,8 @@ a steady load whose greedy answers are known, prompts, metrics, and the fault re
 Scale: `FAULTS_SCALE=ci` (default, a few minutes for the whole matrix) or `full`
 (scripts/faults-full.sh); every knob can also be set alone, e.g.
 `FAULTS_SERVICE_KILLS=30`. With `FAULTS_REPORT=path.jsonl` each scenario appends
-its figures there (the full script turns them into a table).
+its figures there (the full script turns them into a table); with
+`FAULTS_KEEP_DIR=path` the chaos test leaves its disk folder there.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ _CI = {
     "disk_full_prompts": 6,
     "redis_prompts": 4,
     "phase_s": 5,
+    "chaos_pauses": 10,  # per target (the cache service, then redis-server)
+    "chaos_pause_max_ms": 2000,  # pauses last 1 s to this
+    "chaos_prompts": 6,
+    "chaos_restart": 0,  # ask every prompt again after a restart (hits from disk/Redis)
+    "chaos_sample": 0,  # pages deep-verified afterwards (0: every page)
 }
 _FULL = {
     "service_kills": 20,
@@ -55,6 +61,11 @@ _FULL = {
     "disk_full_prompts": 30,
     "redis_prompts": 16,
     "phase_s": 30,
+    "chaos_pauses": 40,
+    "chaos_pause_max_ms": 3000,
+    "chaos_prompts": 16,
+    "chaos_restart": 1,
+    "chaos_sample": 0,
 }
 
 

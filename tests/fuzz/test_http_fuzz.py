@@ -5,6 +5,11 @@ endpoint's real fields (and some that fit), raw non-JSON bodies, and odd query
 strings. Whatever comes in: no 5xx, no error event inside a 200 stream, and the
 server is healthy with the same processes at the end. `--max-model-len 48`
 bounds the work of the bodies that happen to be valid.
+
+A second family of strategies builds only valid combinations of the OpenAI
+fields (n, best_of, logprobs, top_logprobs, echo with max_tokens 0, prompt
+lists, penalties, logit_bias, streaming): each must answer 200 with a choice
+per prompt and sample.
 """
 
 from __future__ import annotations
@@ -97,11 +102,21 @@ _SAMPLING = {
     "stream": st.booleans() | _JSON,
     "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans() | _JSON})
     | _JSON,
-    "logprobs": st.booleans() | st.integers(0, 5) | _JSON,
+    "logprobs": st.booleans() | st.integers(-1, 22) | _JSON,
+    "top_logprobs": st.integers(-1, 22) | _JSON,
     "cache_salt": st.text(max_size=10) | _JSON,
     "ignore_eos": st.booleans() | _JSON,
     "echo": st.booleans() | _JSON,
     "suffix": st.text(max_size=5) | _JSON,
+    "presence_penalty": st.floats(-3, 3) | _JSON,
+    "frequency_penalty": st.floats(-3, 3) | _JSON,
+    "repetition_penalty": st.floats(-1, 3) | _JSON,
+    "logit_bias": st.dictionaries(
+        st.text(max_size=6) | st.integers(-5, 60_000).map(str),
+        st.floats(-150, 150) | _JSON,
+        max_size=4,
+    )
+    | _JSON,
 }
 _PROMPT = (
     st.text(max_size=60)
@@ -128,6 +143,76 @@ CHAT = _body(
 LOOKUP = _body(
     {"prompt": _PROMPT, "messages": _MESSAGES, "cache_salt": st.text(max_size=8) | _JSON}
 )
+
+
+# Valid combinations (each must answer 200). Plain-ASCII words keep every prompt under
+# 30 tokens (a chat message under 10, after a ~31-token template), so prompt +
+# max_tokens always fits the 48-token context.
+_WORDS = st.text(alphabet="abcdefgh ijklmnop", min_size=1, max_size=30)
+_CHAT_WORDS = st.text(alphabet="abcdefgh ijklmnop", min_size=1, max_size=8)
+_VALID_IDS = st.lists(st.integers(0, 49_151), min_size=1, max_size=20)
+_BIAS = st.dictionaries(st.integers(0, 49_151).map(str), st.floats(-100, 100), max_size=3)
+_VALID_COMMON = {
+    "temperature": st.sampled_from([0, 0.5, 1.0, 2.0]),
+    "top_p": st.floats(0.1, 1.0),
+    "seed": st.integers(-(2**63), 2**64 - 1),
+    "presence_penalty": st.floats(-2, 2),
+    "frequency_penalty": st.floats(-2, 2),
+    "repetition_penalty": st.floats(0.5, 2.0),
+    "logit_bias": _BIAS,
+    "stop": st.lists(st.sampled_from(["a", "b c", "\n"]), max_size=2),
+}
+
+
+@st.composite
+def valid_completion(draw: st.DrawFn) -> dict[str, Any]:
+    n = draw(st.integers(1, 3))
+    stream = draw(st.booleans())
+    best_of = n if stream else draw(st.integers(n, 4))
+    echo = draw(st.booleans())
+    body: dict[str, Any] = draw(st.fixed_dictionaries({}, optional=_VALID_COMMON))
+    prompt = draw(
+        _WORDS
+        | _VALID_IDS
+        | st.lists(_WORDS, min_size=1, max_size=3)
+        | st.lists(_VALID_IDS, min_size=1, max_size=2)
+    )
+    body.update(
+        model=MODEL,
+        prompt=prompt,
+        n=n,
+        stream=stream,
+        echo=echo,
+        max_tokens=draw(st.integers(0 if echo else 1, 6)),
+    )
+    if best_of != n or draw(st.booleans()):
+        body["best_of"] = best_of
+    if draw(st.booleans()):
+        body["logprobs"] = draw(st.integers(0, 5))
+    if stream and draw(st.booleans()):
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+@st.composite
+def valid_chat(draw: st.DrawFn) -> dict[str, Any]:
+    n = draw(st.integers(1, 3))
+    stream = draw(st.booleans())
+    body: dict[str, Any] = draw(st.fixed_dictionaries({}, optional=_VALID_COMMON))
+    body.update(
+        model=MODEL,
+        n=n,
+        stream=stream,
+        max_tokens=draw(st.integers(1, 4)),
+        messages=[{"role": "user", "content": draw(_CHAT_WORDS)}],
+    )
+    if not stream and draw(st.booleans()):
+        body["best_of"] = draw(st.integers(n, 3))
+    if draw(st.booleans()):
+        body["logprobs"] = True
+        if draw(st.booleans()):
+            body["top_logprobs"] = draw(st.integers(0, 5))
+    return body
 
 
 # ------------------------------------------------------------------------- checks
@@ -162,6 +247,41 @@ def _post(http: httpx.Client, path: str, body: Any) -> None:
 @given(COMPLETION)
 def test_completions(http: httpx.Client, body: Any) -> None:
     _post(http, "/v1/completions", body)
+
+
+def _choices(r: httpx.Response) -> dict[int, int]:
+    """Choice index -> how many chunks (or choices) ended it with a finish_reason."""
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        payloads = [json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: {")]
+    else:
+        payloads = [r.json()]
+    ends: dict[int, int] = {}
+    for payload in payloads:
+        for choice in payload["choices"]:
+            ends.setdefault(choice["index"], 0)
+            if choice.get("finish_reason"):
+                ends[choice["index"]] += 1
+    return ends
+
+
+@FUZZ
+@given(valid_completion())
+def test_valid_completion_combinations(http: httpx.Client, body: dict[str, Any]) -> None:
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 200, f"{body!r} -> {r.status_code}: {r.text[:500]}"
+    _check(r, "/v1/completions", body)
+    prompts = len(body["prompt"]) if isinstance(body["prompt"][0], str | list) else 1
+    prompts = 1 if isinstance(body["prompt"], str) else prompts
+    assert _choices(r) == dict.fromkeys(range(prompts * body["n"]), 1), body
+
+
+@FUZZ
+@given(valid_chat())
+def test_valid_chat_combinations(http: httpx.Client, body: dict[str, Any]) -> None:
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, f"{body!r} -> {r.status_code}: {r.text[:500]}"
+    _check(r, "/v1/chat/completions", body)
+    assert _choices(r) == dict.fromkeys(range(body["n"]), 1), body
 
 
 @FUZZ

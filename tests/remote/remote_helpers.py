@@ -182,6 +182,24 @@ class RedisClusterNodes:
             n.stop()
 
 
+class Service:
+    """`python -m asynchicache.storage.service --remote-url ...`, stopped with SIGTERM."""
+
+    def __init__(self, disk: Path, address: str, remote_url: str, *extra: str) -> None:
+        argv = [sys.executable, "-m", "asynchicache.storage.service"]
+        argv += ["--disk-cache-dir", str(disk), "--socket", address, "--log-level", "WARNING"]
+        argv += ["--remote-url", remote_url, *extra]
+        self.proc = subprocess.Popen(argv)
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        try:
+            return self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(5)
+
+
 class Pool:
     """An L2-like pool: a real shared-memory segment viewed as `[slots, page_bytes]`."""
 

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from remote_helpers import NAMESPACE, SMALL
 
+from asynchicache.storage.header import decode_header
 from asynchicache.storage.remote_value import ValueFormat, ValueRejected
 from asynchicache.storage.resp import (
     ConnectionParams,
@@ -38,6 +39,13 @@ def _stored_value() -> bytes:
 
 
 VALUE = _stored_value()
+
+
+def test_value_header_names_the_parent_page() -> None:
+    parent = bytes(range(50, 66))
+    parts = FORMAT.set_command(b"k", HASH, TOKENS, memoryview(PAYLOAD), parent)
+    header = decode_header(bytes(parts[1]))
+    assert (header.page_hash, header.parent, header.tokens) == (HASH, parent, TOKENS)
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -12,30 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_helpers import NAMESPACE, Pool, RedisServer, new_hashes, refs
+from remote_helpers import NAMESPACE, Pool, RedisServer, Service, new_hashes, refs
 
 from asynchicache.storage.base import BackendStats, Completion
 from asynchicache.storage.client import ClientConfig, StorageClient
 from asynchicache.storage.messages import LoadReply, StatsReply, decode, encode
 from asynchicache.storage.tiered import RemoteTierConfig
-
-
-class Service:
-    """`python -m asynchicache.storage.service --remote-url ...`, stopped with SIGTERM."""
-
-    def __init__(self, disk: Path, address: str, remote_url: str) -> None:
-        argv = [sys.executable, "-m", "asynchicache.storage.service"]
-        argv += ["--disk-cache-dir", str(disk), "--socket", address, "--log-level", "WARNING"]
-        argv += ["--remote-url", remote_url]
-        self.proc = subprocess.Popen(argv)
-
-    def stop(self) -> int:
-        self.proc.terminate()
-        try:
-            return self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(5)
 
 
 @pytest.fixture

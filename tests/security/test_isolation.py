@@ -66,10 +66,12 @@ def test_files_are_0600_and_folders_0700_whatever_the_umask(
         Namespace("model-b", "float32", 4),  # another model
         Namespace("model-a", "bfloat16", 4),  # another dtype
         Namespace("model-a", "float32", 8),  # another page size
-        Namespace("model-a", "float32", 4, layout_version=2),  # another KV layout
+        Namespace("model-a", "float32", 4, layout_version=1),  # another KV layout
         BASE.with_salt("tenant-b"),  # another tenant
+        Namespace("model-a", "float32", 4, engine="vllm"),  # another engine
+        Namespace("model-a", "float32", 4, numerics_version=0),  # older numerics
     ],
-    ids=["model", "dtype", "page-size", "layout", "salt"],
+    ids=["model", "dtype", "page-size", "layout", "salt", "engine", "numerics"],
 )
 def test_a_page_of_another_namespace_is_never_served(
     tmp_path: Path, backends: list[DiskBackend], other: Namespace
@@ -114,14 +116,16 @@ def test_namespace_fields_all_change_the_page_names() -> None:
         BASE,
         Namespace("model-b", "float32", 4),
         Namespace("model-a", "float16", 4),
-        Namespace("model-a", "float32", 4, 2),
+        Namespace("model-a", "float32", 4, 1),
+        Namespace("model-a", "float32", 4, engine="vllm"),
+        Namespace("model-a", "float32", 4, numerics_version=0),
         BASE.with_salt("a"),
         BASE.with_salt("b"),
     ]
     digests = {ns.digest() for ns in variants}
     assert len(digests) == len(variants)
     # A salt is not a string that could collide with another field's encoding.
-    assert BASE.with_salt("x").encode() != Namespace("model-a", "float32", 4, 1, "").encode()
+    assert BASE.with_salt("x").encode() != Namespace("model-a", "float32", 4).encode()
 
 
 def test_service_socket_folder_is_private(tmp_path: Path) -> None:

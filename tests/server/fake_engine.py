@@ -9,6 +9,10 @@ token. Behaviour the tests steer:
 * `seed == SLOW_SEED` makes a request emit a token only every `SLOW_DELAY_S`.
 * every aborted request id is appended to `<run_dir>/aborts.txt`.
 * `cached.device` is the longest page-aligned prefix shared with an earlier prompt.
+* a group of `n` members: each member echoes the same tokens; member i's token
+  logprob is `-(i + 1) / 10` (so member 0 is the most likely), its alternatives
+  are the next token ids; prompt logprobs likewise, on member 0's first output.
+* `max_tokens` 0 answers with the prompt logprobs alone.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from asynchicache.engine.protocol import (
     AdminRequest,
     CachedTokens,
     GenerateRequest,
+    TokenLogprob,
     TokenOutput,
     decode,
     encode,
@@ -42,6 +47,7 @@ FAST_DELAY_S = 0.002
 class _Job:
     req: GenerateRequest
     cached: CachedTokens
+    index: int = 0
     emitted: int = 0
     next_at: float = field(default_factory=time.monotonic)
 
@@ -50,10 +56,15 @@ class _Job:
         return SLOW_DELAY_S if self.req.sampling.seed == SLOW_SEED else FAST_DELAY_S
 
 
+def _lp(token: int, index: int, top: int) -> TokenLogprob:
+    alternatives = tuple((token + k + 1) % 1000 for k in range(top))
+    return TokenLogprob(token, -(index + 1) / 10, alternatives, tuple(-1.0 - k for k in range(top)))
+
+
 class FakeEngine:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self.jobs: dict[str, _Job] = {}
+        self.jobs: dict[tuple[str, int], _Job] = {}
         self.seen: list[tuple[int, ...]] = []
         self.hit_tokens = 0
         ctx = zmq.Context()
@@ -78,13 +89,14 @@ class FakeEngine:
             cached = CachedTokens(device=self._cached(msg.prompt_token_ids))
             self.hit_tokens += cached.device
             self.seen.append(msg.prompt_token_ids)
-            self.jobs[msg.rid] = _Job(msg, cached)
+            for i in range(msg.n):
+                self.jobs[(msg.rid, i)] = _Job(msg, cached, i)
         elif isinstance(msg, AbortRequest):
             with (self.run_dir / "aborts.txt").open("a") as f:
                 f.write(msg.rid + "\n")
-            job = self.jobs.pop(msg.rid, None)
-            if job is not None:
-                self._send(self._out(job, (), "abort"))
+            for key in [k for k in self.jobs if k[0] == msg.rid]:
+                if msg.index is None or key[1] == msg.index:
+                    self._send(self._out(self.jobs.pop(key), (), "abort"))
         elif isinstance(msg, AdminRequest):
             self._send(AdminReply(msg.req_id, True, self.admin(msg)))
 
@@ -129,16 +141,29 @@ class FakeEngine:
 
     def _out(self, job: _Job, tokens: tuple[int, ...], reason: str | None) -> TokenOutput:
         n = len(job.req.prompt_token_ids)
+        sp = job.req.sampling
+        logprobs = () if sp.logprobs is None else tuple(_lp(t, job.index, sp.logprobs)
+                                                        for t in tokens)
+        prompt_lps: tuple[TokenLogprob, ...] = ()
+        if sp.prompt_logprobs is not None and job.index == 0 and job.emitted <= 1:
+            prompt_lps = tuple(_lp(t, 0, sp.prompt_logprobs) for t in job.req.prompt_token_ids[1:])
+        cumulative = -(job.index + 1) / 10 * job.emitted if sp.logprobs is not None else 0.0
         return TokenOutput(
-            job.req.rid, tokens, reason is not None, reason, n, job.emitted, job.cached
+            job.req.rid, tokens, reason is not None, reason, n, job.emitted, job.cached,
+            index=job.index, logprobs=logprobs, prompt_logprobs=prompt_lps,
+            cumulative_logprob=cumulative,
         )
 
     def step(self) -> None:
         now = time.monotonic()
-        for rid, job in list(self.jobs.items()):
+        for key, job in list(self.jobs.items()):
             if now < job.next_at:
                 continue
             job.next_at = now + job.delay
+            if job.req.sampling.max_tokens == 0:
+                self._send(self._out(job, (), "length"))
+                del self.jobs[key]
+                continue
             prompt = job.req.prompt_token_ids
             token = prompt[job.emitted] if job.emitted < len(prompt) else EOS
             job.emitted += 1
@@ -149,7 +174,7 @@ class FakeEngine:
                 reason = "length"
             self._send(self._out(job, (token,), reason))
             if reason is not None:
-                del self.jobs[rid]
+                del self.jobs[key]
 
     def _send(self, msg: object) -> None:
         self.push.send(encode(msg))

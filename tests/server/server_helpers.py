@@ -25,10 +25,17 @@ FAKE_CONTEXT = 256
 class ThreadServer:
     """The real app under uvicorn on a free port, in a thread, talking to an engine over IPC."""
 
-    def __init__(self, run_dir: Path, frontend: Frontend, api_key: str | None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        frontend: Frontend,
+        api_key: str | None,
+        admin_api_key: str | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self.frontend = frontend
         self.api_key = api_key
+        self.admin_api_key = admin_api_key
         self.sock = bind_socket("127.0.0.1", 0)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -42,7 +49,13 @@ class ThreadServer:
         client = EngineClient.for_run_dir(self.run_dir)
         await client.start()
         model = ModelInfo("fake-model", FAKE_CONTEXT, self.frontend.config.vocab_size)
-        ctx = AppContext(client, self.frontend.tokenizer, model, api_key=self.api_key)
+        ctx = AppContext(
+            client,
+            self.frontend.tokenizer,
+            model,
+            api_key=self.api_key,
+            admin_api_key=self.admin_api_key,
+        )
         try:
             await serve_http(ctx, ServerConfig(log_level="warning"), self.sock, self._stop)
         finally:

@@ -165,7 +165,7 @@ def test_cache_salt_separates_namespaces(served: dict[str, object]) -> None:
         {"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 0},
         {"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 10**7},
         {"model": "SmolLM2-135M-Instruct", "prompt": [10**9]},
-        {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user"}], "n": 3},
+        {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user"}], "n": 33},
     ],
 )
 def test_bad_input_on_the_real_server(served: dict[str, object], body: dict[str, object]) -> None:

@@ -7,9 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from asynchicache.config import PrefetchPolicy, WritePolicy, default_disk_cache_dir
-from asynchicache.server.options import build_parser, to_config
+from asynchicache.cache.pools import KVLayout
+from asynchicache.config import PrefetchPolicy, ServiceTuning, WritePolicy, default_disk_cache_dir
+from asynchicache.server.frontend import load_frontend
+from asynchicache.server.launch import sized_cache
+from asynchicache.server.options import build_parser, parse_args, to_config
 
 
 def _config(*argv: str):  # -> LaunchConfig
@@ -84,7 +88,7 @@ def test_tiers_can_be_switched_off() -> None:
     assert not _config("--no-prefix-cache").cache.enable_prefix_cache
 
 
-def test_seed_aliases() -> None:
+def test_lightllm_flags() -> None:
     cfg = _config("--no-host-cache", "--use_hiradix_cache", "--hiradix_cache_token_num", "65536")
     assert cfg.cache.enable_host_cache and cfg.host_cache_tokens == 65536
     gpu = to_config(build_parser().parse_args(["--hiradix_cache_gpu"]))
@@ -111,6 +115,12 @@ def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--write-policy", "sometimes"], "--write-policy"),
         (["--remote-url", "http://x"], "--remote-url"),
         (["--remote-url", "redis://127.0.0.1:6379/0", "--no-disk-cache"], "--remote-url"),
+        (["--io-threads", "0"], "--io-threads"),
+        (["--workers", "0"], "--workers"),
+        (["--client-ttl", "-1"], "--client-ttl"),
+        (["--min-load-tokens", "-1"], "--min-load-tokens"),
+        (["--shutdown-timeout", "0"], "--shutdown-timeout"),
+        (["--admin-api-key", ""], "--admin-api-key"),
     ],
 )
 def test_bad_values_exit_with_a_message_naming_the_flag(argv: list[str], flag: str) -> None:
@@ -140,5 +150,97 @@ def test_help_explains_every_flag() -> None:
         "--hiradix_cache_token_num",
         "--remote-url",
         "--api-key",
+        "--admin-api-key",
+        "--config",
+        "--disk-sync",
+        "--io-threads",
+        "--workers",
+        "--client-ttl",
+        "--min-load-tokens",
     ):
         assert flag in out
+    assert "LightLLM-compatible flags" in out and "aliases of the seed" not in out
+    assert out.count("GiB (2**30 bytes)") >= 2  # one unit for every size flag
+
+
+def test_service_tunables_and_min_load_tokens_reach_the_configs() -> None:
+    cfg = _config(
+        "--disk-sync",
+        "none",
+        "--io-threads",
+        "3",
+        "--workers",
+        "2",
+        "--client-ttl",
+        "9.5",
+        "--min-load-tokens",
+        "64",
+    )
+    assert cfg.service == ServiceTuning("none", 3, 2, 9.5)
+    assert cfg.engine.min_load_tokens == 64
+    assert _config().service == ServiceTuning()
+
+
+def test_sizes_count_gib() -> None:
+    cache = _config("--host-cache-gb", "1.5", "--disk-cache-gb", "2").cache
+    assert cache.host_cache_bytes == 3 * 2**29
+    assert cache.disk_cache_bytes == 2 * 2**30
+
+
+@pytest.mark.parametrize("tokens", [1, 15, 16, 17, 1000, 65536, 123_457])
+def test_token_count_sizes_the_host_tier_exactly(tokens: int) -> None:
+    """--hiradix_cache_token_num N gives a pool of exactly ceil(N / page) pages."""
+    frontend = load_frontend(None)
+    cfg = _config("--hiradix_cache_token_num", str(tokens))
+    cache = sized_cache(cfg, frontend)
+    m = frontend.config
+    layout = KVLayout(m.num_layers, m.num_kv_heads, m.head_dim, cache.page_size, torch.float32)
+    assert layout.page_bytes == cache.page_size * frontend.kv_bytes_per_token("float32")
+    assert layout.pages_in(cache.host_cache_bytes) == -(-tokens // cache.page_size)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_config_file_sets_flags_and_the_command_line_wins(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path / "serve.yaml",
+        "port: 9100\n"
+        "disk-cache-gb: 7\n"
+        "no_host_cache: true\n"
+        "write-policy: write_back\n"
+        f"disk-cache-dir: {tmp_path / 'kv'}\n"
+        "hiradix_cache_token_num: 4096\n",
+    )
+    args = parse_args(["--device", "cpu", "--config", str(path), "--port", "9200"])
+    cfg = to_config(args)
+    assert cfg.server.port == 9200  # the flag wins
+    assert cfg.cache.disk_cache_gb == 7 and not cfg.cache.host_enabled
+    assert cfg.cache.write_policy is WritePolicy.WRITE_BACK
+    assert cfg.cache.disk_cache_dir == tmp_path / "kv"
+    assert cfg.host_cache_tokens == 4096
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("prot: 1\n", "unknown flag 'prot'"),
+        ("port: [1, 2]\n", "port must be a single value"),
+        ("port: eighty\n", "invalid literal"),
+        ("write-policy: sometimes\n", "write-policy must be one of"),
+        ("no-disk-cache: 1\n", "is a switch"),
+        ("- port\n", "expected a mapping"),
+    ],
+)
+def test_bad_config_files_exit_with_a_message(tmp_path: Path, text: str, message: str) -> None:
+    path = _write(tmp_path / "bad.yaml", text)
+    proc = subprocess.run(
+        [sys.executable, "-m", "asynchicache", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert message in proc.stderr and "--config" in proc.stderr

@@ -16,8 +16,9 @@ from storage_helpers import ALIGNED, NAMESPACE, SMALL, Pool, new_hashes, refs
 
 from asynchicache.storage import disk as disk_module
 from asynchicache.storage import fileio
-from asynchicache.storage.base import PageLayout
+from asynchicache.storage.base import PageLayout, PageRef
 from asynchicache.storage.disk import TMP_PREFIX, DiskBackend, DiskConfig
+from asynchicache.storage.header import decode_header
 
 Backends = Callable[..., DiskBackend]
 
@@ -71,6 +72,17 @@ def test_files_are_private_and_self_describing(
     assert stat.S_IMODE((tmp_path / "kv").stat().st_mode) == 0o700
     assert path.name == h.hex() + ".kv"
     assert path.read_bytes()[:8] == b"ACKVPAGE"
+
+
+def test_page_file_names_its_parent(backends: Backends, make_pool: Callable[..., Pool]) -> None:
+    """The header carries the hash a page was chained from (the deep audit rebuilds chains)."""
+    pool = make_pool(2)
+    disk = backends()
+    root, first, second = new_hashes(3)
+    disk.put([PageRef(first, (1, 2, 3, 4), 0, root), PageRef(second, (5, 6, 7, 8), 1, first)],
+             pool.array)  # fmt: skip
+    parents = [decode_header(disk.path_of(h).read_bytes()).parent for h in (first, second)]
+    assert parents == [root, first]
 
 
 @pytest.mark.parametrize("layout", [SMALL, ALIGNED], ids=["buffered", "direct"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.header import (
     HEADER_ALIGN,
+    MAGIC,
     HeaderError,
     PageHeader,
     decode_header,
@@ -19,8 +22,15 @@ from asynchicache.storage.header import (
 LAYOUT = PageLayout("bfloat16", (30, 2, 16, 3, 64))
 
 
-def _header(tokens: tuple[int, ...] = (1, 2, 3), namespace: bytes = b"ns") -> PageHeader:
-    return PageHeader(namespace, bytes(range(16)), tokens, LAYOUT, 1234, payload_checksum(b"x"))
+PARENT = bytes(range(100, 116))
+
+
+def _header(
+    tokens: tuple[int, ...] = (1, 2, 3), namespace: bytes = b"ns", parent: bytes = PARENT
+) -> PageHeader:
+    return PageHeader(
+        namespace, bytes(range(16)), tokens, LAYOUT, 1234, payload_checksum(b"x"), parent
+    )
 
 
 def test_round_trip_and_alignment() -> None:
@@ -28,6 +38,23 @@ def test_round_trip_and_alignment() -> None:
     data = encode_header(h)
     assert len(data) == HEADER_ALIGN == h.header_len
     assert decode_header(data) == h
+
+
+def test_parent_hash_round_trips_and_may_be_unknown() -> None:
+    assert decode_header(encode_header(_header())).parent == PARENT
+    assert decode_header(encode_header(_header(parent=b""))).parent == b""
+    with pytest.raises(ValueError, match="parent"):
+        encode_header(_header(parent=b"short"))
+    with pytest.raises(ValueError, match="parent"):
+        encode_header(_header(parent=bytes(16)))  # zeros mean "unknown": not a real parent
+
+
+def test_version_1_header_is_rejected() -> None:
+    """Files of the format before parent hashes are a miss (readers remove them)."""
+    raw = bytearray(encode_header(_header()))
+    struct.pack_into("<H", raw, len(MAGIC), 1)
+    with pytest.raises(HeaderError, match="version 1"):
+        decode_header(bytes(raw))
 
 
 def test_long_header_grows_in_aligned_blocks() -> None:

@@ -8,9 +8,9 @@ backend does, `onednn_mm`) was 1.5-2x faster at decode-sized batches here
 about 1.2x). Reordering needs no new weights: `pack` runs after loading.
 
 Numerics: the sums are ordered differently from sgemm (differences near 1e-6
-relative), so KV computed with packed weights is not bit-identical to KV from
-before. `KERNELS` is part of the model fingerprint, and so of every page's
-namespace: pages computed by other kernels are never mixed in.
+relative, below the 1e-5 of tests/engine/test_numerics.py, like a change of
+thread count), and `NUMERICS_VERSION` (cache/keys.py) was bumped for it all the
+same: pages cached by the sgemm code are misses, never mixed with these.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-# Names the code that computes the KV; changing the kernels must change it.
-KERNELS = "onednn-packed-v1"
 # The batch size oneDNN's reorder optimizes for (vLLM's choice; 1 was slower).
 PACK_ROWS = 32
 _PACKABLE = (torch.float32, torch.bfloat16)

@@ -154,7 +154,6 @@ class LlamaForCausalLM(nn.Module):
             else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.output_packed: torch.Tensor | None = None  # the LM head for `gemm`
-        self.kernels = "torch"  # what computes the linear layers: part of the fingerprint
 
     def forward(
         self,
@@ -191,18 +190,18 @@ class LlamaForCausalLM(nn.Module):
         loader.check_complete()
         self.prepack()
 
-    def prepack(self) -> None:
-        """Reorder every linear weight for oneDNN where it applies (see `gemm`); sets
-        `kernels`. Call again after changing weights in place."""
+    def prepack(self) -> bool:
+        """Reorder every linear weight for oneDNN where it applies (see `gemm`); whether it
+        did. Call again after changing weights in place."""
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         packed = [m.prepack() for m in linears]
         self.output_packed = gemm.pack(self.output_weight)
-        all_packed = all(packed) and self.output_packed is not None
-        self.kernels = gemm.KERNELS if all_packed else "torch"
-        if not all_packed:  # one kind of kernel for every layer, or none
-            for m in linears:
-                m.packed = None
-            self.output_packed = None
+        if all(packed) and self.output_packed is not None:
+            return True
+        for m in linears:  # one kind of kernel for every layer, or none
+            m.packed = None
+        self.output_packed = None
+        return False
 
 
 _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
