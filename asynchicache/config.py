@@ -133,6 +133,8 @@ class EngineConfig:
     # Loads below this many tokens are not worth a round trip to a lower tier.
     min_load_tokens: int = 32
     seed: int = 0
+    threads: int | None = None  # torch threads of the engine; None = engine.threads default
+
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -143,6 +145,8 @@ class EngineConfig:
         _non_negative("--min-load-tokens", self.min_load_tokens)
         if self.max_model_len is not None:
             _positive("--max-model-len", self.max_model_len)
+        if self.threads is not None:
+            _positive("--threads", self.threads)
 
 
 @dataclass(frozen=True)

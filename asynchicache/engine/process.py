@@ -27,6 +27,7 @@ from asynchicache.engine.protocol import (
     decode,
     encode,
 )
+from asynchicache.engine.threads import set_threads
 from asynchicache.storage.base import StorageTier
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ def run_engine(config: EngineProcessConfig) -> None:
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.SNDHWM, 0)  # never drop outputs
     push.bind(config.output_addr)
+    threads = set_threads(config.engine.threads)  # before the model exists: one pool size
     engine = Engine(config.engine, config.cache, storage=_connect_storage(config, None))
     loop = EngineLoop(engine, pull, push)
 
@@ -132,7 +134,8 @@ def run_engine(config: EngineProcessConfig) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    log.info("engine ready: model %s on %s", engine.loaded.name, config.engine.device)
+    log.info("engine ready: model %s on %s, %d torch threads", engine.loaded.name,
+             config.engine.device, threads)
     try:
         loop.run()
     finally:

@@ -121,6 +121,11 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         help="load a prefix from L2/L3/L4 only when it has at least this many tokens "
         "(default %(default)s)",
     )
+    g.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads of the engine process (default: the cores it may use, minus one)",
+    )
 
 
 def _add_cache(p: argparse.ArgumentParser) -> None:
@@ -356,6 +361,7 @@ def to_config(args: argparse.Namespace) -> LaunchConfig:
         max_model_len=args.max_model_len,
         min_load_tokens=args.min_load_tokens,
         seed=args.seed,
+        threads=args.threads,
     )
     service = ServiceTuning(
         disk_sync=args.disk_sync,

@@ -1,4 +1,5 @@
-"""The ideal hit rate: an unbounded page-level prefix replay, on hand-made sequences."""
+"""The ideal hit rate: an upper bound from an unbounded page-level replay, on hand-made
+sequences and against a real engine."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ from asynchicache.bench.ideal import replay
 from asynchicache.bench.prompts import chat_ids, ideal_of_run, sent_messages
 from asynchicache.bench.results import RequestResult
 from asynchicache.bench.workloads import make_workload
+from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.engine import Engine
+from asynchicache.engine.loader import LoadedModel, load_model
+from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.tokenizer import Tokenizer
 
 P = 4
@@ -53,8 +58,15 @@ def common_pages(a: list[int], b: list[int]) -> int:
     return n
 
 
+def continued_pages(a: list[int], b: list[int], decoded: int) -> int:
+    """Pages of `b` that `a` and its `decoded` generated tokens may hold, when b extends a."""
+    assert b[: len(a)] == a
+    return min((len(b) - 1) // 16, (len(a) + decoded - 1) // 16)
+
+
 def test_ideal_of_a_multiturn_run_counts_shared_history(tokenizer: Tokenizer) -> None:
-    """Round 2 of each user hits round 1's whole prompt; all users share the system prompt."""
+    """Round 2 of each user hits round 1's whole prompt and answer; all users share the
+    system prompt."""
     w = make_workload("multiturn", seed=0, scale=0.5, assignments=["users=2", "rounds=2"])
     results = [
         RequestResult(i, s.session, s.turn, s.arrival_s, float(i), ttft_s=0.1,
@@ -65,9 +77,75 @@ def test_ideal_of_a_multiturn_run_counts_shared_history(tokenizer: Tokenizer) ->
     ids = [chat_ids(tokenizer, m) for m in sent_messages(w, results)]
     # Order: user 0, user 1, user 0 again, user 1 again. User 1's first prompt
     # shares the system prompt's full pages with user 0's; each second round
-    # shares its own user's first prompt.
-    expected = 16 * (common_pages(ids[0], ids[1]) + common_pages(ids[0], ids[2])
-                     + common_pages(ids[1], ids[3]))
+    # continues its own user's first prompt, whose answer (w.max_tokens decoded
+    # tokens) may be cached too.
+    expected = 16 * (common_pages(ids[0], ids[1]) + continued_pages(ids[0], ids[2], w.max_tokens)
+                     + continued_pages(ids[1], ids[3], w.max_tokens))
+    assert expected > 16 * (common_pages(ids[0], ids[2]) + common_pages(ids[1], ids[3]))
     assert ideal["hit_tokens"] == expected
     assert ideal["prompt_tokens"] == sum(len(t) for t in ids)
     assert 0.3 < ideal["hit_rate"] < 1
+
+
+def test_generated_tokens_extend_what_may_hit() -> None:
+    """A request that decodes 7 tokens caches its prompt and the first 6 of them."""
+    first = list(range(1, 11))  # 2 full pages + [9, 10]
+    answer = [30, 31, 32, 33, 34, 35]  # fed back: tokens 10..15, so page [9..32] is full
+    follow = [*first, *answer, 40, 41, 42, 43, 44]  # the next turn repeats the answer
+    r = replay([first, follow], P, decode_tokens=7)
+    # (10 + 6) // 4 = 4 pages of `follow` may be cached: [1..4] [5..8] [9 10 30 31] [32..35].
+    assert r.hit_tokens == 16
+    # Without decoding only the prompt's 2 full pages; a 1-token decode feeds nothing back.
+    assert replay([first, follow], P).hit_tokens == 8
+    assert replay([first, follow], P, decode_tokens=1).hit_tokens == 8
+    # The prompt's partial page must match: after [9, 11] the cached tokens are others.
+    other = [*range(1, 9), 9, 11, *answer, 40]
+    assert replay([first, other], P, decode_tokens=7).hit_tokens == 8
+    # Generated tokens are assumed to be whatever a later prompt needs, but never
+    # more of them than were decoded, and never the prompt's last token.
+    assert replay([first, [*first, 50, 51]], P, decode_tokens=100).hit_tokens == 8
+    assert replay([first, [*first, *range(50, 61)]], P, decode_tokens=100).hit_tokens == 20
+    assert replay([first, [*first, *range(50, 61)]], P, decode_tokens=3).hit_tokens == 12
+    with pytest.raises(ValueError):
+        replay([A], P, decode_tokens=-1)
+
+
+@pytest.fixture(scope="module")
+def smollm() -> LoadedModel:
+    return load_model(None)
+
+
+def test_the_ideal_bounds_a_real_engine_and_is_reached_when_answers_repeat(
+    smollm: LoadedModel, tokenizer: Tokenizer
+) -> None:
+    """A multi-turn sequence whose cached tokens are known: the engine's equal the ideal.
+
+    Each second turn repeats its first turn's prompt and generated tokens, so
+    the engine hits every full page of them; a third request shares only the
+    system prompt. The ideal must be >= what the engine cached, and here ==.
+    """
+    sampling = SamplingParams(max_tokens=21, temperature=0.0, ignore_eos=True)
+    engine = Engine(EngineConfig(), CacheConfig(disk_cache_dir=None, host_cache_gb=0),
+                    loaded=smollm)
+    try:
+        system = {"role": "system", "content": "You answer in short, plain sentences. " * 4}
+
+        def ids(question: str) -> list[int]:
+            messages = [system, {"role": "user", "content": question}]
+            return chat_ids(tokenizer, messages)
+
+        sent, cached = [], []
+        for question in ("Where do herons nest?", "Why is the sea salty?"):
+            prompt = ids(question)
+            first = engine.generate([prompt], sampling)[0]
+            follow = [*prompt, *first.token_ids, *tokenizer.encode(" And then?")]
+            second = engine.generate([follow], sampling)[0]
+            sent += [prompt, follow]
+            cached += [first.cached.total, second.cached.total]
+        engine.cache.check_integrity()
+    finally:
+        engine.close()
+    ideal = replay(sent, 16, decode_tokens=sampling.max_tokens)
+    assert cached[1] == 16 * ((len(sent[0]) + 20) // 16) > 16 * (len(sent[0]) // 16)
+    assert cached[2] > 0  # the shared system prompt
+    assert ideal.hit_tokens == sum(cached)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from asynchicache.bench import sweep
-from asynchicache.bench.sweep import SweepOptions, options_from_args, plan, server_env
+from asynchicache.bench.sweep import SweepOptions, options_from_args, plan, thread_flags
 
 
 def test_plan_sizes_l1_to_a_quarter_of_the_working_set(tmp_path: Path) -> None:
@@ -52,14 +52,10 @@ def test_options_from_args_model_goes_to_the_server_too(tmp_path: Path) -> None:
         "--setups", "l1, l1-l2-l3", "--server-arg=--chunked-prefill-size", "--server-arg=256",
         "--torch-threads", "3"])  # fmt: skip
     opts = options_from_args(args)
-    assert opts.setups == ("l1", "l1-l2-l3") and opts.torch_threads == 3
+    assert opts.setups == ("l1", "l1-l2-l3") and opts.threads == 3
     assert opts.server_args == ("--chunked-prefill-size", "256", "--model", "/m.gguf")
 
 
-def test_server_env_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert server_env(3) == {"OMP_NUM_THREADS": "3"}
-    monkeypatch.setenv("OMP_NUM_THREADS", "5")
-    assert server_env(None) == {}  # the caller's setting stands
-    monkeypatch.delenv("OMP_NUM_THREADS")
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert server_env(None) == {"OMP_NUM_THREADS": "1"}  # one core left to HTTP and client
+def test_thread_flags_leave_the_default_to_the_server() -> None:
+    assert thread_flags(3) == ["--threads", "3"]
+    assert thread_flags(None) == []  # `serve` picks engine.threads.default_threads()
