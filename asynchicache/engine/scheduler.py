@@ -110,8 +110,9 @@ class Scheduler:
             self.running.append(req)
             return
         tokens = req.tokens
-        max_pages = (len(tokens) - 1) // self.page_size  # keep >= 1 token to compute
-        match = self.cache.match(tokens, max_pages=max_pages, salt=req.cache_salt)
+        # Every full page may hit: a prompt cached whole computes its last token alone
+        # (`_take_prefix` copies the last page first).
+        match = self.cache.match(tokens, salt=req.cache_salt)
         lower = match.host_hit_pages + match.storage_hit_pages
         if lower and self.cost.worth_loading(match.host_hit_pages, match.storage_hit_pages):
             ticket = self.cache.load(match)
@@ -133,10 +134,25 @@ class Scheduler:
         req.page_table = pages
         req.shared_pages = len(pages)
         req.num_computed = len(pages) * self.page_size
+        if req.num_computed >= req.num_tokens:
+            cached = self._recompute_last_token(req, cached)
         if not req.output:  # a preempted request keeps the usage of its first admission
             req.cached = cached
         req.phase = Phase.RUNNING
         self.running.append(req)
+
+    def _recompute_last_token(self, req: Request, cached: CachedTokens) -> CachedTokens:
+        """Every token is cached, but sampling needs the last one's logits: compute it
+        alone, its KV written into a private copy of the last page (copy-on-write: the
+        tree's page stays as it is). Without room for the copy, the last page is
+        computed again instead. Returns `cached` less what is computed."""
+        last = req.page_table[-1]
+        copy = self.cache.copy_page(last)
+        recomputed = 1 if copy is not None else self.page_size
+        req.page_table[-1:] = [copy] if copy is not None else []
+        req.shared_pages -= 1
+        req.num_computed -= recomputed
+        return _less(cached, recomputed)
 
     def _load_deadline(self, pages: int) -> float | None:
         """How long a request waits for its load, by --prefetch-policy.
@@ -279,7 +295,8 @@ class Scheduler:
         ready = []
         for seq in batch.seqs:
             req = seq.request
-            was_prefill = req.is_prefill
+            # A prompt just completed (a chunk, or its last token alone after a whole hit).
+            was_prefill = req.is_prefill or not req.output
             req.num_computed += seq.num_new
             if req.remaining == 0:
                 ready.append(req)
@@ -346,3 +363,14 @@ class Scheduler:
 
     def now(self) -> float:
         return time.monotonic()
+
+
+def _less(cached: CachedTokens, n: int) -> CachedTokens:
+    """`cached` with its last `n` tokens (the deepest tiers' first) counted as computed."""
+    counts = {"remote": cached.remote, "disk": cached.disk, "host": cached.host,
+              "device": cached.device}
+    for tier in counts:
+        take = min(n, counts[tier])
+        counts[tier] -= take
+        n -= take
+    return CachedTokens(**counts)

@@ -72,6 +72,34 @@ def test_hits_from_l1_and_l2_give_the_recomputed_tokens(
     assert l2.cached.host >= len(prompt) - 2 * 16
 
 
+def test_a_prompt_cached_whole_computes_its_last_token_alone(
+    smollm: LoadedModel, engines: list[Engine]
+) -> None:
+    """A prompt that ends on a page boundary and is cached whole: one token is computed
+    (into a copy of the last page), from L1 and from L2, and the answer is the same."""
+    prompt = _prompt(smollm, 6, "What did he see?")
+    prompt = prompt[: len(prompt) // 16 * 16]
+    plain = _engine(smollm, enable_prefix_cache=False)
+    cached = _engine(smollm, device_cache_tokens=4096)
+    engines += [plain, cached]
+    expected = plain.generate([prompt], GREEDY)[0].token_ids
+    assert cached.generate([prompt], GREEDY)[0].token_ids == expected
+    tree_pages = cached.cache.stats().device.cached
+
+    for tier in ("device", "host"):
+        if tier == "host":
+            cached.cache.drain()  # write-through copies to L2 have landed
+            cached.cache.evict(cached.cache.stats().device.total)
+        before = cached.computed_prompt_tokens
+        out = cached.generate([prompt], GREEDY)[0]
+        assert out.token_ids == expected, f"a whole hit from {tier} changed the answer"
+        assert cached.computed_prompt_tokens - before == 1, f"{tier}: more than one token computed"
+        assert getattr(out.cached, tier) == len(prompt) - 1 and out.cached.total == len(prompt) - 1
+        # The copy went back when the tree took the page: nothing private is left.
+        assert cached.cache.stats().device.cached == tree_pages
+        cached.cache.check_integrity()
+
+
 def test_chunked_prefill_and_shared_prefix_match_whole_prefill(
     smollm: LoadedModel, engines: list[Engine]
 ) -> None:
