@@ -142,6 +142,11 @@ class HiRadixCache:
         return len(self.parts.transfers) + len(self.parts.storage_ops)
 
     @property
+    def copies_pending(self) -> int:
+        """L1 <-> L2 copies in flight (each pins the L1 pages it reads or fills)."""
+        return len(self.parts.transfers)
+
+    @property
     def abandoned_loads(self) -> int:
         """Loads given up by their caller that have not finished yet."""
         return self.loader.abandoned

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.results import Fallback
 from asynchicache.config import CacheConfig, EngineConfig, PrefetchPolicy
+from asynchicache.engine.admission import MemoryBudget
 from asynchicache.engine.cost import CostModel
 from asynchicache.engine.protocol import CachedTokens
 from asynchicache.engine.request import Phase, Request
@@ -69,8 +70,11 @@ class Scheduler:
         self.loading: dict[int, Request] = {}  # LoadTicket.id -> request
         self.running: list[Request] = []
         self.finished: list[Request] = []  # drained by the engine after each step
+        self.budget = MemoryBudget(self.page_size, engine_config.decode_reserve_tokens)
         self.preemptions = 0
         self.loads_given_up = 0  # deadlines passed or requests aborted while loading
+        self.loads_deferred = 0  # loads that waited a step for L1 room instead of recomputing
+        self.backing_off = False  # after a preemption, admit nothing until a request ends
 
     # ----------------------------------------------------------------- queues
     def add(self, req: Request) -> None:
@@ -103,29 +107,39 @@ class Scheduler:
     def _prefix_enabled(self) -> bool:
         return self.cache_config.enable_prefix_cache
 
-    def _start(self, req: Request) -> None:
-        """Match the prompt's prefix; start a load or take what L1 holds."""
+    def _start(self, req: Request) -> bool:
+        """Match the prompt's prefix; start a load or take what L1 holds.
+
+        False (nothing changed) when a load would find no L1 room: the request
+        waits for a later step instead of recomputing what a tier holds.
+        """
         if not self._prefix_enabled() or req.needs_whole_prompt:
             req.phase = Phase.RUNNING
             self.running.append(req)
-            return
+            return True
         tokens = req.tokens
         # Every full page may hit: a prompt cached whole computes its last token alone
         # (`_take_prefix` copies the last page first).
         match = self.cache.match(tokens, salt=req.cache_salt)
         lower = match.host_hit_pages + match.storage_hit_pages
+        self.cache.lock(match.handle)
         if lower and self.cost.worth_loading(match.host_hit_pages, match.storage_hit_pages):
+            if not self.cache.can_allocate(lower):  # L1 pinned by copies in flight: wait
+                self.cache.unlock(match.handle)
+                self.loads_deferred += 1
+                return False
             ticket = self.cache.load(match)
             if ticket is not None:
+                self.cache.unlock(match.handle)  # the load holds its own locks
                 req.phase = Phase.LOADING
                 req.load_ticket = ticket
                 req.load_deadline = self._load_deadline(lower)
                 req.cached = CachedTokens(device=len(match.device_pages) * self.page_size)
                 self.loading[ticket.id] = req
-                return
-        self.cache.lock(match.handle)
+                return True
         self._take_prefix(req, match.handle, list(match.device_pages), CachedTokens(
             device=len(match.device_pages) * self.page_size))
+        return True
 
     def _take_prefix(
         self, req: Request, handle: object, pages: list[int], cached: CachedTokens
@@ -224,9 +238,30 @@ class Scheduler:
             self.cost.storage_Bps.observe((host + storage) * self.cost.page_bytes, seconds)
 
     def _admit(self) -> None:
+        """Start the oldest waiting requests while L1 can hold them (engine/admission.py)."""
+        if not self.waiting:
+            return
+        busy = bool(self.running or self.loading)
+        if self.backing_off and busy:
+            return
+        self.backing_off = False
+        admitted = [*self.running, *self.loading.values()]
+        room = self.cache.available_pages() - self.budget.outstanding(admitted)
         limit = self.config.max_running_requests
         while self.waiting and len(self.running) + len(self.loading) < limit:
-            self._start(self.waiting.popleft())
+            req = self.waiting[0]
+            locked = (self.cache.locked_prefix_pages(req.tokens, req.cache_salt)
+                      if self._prefix_enabled() else 0)  # fmt: skip
+            need = self.budget.need(req, locked)
+            # With nothing admitted, a request that does not fit runs all the same
+            # (its pages are found or it fails), unless copies in flight pin L1.
+            if need > room and (busy or self.cache.copies_pending):
+                return
+            if not self._start(req):
+                return
+            self.waiting.popleft()
+            room -= need
+            busy = True
 
     # ------------------------------------------------------------- batching
     def schedule(self) -> Batch:
@@ -282,8 +317,12 @@ class Scheduler:
         return max(candidates, key=lambda r: r.arrival, default=None)
 
     def _preempt(self, req: Request) -> None:
-        """Give back a request's pages; what it computed stays cached for its return."""
+        """Give back a request's pages; what it computed stays cached for its return.
+
+        Admission backs off until a request ends: admitting the preempted request
+        again into the same shortage would preempt another (a storm)."""
         self.preemptions += 1
+        self.backing_off = True
         self._release(req, keep_cached=True)
         self.running.remove(req)
         req.phase = Phase.WAITING
@@ -323,6 +362,7 @@ class Scheduler:
             self.waiting.remove(req)
         if req in self.running:
             self.running.remove(req)
+            self.backing_off = False  # its pages come back: admission may resume
         self._release(req, keep_cached=True)
         req.phase = Phase.FINISHED
         self.finished.append(req)

@@ -96,7 +96,15 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         "--max-running-requests",
         type=int,
         default=e.max_running_requests,
-        help="requests decoded together (default %(default)s)",
+        help="at most this many requests run at once; below it, a request is admitted "
+        "when L1 can hold it (default %(default)s)",
+    )
+    g.add_argument(
+        "--decode-reserve-tokens",
+        type=int,
+        default=e.decode_reserve_tokens,
+        help="L1 room admission keeps per request for its answer, in tokens (at most its "
+        "max_tokens; default %(default)s)",
     )
     g.add_argument(
         "--chunked-prefill-size",
@@ -356,6 +364,7 @@ def to_config(args: argparse.Namespace) -> LaunchConfig:
         device=_device(args),
         dtype=args.dtype,
         max_running_requests=args.max_running_requests,
+        decode_reserve_tokens=args.decode_reserve_tokens,
         chunked_prefill_size=args.chunked_prefill_size,
         max_prefill_tokens=args.max_prefill_tokens,
         max_model_len=args.max_model_len,

@@ -30,8 +30,8 @@ def _prompt(model: LoadedModel, n_repeats: int, question: str) -> list[int]:
 
 
 def _engine(model: LoadedModel, **cache: object) -> Engine:
-    engine_kw = {k: cache.pop(k) for k in ("chunked_prefill_size", "max_running_requests")
-                 if k in cache}
+    engine_kw = {k: cache.pop(k) for k in ("chunked_prefill_size", "max_running_requests",
+                                           "decode_reserve_tokens") if k in cache}
     cache.setdefault("disk_cache_dir", None)
     cache.setdefault("host_cache_gb", 0.25)
     return Engine(EngineConfig(**engine_kw), CacheConfig(**cache), loaded=model)  # type: ignore[arg-type]
@@ -129,13 +129,18 @@ def test_batch_of_mixed_requests_matches_each_alone(
 
 
 def test_l1_pressure_preempts_and_still_matches(smollm: LoadedModel, engines: list[Engine]) -> None:
-    prompts = [_prompt(smollm, 3, f"Question {i}?") for i in range(4)]
+    tok = smollm.tokenizer
+    # No shared prefix (the question first): each request needs pages of its own.
+    prompts = [tok.encode(tok.apply_chat_template(
+        [{"role": "user", "content": f"Question {i}? " + TEXT * 3}])) for i in range(4)]
+    longer = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     roomy = _engine(smollm, enable_prefix_cache=False)
-    # Room for about two requests at once: the others wait or get preempted.
-    tight = _engine(smollm, device_cache_tokens=16 * 24)
+    # Admission reserves room for one answer token only, and L1 holds two prompts with
+    # that: the two admitted outgrow L1 while decoding, and one is preempted.
+    tight = _engine(smollm, device_cache_tokens=16 * 21, decode_reserve_tokens=1)
     engines += [roomy, tight]
-    expected = [roomy.generate([p], GREEDY)[0].token_ids for p in prompts]
-    got = [o.token_ids for o in tight.generate(prompts, GREEDY)]
+    expected = [roomy.generate([p], longer)[0].token_ids for p in prompts]
+    got = [o.token_ids for o in tight.generate(prompts, longer)]
     assert got == expected
     assert tight.scheduler.preemptions > 0, "the test no longer exercises preemption"
 
