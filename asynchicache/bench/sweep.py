@@ -72,7 +72,7 @@ class SweepOptions:
     page_size: int = 16
     l1_ratio: float = 4.0
     l2_ratio: float = 2.0
-    max_running_requests: int | None = None  # None: as many as L1 holds (setups.size_tiers)
+    max_running_requests: int | None = None  # None: the server's (admission by memory)
     max_concurrency: int | None = None
     threads: int | None = None  # the servers' --threads; None: their default
     server_args: tuple[str, ...] = ()
@@ -208,13 +208,29 @@ def _describe(ctx: _Context, setup: Setup, phase: Phase,
         "total_tokens_per_s": s.total_tokens_per_s,
         "mean_itl_s": s.itl.mean, "mean_e2e_s": s.e2e.mean,
         "requests": s.requests, "errors": s.errors, "duration_s": s.duration_s,
-        "preemptions": phase.cache_stats.get("preemptions"), "startup_s": phase.startup_s,
+        **preemption_rate(phase.cache_stats.get("preemptions"), s.requests),
+        "startup_s": phase.startup_s,
         # The engine's own running estimate: how fast this machine was during the run.
         "engine_prefill_tok_s": phase.cache_stats.get("prefill_tok_s_estimate"),
         "load_events": phase.load_events,
         "flags": list(phase.flags), "run": s.to_dict(), "ideal": ideal,
         "cache_stats": phase.cache_stats,
     }
+
+
+# More preemptions per request than this is a storm: requests preempting each other
+# over and over, their prefill thrown away each time.
+STORM_PREEMPTIONS_PER_REQUEST = 0.05
+
+
+def preemption_rate(preemptions: int | None, requests: int) -> dict[str, Any]:
+    """The engine's preemptions, per request of the run, and whether that is a storm."""
+    if preemptions is None or requests <= 0:
+        return {"preemptions": preemptions, "preemptions_per_request": None,
+                "preemption_storm": None}
+    rate = preemptions / requests
+    return {"preemptions": preemptions, "preemptions_per_request": rate,
+            "preemption_storm": rate > STORM_PREEMPTIONS_PER_REQUEST}
 
 
 def _run_setup(ctx: _Context, setup: Setup) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -316,7 +332,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--l2-ratio", type=float, default=2.0,
                    help="L2 size / L1 size (default %(default)s)")
     p.add_argument("--max-running-requests", type=int,
-                   help="the engine's cap on running requests (default: as many as L1 holds)")
+                   help="the engine's cap on running requests (default: the server's; it "
+                   "admits by L1 memory)")
     p.add_argument("--threads", "--torch-threads", dest="threads", type=int,
                    help="the servers' --threads (default: theirs, cores - 1)")
     p.add_argument("--server-arg", dest="server_args", action="append", default=[],

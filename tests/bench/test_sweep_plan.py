@@ -20,9 +20,8 @@ def test_plan_sizes_l1_to_a_quarter_of_the_working_set(tmp_path: Path) -> None:
     assert s["working_set_over_l1"] == pytest.approx(4.0, rel=0.02)
     assert s["host_cache_tokens"] == 2 * s["device_cache_tokens"]
     assert s["device_cache_tokens"] >= s["largest_request_tokens"]
-    # As many running requests as L1 holds at their largest.
-    assert s["max_running_requests"] == s["device_cache_tokens"] // (
-        -(-s["largest_request_tokens"] // 16) * 16)
+    # No cap on running requests: the engine admits by memory.
+    assert s["max_running_requests"] is None
     # Every prompt is re-sent with its history: far more prompt tokens than distinct ones.
     assert p["planned_prompt_tokens"] > 2 * s["working_set_tokens"]
 
@@ -59,3 +58,10 @@ def test_options_from_args_model_goes_to_the_server_too(tmp_path: Path) -> None:
 def test_thread_flags_leave_the_default_to_the_server() -> None:
     assert thread_flags(3) == ["--threads", "3"]
     assert thread_flags(None) == []  # `serve` picks engine.threads.default_threads()
+
+
+def test_preemptions_per_request_flag_a_storm() -> None:
+    assert sweep.preemption_rate(3, 100) == {
+        "preemptions": 3, "preemptions_per_request": 0.03, "preemption_storm": False}
+    assert sweep.preemption_rate(6, 100)["preemption_storm"] is True
+    assert sweep.preemption_rate(None, 100)["preemption_storm"] is None
