@@ -23,6 +23,7 @@ from asynchicache.engine.protocol import (
     AbortRequest,
     AdminRequest,
     GenerateRequest,
+    StepOutputs,
     TokenOutput,
     decode,
     encode,
@@ -104,8 +105,8 @@ class EngineLoop:
                 self.engine.poll()  # finish write-throughs and stores while idle
                 continue
             outputs: list[TokenOutput] = self.engine.step()
-            for out in outputs:
-                self._send(out)
+            if outputs:  # one message per step (see StepOutputs)
+                self._send(StepOutputs(tuple(outputs)))
             if self.engine.last_batch_size == 0:
                 # Only loads or background copies to wait for: don't spin a core.
                 self._drain(1)

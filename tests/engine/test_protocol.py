@@ -7,6 +7,7 @@ from asynchicache.engine.protocol import (
     CachedTokens,
     GenerateRequest,
     SamplingParams,
+    StepOutputs,
     TokenOutput,
     decode,
     encode,
@@ -21,6 +22,7 @@ from asynchicache.engine.protocol import (
         AdminRequest("a1", "lookup", (1, 2), "t"),
         AdminReply("a1", True, {"device": 16, "nested": {"x": [1, 2]}}),
         TokenOutput("r3", (5,), True, "stop", 3, 1, CachedTokens(16, 32, 48, 0)),
+        StepOutputs((TokenOutput("r4", (7,)), TokenOutput("r5", (8, 9), True, "length"))),
     ],
 )
 def test_round_trip(msg: object) -> None:
@@ -36,3 +38,9 @@ def test_garbage_is_a_clean_error(data: bytes) -> None:
 def test_sampling_validation_names_the_field() -> None:
     with pytest.raises(ValueError, match="max_tokens"):
         SamplingParams(max_tokens=0)
+
+
+def test_a_step_of_outputs_with_one_mistyped_output_is_refused() -> None:
+    bad = encode(StepOutputs((TokenOutput("r4", (7,)), TokenOutput("r5", ("x",)))))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mistyped"):
+        decode(bad)
