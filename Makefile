@@ -7,8 +7,14 @@ BIN := $(VENV)/bin
 # override TORCH_SPEC (e.g. TORCH_SPEC=torch) to keep its CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# vLLM's CPU build in a venv of its own (it pins torch and transformers ranges our
+# main venv must not inherit); requirements-vllm.txt pins every package in it
+# (pip freeze of a working one, without the torchvision/torchaudio/torchcodec
+# wheels that break `import torch` here), so a fresh machine gets the same set.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: serve test lint install clean
+.PHONY: serve test test-vllm lint install install-vllm clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,18 +27,35 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+$(VLLM_STAMP): pyproject.toml Makefile requirements-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r requirements-vllm.txt
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VLLM_VENV)/bin/python -c "import torch, vllm, asynchicache.integrations.vllm"
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
 serve: $(STAMP)
 	@echo "Starting; once the model is loaded it prints a curl line, e.g. (default port):"
 	@echo "  curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}]}'"
 	$(BIN)/asynchicache serve $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	bash scripts/ensure-services.sh
 	$(BIN)/ruff check asynchicache tests
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python -m pytest -q tests/vllm
+
+# The tests under a real vLLM alone (they also run in `make test`).
+test-vllm: $(VLLM_STAMP)
+	bash scripts/ensure-services.sh
+	$(VLLM_VENV)/bin/python -m pytest -q tests/vllm $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check asynchicache tests
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""Command line: `asynchicache serve | bench ... | cache ...`.
+"""Command line: `asynchicache serve | bench ... | cache ... | model ...`.
 
 Sub-commands import their layer lazily so `--help` stays fast.
 """
@@ -25,6 +25,12 @@ BENCHMARKS = {
     "sweep": "asynchicache.bench.sweep",
     "soak": "asynchicache.bench.soak",
     "compare": "asynchicache.bench.compare",
+    "vllm": "asynchicache.bench.vllm",
+}
+
+# model sub-command -> module whose `main(argv) -> int` runs it
+MODEL_COMMANDS = {
+    "export-hf": "asynchicache.engine.export_hf",
 }
 
 
@@ -43,9 +49,58 @@ def _cmd_cache(args: argparse.Namespace, rest: list[str]) -> int:
         raise SystemExit(f"asynchicache cache: {', '.join(given)} only go with verify --deep")
     if args.deep:
         return _deep_verify(args)
+    clear_only = {"--remote-url": args.remote_url, "--namespace": args.namespace or None,
+                  "--cache-salt": args.cache_salt, "--include-pinned": args.include_pinned or None,
+                  "--all-remote-namespaces": args.all_remote_namespaces or None}  # fmt: skip
+    given = [flag for flag, value in clear_only.items() if value is not None]
+    if given and args.cache_cmd != "clear":
+        raise SystemExit(f"asynchicache cache: {', '.join(given)} only go with clear")
+    from asynchicache.config import default_disk_cache_dir
+
+    root = args.disk_cache_dir or default_disk_cache_dir()
+    if args.cache_cmd == "clear":
+        return _clear(args, root)
     from asynchicache.storage.disk_admin import cache_command
 
-    return cache_command(args.cache_cmd, args.disk_cache_dir, as_json=args.json)
+    return cache_command(args.cache_cmd, root, as_json=args.json)
+
+
+def _clear(args: argparse.Namespace, root: Path) -> int:
+    """`cache clear`: the folder's namespaces and, with --remote-url, their Redis keys."""
+    import json
+
+    from asynchicache.storage.offline_clear import ClearRequest, clear_offline
+
+    root_of = None
+    if args.cache_salt is not None:
+        from asynchicache.cache.keys import Namespace
+
+        salt = args.cache_salt
+        root_of = lambda ns: Namespace.decode(ns).with_salt(salt).digest()  # noqa: E731
+    if args.all_remote_namespaces and (args.remote_url is None or root_of is not None):
+        raise SystemExit("asynchicache cache clear: --all-remote-namespaces needs --remote-url "
+                         "and no --cache-salt")  # fmt: skip
+    try:
+        request = ClearRequest(root, args.remote_url, tuple(args.namespace), args.include_pinned,
+                               args.all_remote_namespaces, root_of)  # fmt: skip
+        report = clear_offline(request).as_dict()
+    except ValueError as exc:
+        raise SystemExit(f"asynchicache cache clear: {exc}") from None
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for tier in ("disk", "remote"):
+            part = report[tier]
+            print(f"{tier}: removed {part['removed']} pages, kept {part['pinned_kept']} pinned")
+            for error in part["errors"]:
+                print(f"  {error}")
+    failed = report["disk"]["errors"] or report["remote"]["errors"]  # type: ignore[index]
+    return 1 if failed else 0
+
+
+def _cmd_model(args: argparse.Namespace, rest: list[str]) -> int:
+    module = importlib.import_module(MODEL_COMMANDS[args.model_cmd])
+    return int(module.main(rest) or 0)
 
 
 def _deep_verify(args: argparse.Namespace) -> int:
@@ -100,7 +155,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep", action="store_true", help="--deep: report only, remove no file"
     )
     cache.add_argument("--audit-device", default=None, help="--deep: torch device (cpu)")
+    cache.add_argument(
+        "--remote-url", default=None, help="clear: also the remote tier (Redis/Valkey) keys"
+    )
+    cache.add_argument(
+        "--namespace", action="append", default=[],
+        help="clear: only this namespace folder (ns-..., as `cache stats` lists); repeatable",
+    )  # fmt: skip
+    cache.add_argument(
+        "--cache-salt", default=None, help="clear: only the pages of this cache_salt's chains"
+    )
+    cache.add_argument(
+        "--include-pinned", action="store_true", help="clear: pinned pages (and pins) too"
+    )
+    cache.add_argument(
+        "--all-remote-namespaces", action="store_true",
+        help="clear: every asynchicache key (ackv:*) in the remote tier, known to the folder "
+        "or not",
+    )  # fmt: skip
     cache.set_defaults(func=_cmd_cache)
+    # No -h of its own either: `model export-hf --help` reaches the sub-command's parser.
+    model = sub.add_parser("model", help="model tools (export-hf)", add_help=False)
+    model.add_argument("model_cmd", choices=sorted(MODEL_COMMANDS), help="what to do")
+    model.set_defaults(func=_cmd_model)
     return parser
 
 

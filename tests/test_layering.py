@@ -1,10 +1,14 @@
-"""Imports flow one way: server -> engine -> cache -> storage (bench and cli are outside)."""
+"""Imports flow one way: server -> engine -> cache -> storage (bench and cli are outside).
+
+Integrations (our tiers under other engines, e.g. vLLM) sit at the server's
+level: they may import engine, cache and storage; nothing imports them.
+"""
 
 import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "asynchicache"
-RANK = {"storage": 0, "cache": 1, "engine": 2, "server": 3}
+RANK = {"storage": 0, "cache": 1, "engine": 2, "server": 3, "integrations": 3}
 
 
 def _layer(module: str) -> str | None:
@@ -43,3 +47,22 @@ def test_no_relative_imports_hide_layering() -> None:
             if isinstance(node, ast.ImportFrom) and node.level > 0:
                 relative.append(str(path.relative_to(PKG)))
     assert relative == [], f"use absolute imports: {relative}"
+
+
+def test_nothing_imports_the_integrations() -> None:
+    users = []
+    for path in PKG.rglob("*.py"):
+        if path.is_relative_to(PKG / "integrations"):
+            continue
+        users += [f"{path.relative_to(PKG)} imports {name}" for name in _imports(path)
+                  if name.startswith("asynchicache.integrations")]
+    assert users == [], "integrations are leaves:\n" + "\n".join(users)
+
+
+def test_integrations_and_server_do_not_import_each_other() -> None:
+    crossing = []
+    for a, b in (("integrations", "server"), ("server", "integrations")):
+        for path in (PKG / a).rglob("*.py"):
+            crossing += [f"{path.relative_to(PKG)} imports {name}" for name in _imports(path)
+                         if _layer(name) == b]
+    assert crossing == [], "\n".join(crossing)

@@ -111,6 +111,29 @@ class BackendStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ClearScope:
+    """Which stored pages of a namespace a clear removes.
+
+    `root` limits it to the chains that start from that h_0 (a `cache_salt`'s:
+    `Namespace.with_salt(salt).digest()`; see storage.lineage); b"" means every
+    page. Pinned pages stay unless `include_pinned`, which also drops the pins
+    (of that root only, when one is given).
+    """
+
+    root: bytes = b""
+    include_pinned: bool = False
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """What a clear did in one tier: pages removed, pinned pages kept, or why it could not."""
+
+    removed: int = 0
+    pinned_kept: int = 0
+    error: str | None = None
+
+
 class StorageBackend(Protocol):
     """A synchronous page store. `slots` index the L2 pool as `[slots, page_bytes]` uint8."""
 
@@ -128,7 +151,7 @@ class StorageBackend(Protocol):
 
     def delete(self, hashes: Sequence[bytes]) -> int: ...
 
-    def clear(self) -> int: ...
+    def clear(self, scope: ClearScope = ...) -> Cleared: ...
 
     def stats(self) -> BackendStats: ...
 

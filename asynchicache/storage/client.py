@@ -32,6 +32,12 @@ ticket lifetimes):
   re-registers on every new connection, on a heartbeat, and when the service
   answers "unregistered" (then it also resends that request once).
 
+Administration of the namespace (bounded waits, for the engine's admin path,
+never the scheduler's): `clear()` per tier and scope, `pin()` / `unpin()` /
+`pins()`, `contents()`; and, with `ClientConfig.events`, the namespace's L3/L4
+KV events, drained by `poll()` and handed out by `take_events()` (gaps
+flagged: storage.event_feed).
+
 `quarantined` counts the tickets given up but not settled; `counters` how
 often each signal settled one. `StorageClient.in_thread(...)` runs the service
 in a thread of this process, behind the same interface, for tests and small
@@ -46,19 +52,20 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from asynchicache.storage.admin_messages import StorageEvents
 from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled, TicketKind
+from asynchicache.storage.client_admin import AdminRequests
 from asynchicache.storage.client_config import ClientConfig
+from asynchicache.storage.event_feed import EventBatch, EventFeed
 from asynchicache.storage.liveness import ProcessIdentity
 from asynchicache.storage.messages import (
     Cancel,
     CancelReply,
-    Clear,
-    ClearReply,
     ErrorReply,
     Exists,
     ExistsReply,
@@ -88,8 +95,11 @@ _SERVICE_MARGIN = 0.1
 _EXIT_CHECK_S = 0.05  # how often orphaned tickets look whether their service exited
 
 
-class StorageClient:
-    """`StorageTier` over ZeroMQ; not thread-safe (one scheduler thread calls it)."""
+class StorageClient(AdminRequests):
+    """`StorageTier` over ZeroMQ; not thread-safe (one scheduler thread calls it).
+
+    The namespace's administration (clear, pins, contents) comes from
+    `AdminRequests` (storage.client_admin)."""
 
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
@@ -99,6 +109,7 @@ class StorageClient:
         self._last_exit_check = 0.0
         self._closed = False
         self._answers: dict[int, Reply] = {}
+        self._events = EventFeed()
         self._up = False
         self._registered = False
         self._slots = 0
@@ -260,10 +271,17 @@ class StorageClient:
         reply = self._ask(Stats(next(self._ids)), timeout_s)
         return reply if isinstance(reply, StatsReply) else None
 
-    def clear(self, timeout_s: float = 30.0) -> int | None:
-        """Remove every page of our namespace from the service's disk; None if unreachable."""
-        reply = self._ask(Clear(next(self._ids)), timeout_s)
-        return reply.removed if isinstance(reply, ClearReply) else None
+    def take_events(self) -> EventBatch:
+        """KV events received (by `poll()` and the waits) since the last call, in order."""
+        self._pump_replies()
+        return self._events.take()
+
+    @property
+    def events_lost(self) -> int:
+        return self._events.lost
+
+    def _request(self, make: Callable[[int], Request], timeout_s: float) -> Reply | None:
+        return self._ask(make(next(self._ids)), timeout_s)
 
     # -- internals ----------------------------------------------------------
 
@@ -310,7 +328,8 @@ class StorageClient:
         self._last_register = time.monotonic()
         cfg = self.config
         if cfg.layout is not None and cfg.has_pool:
-            self._send(Register(next(self._ids), cfg.namespace, cfg.segment, cfg.layout))
+            msg = Register(next(self._ids), cfg.namespace, cfg.segment, cfg.layout, cfg.events)
+            self._send(msg)
 
     def _ask(self, msg: Request, timeout_s: float) -> Reply | None:
         """Send a request and wait up to `timeout_s` for its own reply; others are kept."""
@@ -357,7 +376,9 @@ class StorageClient:
                 log.warning("storage client: bad reply dropped: %s", exc)
 
     def _on_reply(self, reply: Reply) -> None:
-        if isinstance(reply, RegisterReply):
+        if isinstance(reply, StorageEvents):
+            self._events.received(reply)
+        elif isinstance(reply, RegisterReply):
             self._on_registered(reply)
         elif isinstance(reply, LoadReply | StoreReply):
             remote = reply.pages_from_remote if isinstance(reply, LoadReply) else 0
@@ -377,6 +398,8 @@ class StorageClient:
     def _on_registered(self, reply: RegisterReply) -> None:
         self._registered = reply.error is None
         self._slots = reply.slots
+        if self._registered and self.config.events:
+            self._events.subscribed(reply.pid, reply.events_seq)
         if reply.error:
             log.warning("cache service refused registration: %s", reply.error)
         if reply.pid <= 0:

@@ -19,6 +19,7 @@ class ClientConfig:
     exists_timeout_s: float = 0.05
     heartbeat_s: float = 1.0
     reconnect_ms: int = 100
+    events: bool = False  # receive the namespace's L3/L4 KV events (take_events())
 
     def __post_init__(self) -> None:
         if self.ticket_timeout_s <= 0 or self.exists_timeout_s <= 0:

@@ -1,4 +1,5 @@
-"""Offline maintenance of a disk cache folder (`asynchicache cache stats|verify|clear`).
+"""Offline maintenance of a disk cache folder (`asynchicache cache stats|verify`;
+`clear` is storage.offline_clear).
 
 These work on the folder directly, for every namespace in it, without a
 running service and without knowing the model: page files describe themselves.
@@ -11,24 +12,25 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from asynchicache.storage.disk import (
+from asynchicache.storage.disk_folder import in_use
+from asynchicache.storage.disk_names import (
     TMP_PREFIX,
     namespace_dir_name,
     parse_page_file_name,
 )
-from asynchicache.storage.disk_folder import LEASE_NAME, exclusive, in_use
 from asynchicache.storage.header import (
-    HEADER_ALIGN,
     HeaderError,
-    HeaderVersionError,
     PageHeader,
     decode_header,
     payload_checksum,
     peek_header_len,
 )
+from asynchicache.storage.page_file import read_header
+from asynchicache.storage.pins import PINS_DIR, load_pins
 
 
 @dataclass
@@ -38,6 +40,8 @@ class NamespaceReport:
     pages: int = 0
     bytes: int = 0
     in_use: bool = False  # a live server leases it (its pages are not evicted for others)
+    pins: int = 0  # unexpired pins (storage.pins)
+    pinned_pages: int = 0  # distinct pages they name
 
 
 @dataclass
@@ -64,6 +68,8 @@ def folder_stats(root: Path) -> FolderReport:
     report = FolderReport(str(root))
     for ns_dir in namespace_dirs(root):
         ns = NamespaceReport(ns_dir.name, in_use=in_use(ns_dir))
+        pins = load_pins(ns_dir / PINS_DIR, time.time())
+        ns.pins, ns.pinned_pages = len(pins), len({h for p in pins for h in p.pages})
         for path in page_files(ns_dir):
             if path.name.startswith(TMP_PREFIX):
                 report.temp_files += 1
@@ -81,6 +87,8 @@ def verify_folder(root: Path, remove: bool = True) -> FolderReport:
     report = FolderReport(str(root))
     for ns_dir in namespace_dirs(root):
         ns = NamespaceReport(ns_dir.name, in_use=in_use(ns_dir))
+        pins = load_pins(ns_dir / PINS_DIR, time.time())
+        ns.pins, ns.pinned_pages = len(pins), len({h for p in pins for h in p.pages})
         for path in page_files(ns_dir):
             if path.name.startswith(TMP_PREFIX):
                 report.temp_files += 1
@@ -100,25 +108,6 @@ def verify_folder(root: Path, remove: bool = True) -> FolderReport:
                 path.unlink(missing_ok=True)
         report.namespaces.append(ns)
     return report
-
-
-def clear_folder(root: Path) -> int:
-    """Remove every page and temp file (and the folders they leave empty); pages removed."""
-    removed = 0
-    for ns_dir in namespace_dirs(root):
-        for path in page_files(ns_dir):
-            is_page = parse_page_file_name(path.name) is not None
-            if is_page or path.name.startswith(TMP_PREFIX):
-                path.unlink(missing_ok=True)
-                removed += is_page
-        for sub in ns_dir.iterdir():
-            if sub.is_dir():
-                _rmdir_if_empty(sub)
-        with exclusive(ns_dir, create=False) as unused:
-            if unused:  # a live server's lease stays (and with it the folder)
-                (ns_dir / LEASE_NAME).unlink(missing_ok=True)
-        _rmdir_if_empty(ns_dir)
-    return removed
 
 
 def check_page_file(path: Path, page_hash: bytes, ns_folder: str) -> str | None:
@@ -160,17 +149,7 @@ OLD_FORMAT = "page format of another version"
 def read_page_header(path: Path) -> PageHeader | str:
     """A page file's header alone (one block read), or the problem with it (a problem
     starting with OLD_FORMAT: a file written by another version of the code)."""
-    try:
-        with path.open("rb") as f:
-            head = f.read(HEADER_ALIGN)
-            header_len = peek_header_len(head)
-            if header_len > len(head):
-                head += f.read(header_len - len(head))
-        return decode_header(head)
-    except HeaderVersionError as exc:
-        return f"{OLD_FORMAT}: {exc}"
-    except (OSError, HeaderError) as exc:
-        return f"bad header: {exc}"
+    return read_header(path)  # an OldFormat problem starts with OLD_FORMAT
 
 
 def namespace_dirs(root: Path) -> list[Path]:
@@ -209,16 +188,8 @@ def _rmdir_if_empty(path: Path) -> None:
         path.rmdir()
 
 
-def cache_command(action: str, root: Path | None, as_json: bool = False) -> int:
-    """`asynchicache cache stats|verify|clear`; exit status 1 when verify found damage."""
-    if root is None:
-        from asynchicache.config import default_disk_cache_dir
-
-        root = default_disk_cache_dir()
-    if action == "clear":
-        removed = clear_folder(root)
-        print(json.dumps({"removed": removed}) if as_json else f"removed {removed} pages")
-        return 0
+def cache_command(action: str, root: Path, as_json: bool = False) -> int:
+    """`asynchicache cache stats|verify`; exit status 1 when verify found damage."""
     report = verify_folder(root) if action == "verify" else folder_stats(root)
     print(json.dumps(_report_dict(report), indent=2) if as_json else _report_text(report, action))
     return 1 if report.bad else 0
@@ -235,6 +206,8 @@ def _report_text(report: FolderReport, action: str) -> str:
             f"  {ns.folder}  {ns.pages:8d} pages  {ns.bytes / 1e9:8.3f} GB  "
             f"{'in use' if ns.in_use else 'unused'}  {ns.namespace}"
         )
+        if ns.pins:
+            lines.append(f"      {ns.pins} pins, {ns.pinned_pages} pinned pages")
     if report.temp_files:
         lines.append(f"  {report.temp_files} temporary files (writes in progress or interrupted)")
     if action == "verify":

@@ -17,10 +17,14 @@ starting on that namespace meanwhile waits a moment instead of losing pages it
 is about to index. Lease files are never deleted while the folder is in
 service: a process holding a lock on an unlinked file would look unused.
 
-Live namespaces of other processes are counted (their folders' sizes, scanned
-at most every `refresh_s`) but not evicted: each live store evicts its own
-least recently used pages, so the folder converges to its capacity, shared
-first come, first served. Give servers that must not compete their own folders.
+The folder's usage is kept in one ledger (storage.folder_ledger); a writer
+that needs room evicts, in this order: pages of namespaces nobody leases
+(`FolderBudget.evict_stale`, oldest first), its own least recently used pages
+(storage.disk_space), and, last, pages of its own namespace that another live
+service wrote and this one never indexed (`evict_unindexed`, oldest file
+first). Live namespaces of other processes are never evicted: they shrink by
+their own writers' evictions. Pinned pages (storage.pins) are never evicted by
+anyone. Give servers that must not compete their own folders.
 """
 
 from __future__ import annotations
@@ -33,15 +37,23 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from asynchicache.storage.disk_names import (
+    PAGE_SUFFIX,
+    namespace_folders,
+    page_subdirs,
+    parse_page_file_name,
+    scandir,
+    unlink_size,
+)
+from asynchicache.storage.pins import PINS_DIR, load_pins
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = ".lease"
-NS_PREFIX = "ns-"
-PAGE_SUFFIX = ".kv"
 
 
 class NamespaceLease:
@@ -117,19 +129,12 @@ def in_use(folder: Path) -> bool:
         return not free
 
 
-def namespace_folders(root: Path) -> list[Path]:
-    try:
-        entries = list(os.scandir(root))
-    except FileNotFoundError:
-        return []
-    return sorted(Path(e.path) for e in entries if e.name.startswith(NS_PREFIX) and e.is_dir())
-
-
 @dataclass(frozen=True)
 class _PageFile:
     mtime_ns: int
     size: int
     path: Path
+    page_hash: bytes
 
 
 @dataclass
@@ -143,17 +148,11 @@ class _Other:
 
 
 class FolderBudget:
-    """How much of the folder's capacity one namespace's store may use, right now.
+    """The other namespaces of a folder: their sizes, and the stale ones' pages to evict."""
 
-    `own_capacity` is what the store passes to its index as its capacity: the
-    folder's capacity less what other namespaces hold, after deleting pages of
-    namespaces nobody leases for the room the store needs.
-    """
-
-    def __init__(self, root: Path, own_folder: Path, capacity: int, refresh_s: float = 30.0):
+    def __init__(self, root: Path, own_folder: Path, refresh_s: float = 30.0):
         self.root = root
         self.own_folder = own_folder
-        self.capacity = capacity
         self.refresh_s = refresh_s
         self._lock = threading.Lock()
         self._others: list[_Other] = []
@@ -171,15 +170,25 @@ class FolderBudget:
         with self._lock:
             self._scan()
 
-    def own_capacity(self, own_bytes: int, needed: int) -> int:
-        """Room for this namespace, having evicted stale namespaces' pages for `needed` more."""
+    def evict_stale(self, excess: int) -> int:
+        """Delete unpinned pages of unleased namespaces, oldest first, until `excess` bytes
+        are freed (or none is left); the bytes freed."""
         with self._lock:
             if self._scanned_at is None or time.monotonic() - self._scanned_at > self.refresh_s:
                 self._scan()
-            excess = own_bytes + needed + sum(o.bytes for o in self._others) - self.capacity
-            if excess > 0:
-                self._evict_stale(excess)
-            return max(0, self.capacity - sum(o.bytes for o in self._others))
+            stale = [o for o in self._others if not o.live and o.pages]
+            freed = 0
+            for other in sorted(stale, key=lambda o: o.pages[0].mtime_ns):
+                if freed >= excess:
+                    break
+                with exclusive(other.folder) as free:
+                    if not free:
+                        other.live = True  # a server started on it since the scan
+                        continue
+                    freed += self._delete_oldest(other, excess - freed)
+            if freed:
+                log.info("disk: freed %.1f MB of unused namespaces' pages", freed / 1e6)
+            return freed
 
     def _scan(self) -> None:
         others = []
@@ -187,59 +196,60 @@ class FolderBudget:
             if folder == self.own_folder:
                 continue
             live = in_use(folder)
-            pages = _page_files(folder)
+            pages = page_files(folder)
             other = _Other(folder, live, sum(p.size for p in pages))
             if not live:
-                other.pages = deque(sorted(pages, key=lambda p: p.mtime_ns))
+                pinned = {h for pin in load_pins(folder / PINS_DIR, time.time()) for h in pin.pages}
+                evictable = [p for p in pages if p.page_hash not in pinned]
+                other.pages = deque(sorted(evictable, key=lambda p: p.mtime_ns))
             others.append(other)
         self._others = others
         self._scanned_at = time.monotonic()
-
-    def _evict_stale(self, excess: int) -> None:
-        """Delete pages of unleased namespaces (oldest first) until `excess` bytes are freed."""
-        stale = [o for o in self._others if not o.live and o.pages]
-        freed = 0
-        for other in sorted(stale, key=lambda o: o.pages[0].mtime_ns):
-            if freed >= excess:
-                break
-            with exclusive(other.folder) as free:
-                if not free:
-                    other.live = True  # a server started on it since the scan
-                    continue
-                freed += self._delete_oldest(other, excess - freed)
-        if freed:
-            log.info("disk: freed %.1f MB of unused namespaces' pages", freed / 1e6)
 
     def _delete_oldest(self, other: _Other, target: int) -> int:
         freed = 0
         while other.pages and freed < target:
             page = other.pages.popleft()
-            with contextlib.suppress(FileNotFoundError):
-                page.path.unlink()
+            got = unlink_size(page.path, page.size)
+            if got:
                 self.stale_evicted_pages += 1
-                self.stale_evicted_bytes += page.size
-            freed += page.size  # gone either way: someone else removed it
-            other.bytes -= page.size
+                self.stale_evicted_bytes += got
+            freed += got
+            other.bytes -= page.size  # gone either way: someone else removed it
         return freed
 
 
-def _page_files(folder: Path) -> list[_PageFile]:
+def page_files(folder: Path) -> list[_PageFile]:
+    """Every page file of a namespace folder with its stamp (mtime) and size."""
     out = []
-    for sub in _scandir(folder):
-        if len(sub.name) != 2 or not sub.is_dir():
-            continue
-        for entry in _scandir(Path(sub.path)):
-            if not entry.name.endswith(PAGE_SUFFIX) or entry.name.startswith("."):
+    for sub in page_subdirs(folder):
+        for entry in scandir(sub):
+            page_hash = parse_page_file_name(entry.name)
+            if page_hash is None or not entry.name.endswith(PAGE_SUFFIX):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 st = entry.stat()
-                out.append(_PageFile(st.st_mtime_ns, st.st_size, Path(entry.path)))
+                out.append(_PageFile(st.st_mtime_ns, st.st_size, Path(entry.path), page_hash))
     return out
 
 
-def _scandir(folder: Path) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(folder) as it:
-            return list(it)
-    except (FileNotFoundError, NotADirectoryError):
-        return []  # removed meanwhile (a clear, another evictor)
+def evict_unindexed(
+    folder: Path, known: Container[bytes], pinned: Container[bytes], target: int
+) -> tuple[int, int]:
+    """Delete page files of `folder` that are neither `known` (indexed here) nor pinned,
+    oldest first, until `target` bytes are freed; (bytes freed, files deleted).
+
+    These are pages another live service on the same folder wrote: evicting
+    them is the last resort of a writer whose own pages do not make room.
+    """
+    candidates = [p for p in page_files(folder) if p.page_hash not in known]
+    freed = deleted = 0
+    for page in sorted(candidates, key=lambda p: p.mtime_ns):
+        if freed >= target:
+            break
+        if page.page_hash in pinned:
+            continue
+        got = unlink_size(page.path, page.size)
+        freed += got
+        deleted += got > 0
+    return freed, deleted

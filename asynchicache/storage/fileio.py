@@ -61,6 +61,16 @@ def create_private(path: Path, direct: bool) -> int:
         return os.open(path, flags, 0o600)
 
 
+def write_private_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically (temp file, rename), mode 0600: a reader sees
+    the old or the new file, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def clear_direct(fd: int) -> None:
     """Turn an O_DIRECT descriptor into a buffered one (for an unaligned remainder)."""
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)

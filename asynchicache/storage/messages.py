@@ -4,12 +4,20 @@ Only page hashes, L2 slot numbers and statuses cross the socket; KV bytes stay
 in the shared L2 pool that both sides map. Every request carries a `req_id`
 (the client's ticket id for loads and stores) that its reply repeats.
 
+Besides pages, the engine asks the service to clear a namespace's stored pages
+(`Clear`, per tier, optionally one chain root's: a `cache_salt`), to pin and
+unpin chains (`Pin`, `Unpin`, `Pins`), and for what its tiers hold
+(`Contents`); a client that registered with `events=True` also receives
+`StorageEvents` (req_id 0, unasked) whenever pages enter or leave L3/L4
+(storage.events).
+
 Loads and stores carry an absolute deadline (`deadline_ns`, CLOCK_MONOTONIC,
 shared by the processes of one host; see `storage.deadline`). Every Load and
 Store gets exactly one final reply, after which the service touches none of
 its slots.
 
-`encode`/`decode` are the only codec. `decode` checks every field against its
+The admin messages (clear, pins, contents, events) are in storage.admin_messages;
+`encode`/`decode` are the only codec, for both. `decode` checks every field against its
 type hint, so a malformed or hostile frame is a clean `ValueError`, never a
 half-built message that fails later inside the service.
 """
@@ -25,36 +33,51 @@ from typing import Any
 
 import msgpack
 
+from asynchicache.storage.admin_messages import (
+    Clear,
+    ClearedPages,
+    ClearReply,
+    Contents,
+    ContentsReply,
+    PinChain,
+    PinReply,
+    Pins,
+    PinsReply,
+    StorageEvents,
+    Unpin,
+    UnpinReply,
+    check_hashes,
+)
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
-
-HASH_BYTES = 16
-
-
-def _check_hashes(hashes: tuple[bytes, ...]) -> None:
-    # Hashes become file names: anything but a 16-byte digest is refused at the boundary.
-    if any(len(h) != HASH_BYTES for h in hashes):
-        raise ValueError(f"page hashes must be {HASH_BYTES} bytes")
+from asynchicache.storage.events import EVENT_TYPES
+from asynchicache.storage.pins import Pin
 
 
 @dataclass(frozen=True)
 class Register:
-    """Attach the client's L2 pool (a shared-memory segment of `[slots, page_bytes]`)."""
+    """Attach the client's L2 pool (a shared-memory segment of `[slots, page_bytes]`).
+
+    `events`: send this client the namespace's `StorageEvents` from now on."""
 
     req_id: int
     namespace: bytes
     segment: str
     layout: PageLayout
+    events: bool = False
 
 
 @dataclass(frozen=True)
 class RegisterReply:
     """`pid` is the service's process id: its exit tells a client that work it gave up on
-    can no longer touch the client's slots."""
+    can no longer touch the client's slots. `events_seq`: the client's event subscription
+    began after the namespace's event of that number (repeated on every heartbeat; a new
+    value, or a new pid, is a new subscription: events in between were not sent)."""
 
     req_id: int
     slots: int = 0
     error: str | None = None
     pid: int = 0
+    events_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -63,7 +86,7 @@ class Exists:
     hashes: tuple[bytes, ...]
 
     def __post_init__(self) -> None:
-        _check_hashes(self.hashes)
+        check_hashes(self.hashes)
 
 
 @dataclass(frozen=True)
@@ -82,7 +105,7 @@ class Load:
     deadline_ns: int | None = None
 
     def __post_init__(self) -> None:
-        _check_hashes(self.hashes)
+        check_hashes(self.hashes)
         if len(self.hashes) != len(self.slots):
             raise ValueError(f"{len(self.hashes)} hashes but {len(self.slots)} slots")
 
@@ -108,7 +131,7 @@ class Store:
     deadline_ns: int | None = None
 
     def __post_init__(self) -> None:
-        _check_hashes(tuple(p.page_hash for p in self.pages))
+        check_hashes(tuple(p.page_hash for p in self.pages))
 
 
 @dataclass(frozen=True)
@@ -152,19 +175,6 @@ class StatsReply:
 
 
 @dataclass(frozen=True)
-class Clear:
-    """Remove every stored page of the client's namespace."""
-
-    req_id: int
-
-
-@dataclass(frozen=True)
-class ClearReply:
-    req_id: int
-    removed: int
-
-
-@dataclass(frozen=True)
 class ErrorReply:
     """A request the service could not take: `code` is "unregistered", "malformed" or "internal"."""
 
@@ -173,7 +183,9 @@ class ErrorReply:
     message: str = ""
 
 
-Request = Register | Exists | Load | Store | Cancel | Stats | Clear
+Request = (
+    Register | Exists | Load | Store | Cancel | Stats | Clear | PinChain | Unpin | Pins | Contents
+)
 Reply = (
     RegisterReply
     | ExistsReply
@@ -182,6 +194,11 @@ Reply = (
     | CancelReply
     | StatsReply
     | ClearReply
+    | PinReply
+    | UnpinReply
+    | PinsReply
+    | ContentsReply
+    | StorageEvents
     | ErrorReply
 )
 
@@ -203,11 +220,20 @@ MESSAGE_TYPES: MappingProxyType[str, type] = MappingProxyType(
             StatsReply,
             Clear,
             ClearReply,
+            PinChain,
+            PinReply,
+            Unpin,
+            UnpinReply,
+            Pins,
+            PinsReply,
+            Contents,
+            ContentsReply,
+            StorageEvents,
             ErrorReply,
         )
     }
 )
-_NESTED = (PageLayout, PageRef, BackendStats)
+_NESTED = (PageLayout, PageRef, BackendStats, ClearedPages, Pin, *EVENT_TYPES)
 _HINTS = MappingProxyType(
     {cls: typing.get_type_hints(cls) for cls in (*MESSAGE_TYPES.values(), *_NESTED)}
 )
@@ -265,6 +291,13 @@ def _from_plain(value: Any, hint: Any) -> Any:
 def _from_union(value: Any, options: tuple[Any, ...]) -> Any:
     if value is None and type(None) in options:
         return None
+    classes = [o for o in options if o in _HINTS]
+    if classes:  # a union of messages (events): the value names its type
+        tag = value.get("__t") if isinstance(value, dict) else None
+        for cls in classes:
+            if cls.__name__ == tag:
+                return _from_dataclass(value, cls)
+        raise ValueError(f"expected one of {[c.__name__ for c in classes]}, got {tag!r}")
     for option in options:
         if option is not type(None):
             return _from_plain(value, option)

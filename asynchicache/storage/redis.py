@@ -32,31 +32,40 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import numpy as np
 import xxhash
-from redis.exceptions import ClusterError, RedisClusterException, ResponseError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import ResponseError
 
-from asynchicache.storage.base import BackendStats, PageLayout, PageRef
+from asynchicache.storage.base import BackendStats, Cleared, ClearScope, PageLayout, PageRef
 from asynchicache.storage.breaker import CircuitBreaker
 from asynchicache.storage.deadline import Deadline, passed
 from asynchicache.storage.disk import check_pool
-from asynchicache.storage.redis_topology import RedisTopology, RemoteEndpoint, parse_remote_url
+from asynchicache.storage.events import EventLog, Tier
+from asynchicache.storage.page_index import IndexedPage
+from asynchicache.storage.redis_admin import clear_prefix, list_pages
+from asynchicache.storage.redis_link import OUTAGE, RemoteLink
+from asynchicache.storage.redis_topology import (
+    RedisTopology,
+    RemoteEndpoint,
+    admin_client,
+    parse_remote_url,
+)
 from asynchicache.storage.remote_value import ValueFormat, ValueRejected
 from asynchicache.storage.resp import NodeAddress, RespConnection, RespError, command
 from asynchicache.storage.write_behind import StagedPages
 
 log = logging.getLogger(__name__)
 
-# What "the server is not there" looks like, from our sockets and from redis-py.
-_OUTAGE = (OSError, RedisConnectionError, RedisTimeoutError, ClusterError, RedisClusterException)
 _UNLINK_BATCH = 512
+
+
+def _entry(page: PageRef) -> IndexedPage:
+    return IndexedPage(page.page_hash, 0, page.parent, page.tokens)
 
 
 def remote_key_prefix(namespace: bytes, layout: PageLayout) -> bytes:
@@ -118,6 +127,7 @@ class _PageRead:
     status: _Status
     tokens: tuple[int, ...] = ()
     reason: str = ""
+    parent: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -141,8 +151,9 @@ class _JobLate(Exception):
 class RedisBackend:
     """StorageBackend over Redis/Valkey (see the module docstring)."""
 
-    def __init__(self, config: RedisConfig) -> None:
+    def __init__(self, config: RedisConfig, events: EventLog | None = None) -> None:
         self.config = config
+        self._events = (events or EventLog()).index_listener(Tier.REMOTE)
         self.layout = config.layout
         self.page_bytes = config.layout.page_bytes
         self.prefix = remote_key_prefix(config.namespace, config.layout)
@@ -151,11 +162,14 @@ class RedisBackend:
         self._stats = BackendStats()
         self._stats_lock = threading.Lock()
         self._breaker = CircuitBreaker(config.retry_initial_s, config.retry_max_s)
-        self._topology: RedisTopology | None = None
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="redis-io")
-        self._closing = threading.Event()
-        self._prober = threading.Thread(target=self._probe_loop, name="redis-probe", daemon=True)
-        self._prober.start()
+        self._link = RemoteLink(
+            self._endpoint,
+            config.control_timeout_s,
+            self._breaker,
+            self._count,
+            f"key prefix {self.prefix.decode()}",
+        )
 
     # -- StorageBackend -------------------------------------------------
 
@@ -211,7 +225,9 @@ class RedisBackend:
         self._count(
             hits=ok, misses=len(hashes) - ok, pages_read=ok, bytes_read=ok * self.page_bytes
         )
-        staged.refs.extend(PageRef(hashes[i], reads[i].tokens, i) for i in range(ok))
+        staged.refs.extend(
+            PageRef(hashes[i], reads[i].tokens, i, reads[i].parent) for i in range(ok)
+        )
         return staged
 
     def put(
@@ -237,8 +253,10 @@ class RedisBackend:
             pool,
             deadline,
         )
-        tokens = [unique[i].tokens for i in todo]
-        writes = self._fan_out(topo, call, lambda c, n, idx: self._write_batch(c, n, idx, tokens))
+        todo_pages = [unique[i] for i in todo]
+        writes = self._fan_out(
+            topo, call, lambda c, n, idx: self._write_batch(c, n, idx, todo_pages)
+        )
         stored = {unique[i].page_hash for i, here in enumerate(present) if here}
         stored |= {unique[todo[w.index]].page_hash for w in writes if w.status is _Status.OK}
         written = sum(w.status is _Status.OK for w in writes)
@@ -247,22 +265,47 @@ class RedisBackend:
             bytes_written=written * self.page_bytes,
             store_failures=len(writes) - written,
         )
+        self._events.stored([_entry(p) for p in unique if p.page_hash in stored])
         return sum(p.page_hash in stored for p in pages)
 
     def delete(self, hashes: Sequence[bytes]) -> int:
-        return self._unlink([self.key(h) for h in hashes])
+        removed = self._unlink([self.key(h) for h in hashes])
+        self._events.removed(list(hashes))
+        return removed
 
-    def clear(self) -> int:
-        """UNLINK every value of this namespace (all nodes); returns how many were removed."""
-        topo = self._usable()
-        if topo is None:
-            return 0
+    def clear(
+        self,
+        scope: ClearScope = ClearScope(),  # noqa: B008 (frozen)
+        pinned: Set[bytes] = frozenset(),
+    ) -> Cleared:
+        """UNLINK this namespace's values in `scope` (every node; SCAN, never KEYS), keeping
+        `pinned` pages unless the scope includes them; see storage.redis_admin."""
+        if self._usable() is None:
+            return Cleared(error="remote tier unavailable")
+        client = admin_client(self._endpoint)
         try:
-            keys = list(topo.client.scan_iter(match=self.prefix + b"*", count=1000))
-        except _OUTAGE as exc:
-            self._outage(exc)
-            return 0
-        return self._unlink(keys)
+            done = clear_prefix(client, self.prefix, scope, pinned, self._events.removed)
+        except OUTAGE as exc:
+            return Cleared(error=f"remote tier failed during the clear: {exc}")
+        except ResponseError as exc:
+            return Cleared(error=f"remote tier refused the clear: {exc}")
+        finally:
+            client.close()
+        self._count(cleared=done.removed)
+        return done
+
+    def contents(self) -> list[bytes] | None:
+        """Every page hash of this namespace in the remote tier (SCAN); None when down."""
+        if self._usable() is None:
+            return None
+        client = admin_client(self._endpoint)
+        try:
+            return list_pages(client, self.prefix)
+        except (*OUTAGE, ResponseError) as exc:
+            log.warning("remote contents failed: %s", exc)
+            return None
+        finally:
+            client.close()
 
     def stats(self) -> BackendStats:
         with self._stats_lock:
@@ -274,12 +317,8 @@ class RedisBackend:
         return snap
 
     def close(self) -> None:
-        self._closing.set()
-        self._breaker.wake()
-        self._prober.join(timeout=5.0)
+        self._link.close()
         self._io.shutdown(wait=True)
-        if self._topology is not None:
-            self._topology.close()
 
     # -- extras -----------------------------------------------------------
 
@@ -293,6 +332,9 @@ class RedisBackend:
 
     def key(self, page_hash: bytes) -> bytes:
         return self.prefix + page_hash.hex().encode()
+
+    def _page_of(self, key: bytes) -> bytes:
+        return bytes.fromhex(key[len(self.prefix) :].decode())
 
     @property
     def endpoint(self) -> RemoteEndpoint:
@@ -334,7 +376,7 @@ class RedisBackend:
         for fresh in (False, True):
             reused = False
             try:
-                topo = self._topology
+                topo = self._link.topology
                 if topo is None:
                     raise ConnectionError("remote tier not connected")
                 with topo.connection(node, fresh) as conn:
@@ -344,7 +386,7 @@ class RedisBackend:
             except _JobLate:
                 rest = _Status.LATE
                 break
-            except _OUTAGE as exc:
+            except OUTAGE as exc:
                 if passed(deadline):  # our own time limit, not the server's fault
                     rest = _Status.LATE
                     break
@@ -367,21 +409,21 @@ class RedisBackend:
         until = limit if left is None else min(limit, time.monotonic() + left + 0.001)
         conn.set_time_limit(until)
         try:
-            tokens = self._format.read_page(conn, call.hashes[i], dst)
+            header = self._format.read_page(conn, call.hashes[i], dst)
         except RespError as exc:
             return self._error_reply(i, exc)
         except ValueRejected as exc:
             return _PageRead(i, _Status.CORRUPT, reason=str(exc))
         finally:
             conn.set_time_limit(None)
-        if tokens is None:
+        if header is None:
             return _PageRead(i, _Status.MISSING)
-        return _PageRead(i, _Status.OK, tokens)
+        return _PageRead(i, _Status.OK, header.tokens, parent=header.parent)
 
     def _error_reply(self, i: int, exc: RespError) -> _PageRead:
         if exc.kind in ("MOVED", "ASK"):
             self._count(moved=1)
-            self._refresh_topology()
+            self._link.refresh_topology()
         else:
             self._count(server_errors=1)
             log.debug("redis GET error reply: %s", exc)
@@ -400,11 +442,12 @@ class RedisBackend:
         )
         self._count(corrupt_detected=len(bad))
         self._unlink([keys[r.index] for r in bad])
+        self._events.removed([self._page_of(keys[r.index]) for r in bad])
 
     # -- writes -------------------------------------------------------------
 
     def _write_batch(
-        self, call: _Call, node: NodeAddress, idx: list[int], tokens: list[tuple[int, ...]]
+        self, call: _Call, node: NodeAddress, idx: list[int], pages: list[PageRef]
     ) -> list[_PageRead]:
         """SET pages `idx` pipelined on one connection, each sent straight from its slot."""
         if call.late():
@@ -412,7 +455,10 @@ class RedisBackend:
         buffers: list[bytes | memoryview] = []
         for i in idx:
             payload = memoryview(call.pool[call.slots[i]])
-            buffers += self._format.set_command(call.keys[i], call.hashes[i], tokens[i], payload)
+            page = pages[i]
+            buffers += self._format.set_command(
+                call.keys[i], call.hashes[i], page.tokens, payload, page.parent
+            )
 
         def work(conn: RespConnection, done: list[_PageRead]) -> None:
             conn.send(buffers)  # SET is idempotent: a retry on a new connection is safe
@@ -445,7 +491,7 @@ class RedisBackend:
                 else:
                     pipe.exists(k)
             return [bool(x) for x in pipe.execute()]
-        except _OUTAGE as exc:
+        except OUTAGE as exc:
             self._outage(exc)
         except ResponseError as exc:
             self._count(server_errors=1)
@@ -463,7 +509,7 @@ class RedisBackend:
                 for key in keys[k : k + _UNLINK_BATCH]:
                     pipe.unlink(key)
                 removed += sum(int(x) for x in pipe.execute())
-        except _OUTAGE as exc:
+        except OUTAGE as exc:
             self._outage(exc)
         except ResponseError as exc:
             log.warning("remote UNLINK failed: %s", exc)
@@ -477,7 +523,7 @@ class RedisBackend:
         try:
             for i, key in enumerate(call.keys):
                 by_node.setdefault(topo.node_of(key), []).append(i)
-        except _OUTAGE as exc:
+        except OUTAGE as exc:
             self._outage(exc)
             return [_PageRead(i, _Status.FAILED) for i in range(len(call.keys))]
         step = self.config.batch_pages
@@ -491,56 +537,10 @@ class RedisBackend:
         return sorted(results, key=lambda r: r.index)
 
     def _usable(self) -> RedisTopology | None:
-        topo = self._topology
-        if topo is None or not self._breaker.up:
-            self._count(skipped_down=1)
-            return None
-        return topo
+        return self._link.usable()
 
     def _outage(self, exc: BaseException) -> None:
-        reason = f"{type(exc).__name__}: {exc}"
-        if self._breaker.trip(reason):
-            log.warning(
-                "remote tier %s unavailable (%s); serving without it until it answers again",
-                self._endpoint,
-                reason,
-            )
-        self._count(transport_errors=1)
-
-    def _refresh_topology(self) -> None:
-        topo = self._topology
-        if topo is None:
-            return
-        try:
-            topo.refresh()
-        except _OUTAGE as exc:
-            self._outage(exc)
-
-    def _probe_loop(self) -> None:
-        while self._breaker.wait_probe(self._closing):
-            try:
-                topo = RedisTopology(self._endpoint, self.config.control_timeout_s)
-            except _OUTAGE as exc:
-                self._probe_failed(exc)
-                continue
-            try:
-                topo.check()
-            except (*_OUTAGE, RespError) as exc:
-                topo.close()
-                self._probe_failed(exc)
-                continue
-            old, self._topology = self._topology, topo
-            if old is not None:
-                old.close()
-            self._breaker.recovered()
-            log.info("remote tier %s available (key prefix %s)", self._endpoint, self.prefix)
-
-    def _probe_failed(self, exc: BaseException) -> None:
-        reason = f"{type(exc).__name__}: {exc}"
-        first = self._breaker.probes_failed == 0 and self._breaker.trips == 0
-        self._breaker.probe_failed(reason)
-        level = logging.WARNING if first else logging.DEBUG
-        log.log(level, "remote tier %s not reachable: %s; retrying", self._endpoint, reason)
+        self._link.outage(exc)
 
     def _count(self, **deltas: int) -> None:
         with self._stats_lock:

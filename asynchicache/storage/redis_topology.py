@@ -184,6 +184,12 @@ class RedisTopology:
             self.client.close()
 
 
+def admin_client(endpoint: RemoteEndpoint, timeout_s: float = 30.0) -> redis.Redis | RedisCluster:
+    """A redis-py client for long administrative commands (SCAN walks, bulk UNLINK): its
+    own connections and a long timeout, so it never trips the page traffic's breaker."""
+    return _control_client(endpoint, timeout_s)
+
+
 def _control_client(endpoint: RemoteEndpoint, timeout_s: float) -> redis.Redis | RedisCluster:
     p = endpoint.params
     common: dict[str, object] = {

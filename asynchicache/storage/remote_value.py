@@ -70,8 +70,8 @@ class ValueFormat:
 
     def read_page(
         self, conn: RespConnection, page_hash: bytes, dst: memoryview
-    ) -> tuple[int, ...] | None:
-        """Read one GET reply into `dst`: the page's tokens, or None for a missing key.
+    ) -> PageHeader | None:
+        """Read one GET reply into `dst`: the page's header, or None for a missing key.
 
         Raises ValueRejected (value consumed), RespError (an error reply) or OSError.
         """
@@ -88,7 +88,7 @@ class ValueFormat:
         conn.end_bulk()
         if payload_checksum(dst) != header.payload_checksum:
             raise ValueRejected("payload checksum mismatch")
-        return header.tokens
+        return header
 
     def _read_header(self, conn: RespConnection, n: int) -> PageHeader:
         """The header of an `n`-byte value (longer headers read on); ValueRejected if bad."""

@@ -8,8 +8,9 @@ namespace, its L2 segment name and its page layout; the service maps the
 segment (zero-copy numpy view) and moves pages between the disk and L2 slots.
 Only hashes, slot numbers and statuses cross the socket.
 
-`Exists` is answered from the in-memory index on the loop thread. Loads,
-stores and clears run on a worker pool and reply when done; workers hand their
+`Exists` is answered from the in-memory index on the loop thread (an index
+miss looks at the folder: storage.disk). Loads, stores, clears, pins and
+contents run on a worker pool (storage.service_jobs) and reply when done; workers hand their
 replies back through a queue and a wake-up pipe, because a ZeroMQ socket
 belongs to one thread. A client that vanished costs nothing: its replies are
 dropped (counted). A worker that fails logs, counts and replies with an error;
@@ -30,54 +31,69 @@ Slot lifetimes (the client quarantines a slot until this says it is free):
   not seen yet, should it still arrive (answered `settled`);
 * `RegisterReply` carries this process's pid: a client whose service died
   knows its slots are free.
+
+KV events (storage.events): each namespace's backend numbers its L3/L4
+changes; a client that registered with `events=True` gets them, in order, as
+`StorageEvents` sent by the loop thread whenever some are waiting.
+
+Configuration: storage.service_config; the process's command line:
+storage.service_cli.
 """
 
 from __future__ import annotations
 
-import argparse
-import ipaddress
+import contextlib
 import logging
 import os
 import queue
-import signal
-import tempfile
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import zmq
 
-from asynchicache.config import GIB, CacheConfig, ServiceTuning
+from asynchicache.storage.admin_messages import StorageEvents
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.deadline import Deadline
-from asynchicache.storage.disk import DiskConfig, SyncMode
-from asynchicache.storage.fileio import make_private_dir
+from asynchicache.storage.disk import DiskConfig
+from asynchicache.storage.events import StorageEvent
 from asynchicache.storage.messages import (
     Cancel,
     CancelReply,
-    Clear,
-    ClearReply,
     ErrorReply,
     Exists,
     ExistsReply,
     Load,
-    LoadReply,
     Register,
     RegisterReply,
     Reply,
     Stats,
     StatsReply,
     Store,
-    StoreReply,
     decode,
     encode,
 )
+from asynchicache.storage.service_config import (
+    ServiceConfig,
+    default_address,
+    default_runtime_dir,
+    prepare_address,
+)
+from asynchicache.storage.service_jobs import WORK_TYPES, Work, execute, failed
 from asynchicache.storage.shm import SharedSegment, owner_pid
-from asynchicache.storage.tiered import RemoteTierConfig, TieredBackend, open_tiered
+from asynchicache.storage.tiered import TieredBackend, open_tiered
+
+__all__ = [
+    "CacheService",
+    "ServiceConfig",
+    "default_address",
+    "default_runtime_dir",
+    "prepare_address",
+    "run_service",
+]
 
 log = logging.getLogger(__name__)
 
@@ -85,72 +101,7 @@ _POLL_MS = 100
 _MAX_BATCH = 256  # requests taken per loop turn before replies get their turn
 _REFUSED_PER_CLIENT = 4096  # cancelled tickets remembered per client, should they still come
 _REFUSED_CLIENTS = 256
-
-
-def default_runtime_dir() -> Path:
-    """A per-user private folder for sockets: $XDG_RUNTIME_DIR or the temp dir."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return Path(base) / f"asynchicache-{os.getuid()}"
-
-
-def default_address() -> str:
-    return f"ipc://{default_runtime_dir() / 'cache.sock'}"
-
-
-def prepare_address(address: str) -> None:
-    """Create the private (0700) folder of an `ipc://` address, refusing a foreign one."""
-    if not address.startswith("ipc://"):
-        return
-    folder = Path(address[len("ipc://") :]).parent
-    make_private_dir(folder)
-    st = folder.stat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise PermissionError(f"socket folder {folder} must be private to this user")
-
-
-@dataclass(frozen=True)
-class ServiceConfig:
-    """The cache service: where pages live, where it listens, how hard it works."""
-
-    disk_cache_dir: Path
-    address: str = field(default_factory=default_address)
-    capacity_bytes: int = int(CacheConfig.disk_cache_gb * GIB)
-    io_threads: int = ServiceTuning.io_threads
-    workers: int = ServiceTuning.workers
-    sync: SyncMode = SyncMode(ServiceTuning.disk_sync)  # noqa: RUF009 (an immutable enum member)
-    direct_io: bool = True
-    client_ttl_s: float = ServiceTuning.client_ttl_s  # a client silent this long is dropped
-    remote: RemoteTierConfig | None = None  # L4 (Redis/Valkey) behind the disk: --remote-url
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "disk_cache_dir", Path(self.disk_cache_dir))
-        if self.capacity_bytes <= 0:
-            raise ValueError(f"--disk-cache-gb must be positive, got {self.capacity_bytes} bytes")
-        if self.workers <= 0 or self.io_threads <= 0:
-            raise ValueError("--workers and --io-threads must be positive")
-        if "://" not in self.address:
-            raise ValueError(
-                f"--socket must be a ZeroMQ address like ipc://PATH, got {self.address}"
-            )
-        _check_local(self.address)
-
-
-def _check_local(address: str) -> None:
-    """The service trusts whoever connects (it maps their segments, writes their pages):
-    it listens on an ipc:// file in a private folder, or on loopback TCP, nowhere else."""
-    scheme, _, rest = address.partition("://")
-    if scheme == "ipc":
-        return
-    host = rest.rsplit(":", 1)[0].strip("[]")
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:  # an interface name or a host name: not provably local
-        loopback = False
-    if scheme != "tcp" or not loopback:
-        raise ValueError(
-            f"--socket must be ipc://PATH or tcp://127.0.0.1:PORT (the service has no "
-            f"authentication), got {address}"
-        )
+_EVENTS_PER_MESSAGE = 512
 
 
 @dataclass
@@ -161,11 +112,13 @@ class _Client:
     backend: TieredBackend
     pool: np.ndarray  # [slots, page_bytes] uint8 view of the client's L2 segment
     last_seen: float
+    events: bool = False  # sent this namespace's StorageEvents
+    events_from: int = 0  # the event number its subscription started after
 
 
 @dataclass
 class _Job:
-    """A Load/Store/Clear on the worker pool: its future and its stop condition."""
+    """A request on the worker pool: its future and its stop condition."""
 
     future: Future
     deadline: Deadline
@@ -188,6 +141,7 @@ class CacheService:
         self._workers = ThreadPoolExecutor(config.workers, thread_name_prefix="cache-worker")
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)  # a full pipe already means "wake up"
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -214,6 +168,7 @@ class CacheService:
                     self._take_requests()
                 if self._wake_r in events:
                     self._send_done()
+                    self._send_events()
                 if time.monotonic() - last_sweep > 1.0:
                     self._sweep_clients()
                     last_sweep = time.monotonic()
@@ -260,7 +215,7 @@ class CacheService:
             self._send(ident, ErrorReply(msg.req_id, "unregistered", "send Register first"))
         elif isinstance(msg, Exists):
             self._send(ident, ExistsReply(msg.req_id, client.backend.exists(msg.hashes)))
-        elif isinstance(msg, Load | Store | Clear):
+        elif isinstance(msg, WORK_TYPES):
             self._submit(ident, client, msg)
         else:  # a reply type sent as a request
             self._send(ident, ErrorReply(msg.req_id, "malformed", type(msg).__name__))
@@ -271,7 +226,8 @@ class CacheService:
         old = self._clients.get(ident)
         same = old is not None and old.segment == msg.segment
         if same and old.backend.layout == msg.layout and old.backend.namespace == msg.namespace:
-            return RegisterReply(msg.req_id, old.pool.shape[0], pid=os.getpid())  # a heartbeat
+            self._subscribe(old, msg.events)  # a heartbeat
+            return RegisterReply(msg.req_id, old.pool.shape[0], None, os.getpid(), self._seq(old))
         try:
             backend = self._backend(msg.namespace, msg.layout)
             segment = self._attach(msg.segment)
@@ -285,27 +241,41 @@ class CacheService:
         pool = segment.as_array()[: slots * msg.layout.page_bytes].reshape(slots, -1)
         if old is not None:
             self._drop_client(ident)
-        self._clients[ident] = _Client(msg.segment, backend, pool, time.monotonic())
+        client = _Client(msg.segment, backend, pool, time.monotonic())
+        self._subscribe(client, msg.events)
+        self._clients[ident] = client
         log.info("cache service: client registered segment %s (%d slots)", msg.segment, slots)
-        return RegisterReply(msg.req_id, slots, pid=os.getpid())
+        return RegisterReply(msg.req_id, slots, None, os.getpid(), self._seq(client))
+
+    def _subscribe(self, client: _Client, events: bool) -> None:
+        if events and not client.events:
+            client.backend.events.enable(self._wake)
+            client.events_from = client.backend.events.seq
+        client.events = events
+
+    def _seq(self, client: _Client) -> int:
+        return client.events_from
 
     def _backend(self, namespace: bytes, layout: PageLayout) -> TieredBackend:
         key = (namespace, layout)
         if key not in self._backends:
-            cfg = self.config
             self._backends[key] = open_tiered(
-                DiskConfig(
-                    cfg.disk_cache_dir,
-                    namespace,
-                    layout,
-                    cfg.capacity_bytes,
-                    io_threads=cfg.io_threads,
-                    sync=cfg.sync,
-                    direct_io=cfg.direct_io,
-                ),
-                cfg.remote,
+                self._disk_config(namespace, layout), self.config.remote
             )
         return self._backends[key]
+
+    def _disk_config(self, namespace: bytes, layout: PageLayout) -> DiskConfig:
+        cfg = self.config
+        return DiskConfig(
+            cfg.disk_cache_dir,
+            namespace,
+            layout,
+            cfg.capacity_bytes,
+            io_threads=cfg.io_threads,
+            sync=cfg.sync,
+            direct_io=cfg.direct_io,
+            max_pinned_fraction=cfg.max_pinned_fraction,
+        )
 
     def _attach(self, name: str) -> SharedSegment:
         if "/" in name or name.startswith("."):
@@ -339,15 +309,16 @@ class CacheService:
 
     # -- work -------------------------------------------------------------
 
-    def _submit(self, ident: bytes, client: _Client, msg: Load | Store | Clear) -> None:
+    def _submit(self, ident: bytes, client: _Client, msg: Work) -> None:
         key = (ident, msg.req_id)
         refused = self._refused.get(ident)
-        if not isinstance(msg, Clear) and refused is not None and msg.req_id in refused:
+        slots = isinstance(msg, Load | Store)
+        if slots and refused is not None and msg.req_id in refused:
             del refused[msg.req_id]
             self._count("refused_cancelled")
-            self._send(ident, _failed(msg, "cancelled"))
+            self._send(ident, failed(msg, "cancelled"))
             return
-        deadline = Deadline(None if isinstance(msg, Clear) else msg.deadline_ns)
+        deadline = Deadline(msg.deadline_ns if isinstance(msg, Load | Store) else None)
         future = self._workers.submit(self._guarded, msg, client, deadline)
         self._running[key] = _Job(future, deadline)
         future.add_done_callback(lambda f: self._finished(ident, msg, f))
@@ -371,23 +342,40 @@ class CacheService:
         self._count("cancelled_running")
         return False
 
-    def _guarded(self, msg: Load | Store | Clear, client: _Client, deadline: Deadline) -> Reply:
+    def _guarded(self, msg: Work, client: _Client, deadline: Deadline) -> Reply:
         if deadline.passed():
             why = "cancelled" if deadline.cancelled else "expired before it started"
             self._count("cancelled" if deadline.cancelled else "expired")
-            return _failed(msg, why)
+            return failed(msg, why)
         try:
-            return _execute(msg, client, deadline)
+            return execute(msg, client.backend, client.pool, deadline)
         except Exception as exc:
             log.exception("cache worker failed on %s", type(msg).__name__)
             self._count("worker_failures")
-            return _failed(msg, f"worker failed: {exc}")
+            return failed(msg, f"worker failed: {exc}")
 
-    def _finished(self, ident: bytes, msg: Load | Store | Clear, future: Future) -> None:
+    def _finished(self, ident: bytes, msg: Work, future: Future) -> None:
         # Runs on the worker thread (or the loop thread for a cancel).
-        reply = _failed(msg, "cancelled") if future.cancelled() else future.result()
+        reply = failed(msg, "cancelled") if future.cancelled() else future.result()
         self._done.put((ident, reply))
-        os.write(self._wake_w, b"x")
+        self._wake()
+
+    def _wake(self) -> None:
+        """Make the loop look at finished jobs and waiting events (any thread)."""
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"x")
+
+    def _send_events(self) -> None:
+        """Send each namespace's waiting events to its subscribed clients, in order."""
+        for backend in self._backends.values():
+            numbered = backend.events.drain()
+            if not numbered:
+                continue
+            to = [i for i, c in self._clients.items() if c.events and c.backend is backend]
+            for seq, events in _runs(numbered):
+                for ident in to:
+                    self._send(ident, StorageEvents(0, seq, events))
+            self._count("events_sent", len(numbered) * len(to))
 
     def _send_done(self) -> None:
         try:
@@ -403,7 +391,7 @@ class CacheService:
             self._running.pop((ident, reply.req_id), None)
             self._send(ident, reply)
 
-    def _send(self, ident: bytes, reply: Reply) -> None:
+    def _send(self, ident: bytes, reply: Reply | StorageEvents) -> None:
         try:
             self._sock.send_multipart([ident, encode(reply)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client left; EAGAIN: it stopped reading
@@ -435,25 +423,19 @@ class CacheService:
         log.info("cache service stopped")
 
 
-def _execute(msg: Load | Store | Clear, client: _Client, deadline: Deadline) -> Reply:
-    if isinstance(msg, Load):
-        read = client.backend.load(msg.hashes, msg.slots, client.pool, deadline)
-        ok, n = read.pages_ok, len(msg.hashes)
-        error = None if ok == n else f"{n - ok} of {n} pages missed"
-        return LoadReply(msg.req_id, ok, n, error, read.pages_from_remote)
-    if isinstance(msg, Store):
-        ok = client.backend.put(msg.pages, client.pool, deadline)
-        n = len(msg.pages)
-        return StoreReply(msg.req_id, ok, n, None if ok == n else f"{n - ok} of {n} not stored")
-    return ClearReply(msg.req_id, client.backend.clear())
-
-
-def _failed(msg: Load | Store | Clear, error: str) -> Reply:
-    if isinstance(msg, Load):
-        return LoadReply(msg.req_id, 0, len(msg.hashes), error)
-    if isinstance(msg, Store):
-        return StoreReply(msg.req_id, 0, len(msg.pages), error)
-    return ErrorReply(msg.req_id, "internal", error)
+def _runs(numbered: list[tuple[int, StorageEvent]]) -> list[tuple[int, tuple[StorageEvent, ...]]]:
+    """Events as (first number, events) runs of consecutive numbers, each of a bounded size."""
+    runs: list[tuple[int, list[StorageEvent]]] = []
+    for seq, event in numbered:
+        if (
+            runs
+            and runs[-1][0] + len(runs[-1][1]) == seq
+            and len(runs[-1][1]) < _EVENTS_PER_MESSAGE
+        ):
+            runs[-1][1].append(event)
+        else:
+            runs.append((seq, [event]))
+    return [(seq, tuple(events)) for seq, events in runs]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -471,70 +453,7 @@ def run_service(config: ServiceConfig, stop: threading.Event | None = None) -> N
     CacheService(config, stop).run()
 
 
-def _parse(argv: list[str] | None) -> ServiceConfig:
-    p = argparse.ArgumentParser(
-        prog="asynchicache-cache-service", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--disk-cache-dir", type=Path, required=True)
-    p.add_argument("--socket", default=default_address(), help="ZeroMQ address to bind")
-    p.add_argument(
-        "--disk-cache-gb",
-        type=float,
-        default=CacheConfig.disk_cache_gb,
-        help="L3 capacity in GiB (2**30 bytes)",
-    )
-    p.add_argument(
-        "--io-threads",
-        type=int,
-        default=ServiceTuning.io_threads,
-        help="parallel file I/O per namespace",
-    )
-    p.add_argument(
-        "--workers", type=int, default=ServiceTuning.workers, help="requests served at once"
-    )
-    p.add_argument(
-        "--disk-sync",
-        choices=[m.value for m in SyncMode],
-        default=ServiceTuning.disk_sync,
-        help="durability of stored pages: one syncfs per put, fdatasync per file, or none",
-    )
-    p.add_argument("--no-direct-io", action="store_true", help="never use O_DIRECT")
-    p.add_argument(
-        "--client-ttl",
-        type=float,
-        default=ServiceTuning.client_ttl_s,
-        help="forget silent clients (s)",
-    )
-    p.add_argument("--remote-url", help="L4 Redis/Valkey, e.g. redis://127.0.0.1:6379/0")
-    p.add_argument("--remote-ttl", type=int, help="L4 value expiry in seconds (default: none)")
-    p.add_argument("--log-level", default="INFO")
-    a = p.parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    return ServiceConfig(
-        a.disk_cache_dir,
-        a.socket,
-        int(a.disk_cache_gb * GIB),
-        a.io_threads,
-        a.workers,
-        sync=SyncMode(a.disk_sync),
-        direct_io=not a.no_direct_io,
-        client_ttl_s=a.client_ttl,
-        remote=RemoteTierConfig(a.remote_url, a.remote_ttl) if a.remote_url else None,
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    config = _parse(argv)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    run_service(config, stop)
-    return 0
-
-
 if __name__ == "__main__":
+    from asynchicache.storage.service_cli import main
+
     raise SystemExit(main())

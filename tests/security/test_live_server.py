@@ -50,7 +50,7 @@ def prompt() -> Prompt:
 
 
 def _routes() -> list[tuple[str, str]]:
-    app = create_app(types.SimpleNamespace(api_key=None))  # type: ignore[arg-type]
+    app = create_app(types.SimpleNamespace(api_key=None, admin_api_key=None))  # type: ignore[arg-type]
     return sorted(
         (method, route.path)
         for route in app.routes

@@ -16,7 +16,10 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "asynchicache"
 BANNED_MODULES = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle",
-                  "joblib", "yaml", "jsonpickle"}  # fmt: skip
+                  "joblib", "jsonpickle"}  # fmt: skip
+# YAML (`serve --config`) may build arbitrary objects through its full loaders: only
+# `yaml.safe_load` (plain scalars, lists and mappings) is allowed.
+YAML_ALLOWED = {"safe_load", "YAMLError"}
 BANNED_CALLS = {"eval", "exec", "compile", "__import__", "execfile", "input"}
 
 
@@ -62,6 +65,22 @@ def test_no_unpickling_modules_anywhere() -> None:
                 for n in names
                 if n.split(".")[0] in BANNED_MODULES
             ]
+    assert found == []
+
+
+def test_yaml_is_read_only_with_safe_load() -> None:
+    found = []
+    for path, tree in _trees():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "yaml":
+                found.append(f"{_where(path, node)} imports names from yaml: use yaml.safe_load")
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "yaml"
+                and node.attr not in YAML_ALLOWED
+            ):
+                found.append(f"{_where(path, node)} uses yaml.{node.attr}")
     assert found == []
 
 

@@ -15,7 +15,7 @@ import pytest
 from storage_helpers import ALIGNED, NAMESPACE, SMALL, Pool, new_hashes, refs
 
 from asynchicache.storage import disk as disk_module
-from asynchicache.storage import fileio
+from asynchicache.storage import disk_write, fileio
 from asynchicache.storage.base import PageLayout, PageRef
 from asynchicache.storage.disk import TMP_PREFIX, DiskBackend, DiskConfig
 from asynchicache.storage.header import decode_header
@@ -295,7 +295,7 @@ def test_clear_removes_only_page_files(backends: Backends, make_pool: Callable[.
     disk.put(refs(hashes, range(4)), pool.array)
     keep = disk.config.folder / "README.txt"
     keep.write_text("not ours")
-    assert disk.clear() == 4
+    assert disk.clear().removed == 4
     assert disk.exists(hashes) == 0 and disk.stats().bytes_used == 0 and keep.exists()
 
 
@@ -362,8 +362,8 @@ def test_falls_back_to_buffered_io_where_o_direct_is_refused(
 
         return wrapped
 
-    monkeypatch.setattr(disk_module, "open_read", refuse(fileio.open_read))
-    monkeypatch.setattr(disk_module, "create_private", refuse(fileio.create_private))
+    monkeypatch.setattr(disk_write, "open_read", refuse(fileio.open_read))
+    monkeypatch.setattr(disk_write, "create_private", refuse(fileio.create_private))
     pool = make_pool(8, ALIGNED)
     pool.fill(range(4))
     disk = backends(ALIGNED)

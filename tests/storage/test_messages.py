@@ -9,7 +9,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from asynchicache.storage.admin_messages import (
+    ClearedPages,
+    Contents,
+    ContentsReply,
+    PinChain,
+    PinReply,
+    Pins,
+    PinsReply,
+    StorageEvents,
+    Unpin,
+    UnpinReply,
+)
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
+from asynchicache.storage.events import PagesRemoved, PagesStored, TierCleared
 from asynchicache.storage.messages import (
     MESSAGE_TYPES,
     Cancel,
@@ -30,8 +43,10 @@ from asynchicache.storage.messages import (
     decode,
     encode,
 )
+from asynchicache.storage.pins import Pin
 
 H = [bytes([i]) * 16 for i in range(3)]
+PIN = Pin(H[2].hex(), H[0], tuple(H), 8192, "tenant-a", 1_700_000_000.5, 1_700_003_600.5)
 SAMPLES = [
     Register(1, b"model\x1ffloat32", "asynchicache-1-pool-ab", PageLayout("bfloat16", (2, 2, 4))),
     RegisterReply(1, 64),
@@ -53,7 +68,34 @@ SAMPLES = [
     StatsReply(6, BackendStats(pages=3, hits=2, extra={"vanished": 1.0}), {"requests": 7.0}),
     StatsReply(6),
     Clear(7),
+    Clear(7, ("remote",), H[0], include_pinned=True),
     ClearReply(7, 12),
+    ClearReply(
+        7, 12, (ClearedPages("disk", 10, 2), ClearedPages("remote", 2, 0, "remote tier down"))
+    ),
+    PinChain(9, tuple(H), H[0], "tenant-a", 3600.0),
+    PinChain(9, (H[1],), H[0]),
+    PinReply(9, PIN, 3, 3 * 8192, 1 << 20),
+    PinReply(9, None, 0, 9 << 20, 1 << 20, "over_limit", "pinning 3 pages would pin ..."),
+    Unpin(10, (H[2].hex(),)),
+    UnpinReply(10, 1),
+    Pins(11),
+    PinsReply(11, (PIN, dataclasses.replace(PIN, expires_at=None)), 3, 3 * 8192, 1 << 20),
+    Contents(12),
+    Contents(12, ("disk",)),
+    ContentsReply(12, 41, tuple(H), (H[0], b"", H[1]), (H[2],), True),
+    StorageEvents(
+        0,
+        42,
+        (
+            PagesStored("disk", tuple(H), H[0], tuple(range(12))),
+            PagesStored("remote", (H[1],)),
+            PagesRemoved("disk", (H[2],)),
+            TierCleared("remote"),
+        ),
+    ),
+    Register(1, b"model", "seg", PageLayout("float32", (2, 2, 4)), events=True),
+    RegisterReply(1, 64, None, 4242, events_seq=17),
     ErrorReply(8, "unregistered", "register first"),
 ]
 
@@ -85,6 +127,13 @@ def test_round_trip(msg: object) -> None:
             "segment": "s",
             "layout": {"__t": "PageLayout", "dtype": "float99", "shape": [1]},
         },
+        {"__t": "Clear", "req_id": 1, "tiers": ["tape"]},  # unknown tier
+        {"__t": "Clear", "req_id": 1, "root": b"short"},  # not a hash
+        {"__t": "PinChain", "req_id": 1, "pages": [], "root": b"r" * 16},  # empty chain
+        {"__t": "PinChain", "req_id": 1, "pages": [b"p" * 16], "root": b"r" * 16, "ttl_s": -1},
+        {"__t": "PinChain", "req_id": 1, "pages": [b"p" * 15], "root": b"r" * 16},
+        {"__t": "StorageEvents", "req_id": 0, "seq": 1, "events": [{"__t": "Pin"}]},  # not one
+        {"__t": "StorageEvents", "req_id": 0, "seq": 1, "events": [{"__t": "TierCleared"}]},
         [1, 2, 3],
         None,
     ],
@@ -111,7 +160,7 @@ _leaf = st.one_of(
     st.floats(),
     st.text(max_size=8),
     st.binary(max_size=20),
-    st.sampled_from([*MESSAGE_TYPES, "PageRef", "PageLayout"]),
+    st.sampled_from([*MESSAGE_TYPES, "PageRef", "PageLayout", "PagesStored", "Pin"]),
 )
 _tree = st.recursive(
     _leaf,

@@ -13,6 +13,7 @@ import pytest
 import zmq
 from storage_helpers import DEFAULT, NAMESPACE, SMALL, Pool, ServiceProcess, new_hashes, refs
 
+from asynchicache.storage.admin_messages import ClearedPages
 from asynchicache.storage.base import PageLayout, TicketKind
 from asynchicache.storage.client import ClientConfig, StorageClient
 from asynchicache.storage.disk_admin import verify_folder
@@ -309,7 +310,9 @@ def test_in_thread_mode_and_cancel(tmp_path: Path, sock_dir: Path, make_pool) ->
         assert done[big].pages_ok == 128
         assert done[small].error == "cancelled" and done[small].pages_ok == 0
         assert np.array_equal(pool.array[128:256], pool.array[0:128])
-        assert client.clear() == 128 and client.exists(hashes) == 0
+        cleared = client.clear()
+        assert cleared is not None and cleared.removed == 128 and client.exists(hashes) == 0
+        assert cleared.tiers[0] == ClearedPages("disk", 128)
     finally:
         client.close()
 

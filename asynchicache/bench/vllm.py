@@ -1,0 +1,227 @@
+"""`asynchicache bench vllm`: time to first token under vLLM, with and without our tiers.
+
+    asynchicache bench vllm [--model HF_DIR] [--prompt-tokens 1500] [--rounds 3]
+        [--python .venv-vllm/bin/python] [--block-size N] [--out FILE.json]
+
+Starts the servers itself, all with identical vLLM flags (eager, float32, the
+same max-model-len and KV cache size), sends one warm-up request to each
+after every start, then runs `--rounds` interleaved rounds of four arms on a
+~1,500-token chat prompt (streamed; TTFT = until the first content token):
+
+  vllm_cold        vLLM alone, a prompt it has never seen
+  ours_restart     vLLM + AsynchicacheConnector, the prompt computed by the
+                   previous process, then vLLM *and* its cache service restarted
+  example_restart  the same with vLLM's ExampleConnector (safetensors on disk)
+  ours_cold        vLLM + AsynchicacheConnector, a prompt never seen (overhead)
+
+and reports the median of each arm, each arm's hit tokens (ours: our disk
+tier counter; ExampleConnector: vLLM's external prefix cache hits) and the
+load average, as JSON. The model defaults to the embedded SmolLM2 exported
+with `asynchicache model export-hf`. Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from asynchicache.bench.text import text
+from asynchicache.bench.vllm_process import VllmFlags, VllmServer, metric_sum
+
+ARMS = ("vllm_cold", "ours_restart", "example_restart", "ours_cold")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: Path | None
+    prompt_tokens: int = 1500
+    rounds: int = 3
+    python: str = sys.executable
+    max_model_len: int = 4096
+    kv_cache_bytes: int = 1 << 30
+    work_dir: Path | None = None
+    block_size: int | None = None  # vLLM's --block-size for every arm (None: its default)
+
+    def __post_init__(self) -> None:
+        if self.rounds <= 0 or self.prompt_tokens <= 0:
+            raise ValueError("--rounds and --prompt-tokens must be positive")
+
+
+def messages(seed: int, approx_tokens: int) -> list[dict[str, str]]:
+    """A chat prompt: an English-like document of about `approx_tokens` and a question."""
+    document = text(random.Random(seed), max(approx_tokens - 30, 10))
+    return [{"role": "user", "content": f"{document}\n\nSummarise the text above in one line."}]
+
+
+def ttft(server: VllmServer, msgs: list[dict[str, str]]) -> float:
+    """Seconds from sending the request to the first streamed content token."""
+    body = {"model": "model", "messages": msgs, "max_tokens": 4, "temperature": 0.0,
+            "stream": True}
+    start = time.perf_counter()
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                      timeout=600) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            delta = json.loads(line[6:])["choices"][0].get("delta", {})
+            if delta.get("content"):
+                return time.perf_counter() - start
+    raise RuntimeError("the stream ended without a token")
+
+
+@dataclass
+class Arm:
+    """One server configuration (restarted between rounds for the restart arms)."""
+
+    name: str
+    flags: VllmFlags
+    log: Path
+    python: str
+    hits: Callable[[VllmServer], float]
+    server: VllmServer | None = None
+    hit_tokens: list[float] = field(default_factory=list)
+
+    def start(self) -> VllmServer:
+        self.stop()
+        self.server = VllmServer(self.flags, self.log, python=self.python)
+        self.server.start()
+        self.server.chat([{"role": "user", "content": "Say hello."}], max_tokens=2)  # warm-up
+        return self.server
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def timed(self, msgs: list[dict[str, str]]) -> float:
+        assert self.server is not None
+        before = self.hits(self.server)
+        seconds = ttft(self.server, msgs)
+        time.sleep(1.0)  # the step's stats reach /metrics
+        self.hit_tokens.append(self.hits(self.server) - before)
+        return seconds
+
+
+def _our_hits(server: VllmServer) -> float:
+    metrics = server.metrics()
+    return sum(metric_sum(metrics, "vllm:asynchicache_hit_tokens_total", tier=t)
+               for t in ("host", "disk", "remote"))
+
+
+def _external_hits(server: VllmServer) -> float:
+    return metric_sum(server.metrics(), "vllm:external_prefix_cache_hits_total")
+
+
+def _arms(config: BenchConfig, model: Path, work: Path) -> dict[str, Arm]:
+    extra = () if config.block_size is None else ("--block-size", str(config.block_size))
+    common = {"max_model_len": config.max_model_len, "kv_cache_bytes": config.kv_cache_bytes,
+              "extra": extra}
+    ours = VllmFlags(model, connector="AsynchicacheConnector", extra_config={
+        "disk_cache_dir": str(work / "ours-kv"),
+        "cache_service": f"ipc://{work / 'run' / 'cache.sock'}",
+        "lookup_timeout": 5.0, "prefetch_timeout": 30.0,
+    }, **common)
+    example = VllmFlags(model, connector="ExampleConnector",
+                        extra_config={"shared_storage_path": str(work / "example-kv")}, **common)
+    plain = VllmFlags(model, **common)
+    py = config.python
+    return {
+        "vllm": Arm("vllm", plain, work / "vllm.log", py, _external_hits),
+        "ours": Arm("ours", ours, work / "ours.log", py, _our_hits),
+        "example": Arm("example", example, work / "example.log", py, _external_hits),
+    }
+
+
+def run(config: BenchConfig) -> dict:
+    work = config.work_dir or Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+    model = config.model or _export_default(work)
+    arms = _arms(config, model, work)
+    times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    hits: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    load_before = os.getloadavg()[0]
+    try:
+        for arm in arms.values():
+            arm.start()
+        for r in range(config.rounds):
+            seed = 1000 * (r + 1)
+            computed = messages(seed, config.prompt_tokens)
+            for name in ("ours", "example"):  # computed once, then both restarted
+                ttft(_server(arms[name]), computed)
+                arms[name].start()
+            for arm_name, arm, msgs in (
+                ("vllm_cold", arms["vllm"], messages(seed + 1, config.prompt_tokens)),
+                ("ours_restart", arms["ours"], computed),
+                ("example_restart", arms["example"], computed),
+                ("ours_cold", arms["ours"], messages(seed + 2, config.prompt_tokens)),
+            ):
+                times[arm_name].append(arm.timed(msgs))
+                hits[arm_name].append(arm.hit_tokens[-1])
+    finally:
+        for arm in arms.values():
+            arm.stop()
+    return _report(config, times, hits, load_before)
+
+
+def _server(arm: Arm) -> VllmServer:
+    assert arm.server is not None
+    return arm.server
+
+
+def _report(config: BenchConfig, times: dict[str, list[float]],
+            hits: dict[str, list[float]], load_before: float) -> dict:
+    med = {arm: statistics.median(ts) for arm, ts in times.items()}
+    out = {f"{arm}_ttft_s": round(med[arm], 4) for arm in ARMS}
+    out.update({
+        "rounds": {arm: [round(t, 4) for t in ts] for arm, ts in times.items()},
+        "hit_tokens": hits,
+        "prompt_tokens_target": config.prompt_tokens,
+        "block_size": config.block_size,
+        "ours_restart_vs_vllm_cold": round(med["ours_restart"] / med["vllm_cold"], 4),
+        "ours_restart_vs_example_restart": round(med["ours_restart"] / med["example_restart"], 4),
+        "ours_cold_vs_vllm_cold": round(med["ours_cold"] / med["vllm_cold"], 4),
+        "load_average": {"before": load_before, "after": os.getloadavg()[0]},
+    })
+    return out
+
+
+def _export_default(work: Path) -> Path:
+    from asynchicache.engine.export_hf import export_hf
+
+    return export_hf(work / "smollm2-hf")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="asynchicache bench vllm", description=__doc__.split("\n")[0])
+    p.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2)")
+    p.add_argument("--prompt-tokens", type=int, default=1500)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--python", default=sys.executable,
+                   help="the Python with vLLM installed (e.g. .venv-vllm/bin/python)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="vLLM --block-size for all arms (CPU: a multiple of 32; default: vLLM's)")
+    p.add_argument("--work-dir", type=Path, default=None, help="logs, disk caches (default: tmp)")
+    p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    a = p.parse_args(argv)
+    result = run(BenchConfig(a.model, a.prompt_tokens, a.rounds, a.python, work_dir=a.work_dir,
+                             block_size=a.block_size))
+    text_out = json.dumps(result, indent=2)
+    print(text_out)
+    if a.out is not None:
+        a.out.write_text(text_out + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

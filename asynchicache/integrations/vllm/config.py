@@ -1,0 +1,85 @@
+"""The connector's settings, read from vLLM's `kv_connector_extra_config`.
+
+Keys are our serve flags in snake_case (`disk_cache_dir`, `host_cache_gb`,
+`remote_url`, ...), all optional with our defaults. An unknown key is an error
+that lists the known ones, so a typo does not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from asynchicache.config import default_disk_cache_dir
+from asynchicache.storage.service import default_runtime_dir
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    """What `AsynchicacheConnector` needs beyond vLLM's own config."""
+
+    disk_cache_dir: Path = field(default_factory=default_disk_cache_dir)
+    disk_cache_gb: float = 20.0
+    host_cache_gb: float = 2.0  # this instance's L2 segment
+    page_size: int = 16  # tokens per page; must divide vLLM's block size
+    remote_url: str | None = None  # L4 Redis/Valkey, used when we start the service
+    remote_ttl: int | None = None
+    # The cache service's ZeroMQ address; None: one per disk folder in the runtime dir,
+    # so every vLLM on the machine that uses the same folder shares one service.
+    cache_service: str | None = None
+    start_service: bool = True  # start a service when none answers at the address
+    service_start_timeout: float = 60.0  # seconds to wait for it at vLLM start-up
+    lookup_timeout: float = 0.5  # s: an unanswered "how far does the chain exist" is 0
+    prefetch_timeout: float = 2.0  # s: a load into L2 not done by then is a miss
+    store_timeout: float = 60.0  # s: a store the service has not finished by then failed
+    min_load_tokens: int = 0  # hits shorter than this are recomputed
+    load_async: bool = True  # vLLM's load_kv_async: copy into its blocks between steps
+    service_log_level: str = "WARNING"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "disk_cache_dir", Path(self.disk_cache_dir).expanduser())
+        for name in ("disk_cache_gb", "host_cache_gb", "page_size", "lookup_timeout",
+                     "prefetch_timeout", "store_timeout", "service_start_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"kv_connector_extra_config.{name} must be positive, "
+                                 f"got {getattr(self, name)!r}")
+        if self.min_load_tokens < 0:
+            raise ValueError("kv_connector_extra_config.min_load_tokens must be >= 0")
+        if self.remote_ttl is not None and self.remote_ttl <= 0:
+            raise ValueError("kv_connector_extra_config.remote_ttl must be positive seconds")
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorConfig:
+        """Build from `kv_connector_extra_config`; unknown keys raise, naming the known."""
+        extra = dict(extra or {})
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(extra) - set(known))
+        if unknown:
+            raise ValueError(
+                f"unknown kv_connector_extra_config key(s) {unknown}; known: {sorted(known)}"
+            )
+        return cls(**{k: _coerce(known[k], v) for k, v in extra.items()})
+
+    @property
+    def service_address(self) -> str:
+        if self.cache_service:
+            return self.cache_service
+        folder = os.path.realpath(self.disk_cache_dir)
+        tag = xxhash.xxh3_64_hexdigest(folder.encode())[:12]
+        return f"ipc://{default_runtime_dir() / f'cache-{tag}.sock'}"
+
+    @property
+    def host_cache_bytes(self) -> int:
+        return int(self.host_cache_gb * 1e9)
+
+
+def _coerce(f: dataclasses.Field, value: Any) -> Any:
+    """JSON gives strings and numbers; turn "true"/"1" into bools for the bool fields."""
+    if f.type in ("bool", bool) and isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return value

@@ -1,0 +1,24 @@
+"""The scheduler side's jobs: who fills or reads which L2 slots, until it reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+from asynchicache.storage.base import PageRef
+
+
+class JobKind(Enum):
+    PREFETCH = auto()  # service: L3/L4 -> L2 slots (WRITING until done)
+    COPY_IN = auto()  # worker: L2 slots (pinned) -> vLLM blocks
+    SAVE_COPY = auto()  # worker: vLLM blocks -> L2 slots (WRITING until done)
+    STORE = auto()  # service: L2 slots (pinned) -> L3/L4
+
+
+@dataclass
+class Job:
+    kind: JobKind
+    req_id: str
+    slots: list[int]
+    pages: list[PageRef] = field(default_factory=list)  # PREFETCH/SAVE_COPY: what the slots get
+    lookup_key: int = 0

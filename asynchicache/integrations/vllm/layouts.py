@@ -1,0 +1,236 @@
+"""vLLM's paged KV tensors <-> our pages: formats, canonical views, batched copies.
+
+Our page is `[layers, 2, page_size, kv_heads, head_dim]` (cache.pools.KVLayout),
+so a vLLM block of `block_size` tokens is `block_size // page_size` of our pages.
+vLLM hands `register_kv_caches` one tensor per attention layer; what its
+dimensions mean depends on the attention backend (vLLM 0.32):
+
+* CPU_ATTN: `[blocks, kv_heads, block_size, 2 * head_dim]`; the memory of one
+  (block, head) is a `[2 * block_size, head_dim]` matrix, the block's K rows
+  first, then its V rows ("head-major split").
+* FLASH_ATTN, TRITON_ATTN, FLEX_ATTENTION: the same 4D shape, but each token's
+  row is `[K | V]` along the last dimension ("token-interleaved"); the strides
+  follow VLLM_KV_CACHE_LAYOUT (LBNHC is the classic NHD memory order).
+* Older vLLM's FlashAttention: `[2, blocks, block_size, kv_heads, head_dim]`
+  ("kv-first"), recognised from the 5D shape.
+
+Every format is turned into one canonical strided view per layer,
+`[blocks, 2, block_size, kv_heads, head_dim]`, over the same memory (no copy),
+and every copy is a batched gather/scatter over all blocks of a job, one pass
+per layer: never a Python loop over pages. vLLM may split a manager block into
+`ratio` kernel blocks (the tensor then has `ratio` times the blocks); block
+`b` is kernel blocks `b * ratio .. b * ratio + ratio - 1`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+
+import torch
+
+
+class BlockFormat(StrEnum):
+    HEAD_MAJOR_SPLIT = "head_major_split"
+    TOKEN_INTERLEAVED = "token_interleaved"
+    KV_FIRST = "kv_first"
+
+
+# Attention backend name -> how its 4D `[blocks, kv_heads, block_size, 2 * head_dim]`
+# per-layer tensor holds K and V (read from vLLM 0.32's backends' forward()).
+BACKEND_FORMATS: MappingProxyType[str, BlockFormat] = MappingProxyType({
+    "CPU_ATTN": BlockFormat.HEAD_MAJOR_SPLIT,
+    "FLASH_ATTN": BlockFormat.TOKEN_INTERLEAVED,
+    "TRITON_ATTN": BlockFormat.TOKEN_INTERLEAVED,
+    "FLEX_ATTENTION": BlockFormat.TOKEN_INTERLEAVED,
+})
+
+
+@dataclass(frozen=True)
+class BlockGeometry:
+    """What vLLM's KV cache spec says about one layer's tensor."""
+
+    num_blocks: int  # manager blocks (KVCacheConfig.num_blocks)
+    block_size: int  # tokens per manager block
+    num_kv_heads: int
+    head_dim: int
+
+
+def detect_format(backend: str, shape: Sequence[int], geometry: BlockGeometry) -> BlockFormat:
+    """The format of a layer tensor of `shape` under attention backend `backend`."""
+    h, d = geometry.num_kv_heads, geometry.head_dim
+    if len(shape) == 5 and shape[0] == 2 and tuple(shape[3:]) == (h, d):
+        return BlockFormat.KV_FIRST
+    if len(shape) == 4 and shape[1] == h and shape[3] == 2 * d:
+        fmt = BACKEND_FORMATS.get(backend)
+        if fmt is None:
+            raise ValueError(
+                f"attention backend {backend!r} is not supported by AsynchicacheConnector; "
+                f"known: {', '.join(BACKEND_FORMATS)}"
+            )
+        return fmt
+    raise ValueError(
+        f"unexpected KV cache tensor shape {tuple(shape)} for {backend} with {h} KV heads "
+        f"of {d}: expected [blocks, {h}, block_size, {2 * d}] or [2, blocks, block_size, {h}, {d}]"
+    )
+
+
+def canonical_view(tensor: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """`[blocks, 2, block_size, kv_heads, head_dim]`, sharing `tensor`'s memory."""
+    if fmt is BlockFormat.KV_FIRST:
+        return tensor.permute(1, 0, 2, 3, 4)
+    blocks, heads, tokens, width = tensor.shape
+    head_dim = width // 2
+    if fmt is BlockFormat.TOKEN_INTERLEAVED:
+        # [B, H, N, 2, D] -> [B, 2, N, H, D]
+        return tensor.unflatten(3, (2, head_dim)).permute(0, 3, 2, 1, 4)
+    if tensor.stride(3) != 1 or tensor.stride(2) != width:
+        raise ValueError(
+            f"a head-major KV block must be dense per head; strides {tensor.stride()}"
+        )
+    s_block, s_head = tensor.stride(0), tensor.stride(1)
+    # Per (block, head): [2, N, D] (K rows, then V rows) -> [B, 2, N, H, D]
+    split = tensor.as_strided(
+        (blocks, heads, 2, tokens, head_dim),
+        (s_block, s_head, tokens * head_dim, head_dim, 1),
+    )
+    return split.permute(0, 2, 3, 1, 4)
+
+
+class BlockCopier:
+    """Copies whole vLLM blocks to and from L2 page slots for all layers.
+
+    `views` are the canonical views, in layer order. `pool` is the L2 pool as
+    `[slots, layers, 2, page_size, kv_heads, head_dim]` (HostPool.tensor); a job
+    names block ids and, per block, its `pages_per_block` slots in token order.
+    Whole blocks are gathered and scattered on vLLM's tensors as they lie in
+    memory (dense rows); the transposes happen in copies between scratch
+    buffers that are kept and reused (fresh allocations fault their pages in,
+    which on a busy host costs more than the copies).
+    """
+
+    def __init__(
+        self, tensors: Sequence[torch.Tensor], fmt: BlockFormat, ratio: int, page_size: int
+    ) -> None:
+        if not tensors:
+            raise ValueError("no attention layers to copy")
+        self.tensors = list(tensors)
+        self.fmt = fmt
+        self.views = [canonical_view(t, fmt) for t in self.tensors]
+        first = self.views[0]
+        self.ratio = ratio
+        self.kernel_block_size = first.shape[2]
+        if self.kernel_block_size % page_size:
+            raise ValueError(
+                f"page_size {page_size} must divide vLLM's (kernel) block size "
+                f"{self.kernel_block_size}"
+            )
+        self.page_size = page_size
+        self.pages_per_kernel_block = self.kernel_block_size // page_size
+        self.pages_per_block = self.pages_per_kernel_block * ratio
+        self.num_layers = len(self.views)
+        self.num_kv_heads = first.shape[3]
+        self.head_dim = first.shape[4]
+        self.dtype = first.dtype
+        self.device = first.device
+        self._block_dim = 1 if fmt is BlockFormat.KV_FIRST else 0
+        self._scratch_bufs: dict[tuple[str, str], torch.Tensor] = {}
+        for v in self.views:
+            if v.shape[1:] != first.shape[1:] or v.dtype != first.dtype:
+                raise ValueError("all attention layers must share one KV shape and dtype")
+
+    @property
+    def page_shape(self) -> tuple[int, int, int, int, int]:
+        # [layers, 2, page_size, kv_heads, head_dim]
+        return (self.num_layers, 2, self.page_size, self.num_kv_heads, self.head_dim)
+
+    def kernel_ids(self, block_ids: Sequence[int]) -> torch.Tensor:
+        """Kernel block ids of manager blocks `block_ids`, in token order."""
+        ids = torch.as_tensor(list(block_ids), dtype=torch.long)
+        if self.ratio > 1:
+            ids = (ids[:, None] * self.ratio + torch.arange(self.ratio)).reshape(-1)
+        return ids.to(self.device)
+
+    def _check(self, block_ids: Sequence[int], slots: Sequence[int], pool: torch.Tensor) -> None:
+        if len(slots) != len(block_ids) * self.pages_per_block:
+            raise ValueError(
+                f"{len(block_ids)} blocks need {len(block_ids) * self.pages_per_block} "
+                f"slots, got {len(slots)}"
+            )
+        if tuple(pool.shape[1:]) != self.page_shape or pool.dtype != self.dtype:
+            raise ValueError(
+                f"L2 pool pages are {tuple(pool.shape[1:])} {pool.dtype}, vLLM's blocks "
+                f"make {self.page_shape} {self.dtype}"
+            )
+
+    def _scratch(self, name: str, shape: Sequence[int], device: torch.device) -> torch.Tensor:
+        """A reused buffer of `shape` (grown, never shrunk)."""
+        numel = math.prod(shape)
+        key = (name, str(device))
+        buf = self._scratch_bufs.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=self.dtype, device=device)
+            self._scratch_bufs[key] = buf
+        return buf[:numel].view(*shape)
+
+    def warm_up(self, max_blocks: int, max_bytes: int = 256 << 20) -> None:
+        """Allocate and touch the scratch buffers for jobs of up to `max_blocks` blocks
+        (each buffer capped at `max_bytes`), so the first job does not pay for it."""
+        _, two, p, h, d = self.page_shape
+        k = self.pages_per_kernel_block
+        block_bytes = math.prod(self.page_shape) * self.dtype.itemsize * k
+        n = max(1, min(max_blocks * self.ratio, max_bytes // block_bytes))
+        cpu = torch.device("cpu")
+        self._scratch("staging", (n, k, self.num_layers, two, p, h, d), cpu).zero_()
+        self._scratch("pages", (n * k, self.num_layers, two, p, h, d), cpu).zero_()
+        self._rows(n).zero_()
+
+    def _rows(self, n: int) -> torch.Tensor:
+        """Scratch for `n` blocks of one layer in vLLM's own order (dense)."""
+        shape = list(self.tensors[0].shape)
+        shape[self._block_dim] = n
+        return self._scratch("rows", shape, self.device)
+
+    def save(self, block_ids: Sequence[int], pool: torch.Tensor, slots: Sequence[int]) -> int:
+        """vLLM blocks -> L2 slots; returns the bytes copied."""
+        self._check(block_ids, slots, pool)
+        if not block_ids:
+            return 0
+        ids = self.kernel_ids(block_ids)
+        n, k = len(ids), self.pages_per_kernel_block
+        _, two, p, h, d = self.page_shape
+        # [kernel blocks, pages per kernel block, layers, 2, P, H, D] on the host
+        staging = self._scratch("staging", (n, k, self.num_layers, two, p, h, d),
+                                torch.device("cpu"))
+        rows = self._rows(n)
+        blocks = canonical_view(rows, self.fmt)  # [n, 2, N, H, D] over `rows`
+        for layer, tensor in enumerate(self.tensors):
+            torch.index_select(tensor, self._block_dim, ids, out=rows)
+            staging[:, :, layer].copy_(blocks.unflatten(2, (k, p)).transpose(1, 2))
+        index = torch.as_tensor(list(slots), dtype=torch.long)
+        pool.index_copy_(0, index, staging.view(n * k, self.num_layers, two, p, h, d))
+        return staging.numel() * staging.element_size()
+
+    def load(self, pool: torch.Tensor, slots: Sequence[int], block_ids: Sequence[int]) -> int:
+        """L2 slots -> vLLM blocks; returns the bytes copied."""
+        self._check(block_ids, slots, pool)
+        if not block_ids:
+            return 0
+        ids = self.kernel_ids(block_ids)
+        n, k = len(ids), self.pages_per_kernel_block
+        _, two, p, h, d = self.page_shape
+        index = torch.as_tensor(list(slots), dtype=torch.long)
+        pages = self._scratch("pages", (n * k, self.num_layers, two, p, h, d),
+                              torch.device("cpu"))
+        torch.index_select(pool, 0, index, out=pages)
+        pages_by_block = pages.view(n, k, self.num_layers, two, p, h, d)
+        rows = self._rows(n)
+        blocks = canonical_view(rows, self.fmt)  # [n, 2, N, H, D] over `rows`
+        for layer, tensor in enumerate(self.tensors):
+            src = pages_by_block[:, :, layer].transpose(1, 2)  # [n, 2, k, P, H, D]
+            blocks.unflatten(2, (k, p)).copy_(src)
+            tensor.index_copy_(self._block_dim, ids, rows)
+        return pages.numel() * pages.element_size()

@@ -1,0 +1,237 @@
+"""The scheduler side's line to the cache service, on a thread of its own.
+
+vLLM's scheduler must never wait on a socket, and `StorageClient.exists` is a
+(short) request/reply. So one thread owns the `StorageClient`: the scheduler
+drops commands in an inbox (`ask_exists`, `load`, `store`) and collects
+events (`ExistsAnswer`, `TicketDone`, `JobSettled`) with a non-blocking
+`events()`. Commands carry the caller's job ids; the link maps them to tickets.
+
+The thread also keeps a service there: when none has answered for a while and
+`start_service` is on, it starts one (`service_process`, one per address), and
+it starts another if that one dies, so hits resume after a crash. While no
+service answers, `exists` is 0 and tickets fail at once: vLLM recomputes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from asynchicache.integrations.vllm.config import ConnectorConfig
+from asynchicache.integrations.vllm.service_process import spawn_service, stop_own_service
+from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled, TicketKind
+from asynchicache.storage.client import StorageClient
+from asynchicache.storage.client_config import ClientConfig
+
+log = logging.getLogger(__name__)
+
+_BUSY_WAIT_S = 0.002  # inbox wait while tickets are in flight (replies are polled)
+_IDLE_WAIT_S = 0.05
+_RESPAWN_AFTER_S = 1.0  # no service for this long: start one
+_RESPAWN_EVERY_S = 5.0
+
+
+@dataclass(frozen=True)
+class ExistsAnswer:
+    key: int
+    pages: int
+
+
+@dataclass(frozen=True)
+class TicketDone:
+    """A load or store finished; `settled` False: its slots stay quarantined until a
+    `JobSettled` for the same job."""
+
+    job: int
+    kind: TicketKind
+    pages_ok: int
+    pages_requested: int
+    pages_from_remote: int
+    error: str | None
+    settled: bool
+
+
+@dataclass(frozen=True)
+class JobSettled:
+    job: int
+
+
+LinkEvent = ExistsAnswer | TicketDone | JobSettled
+
+
+@dataclass(frozen=True)
+class _Exists:
+    key: int
+    hashes: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class _Load:
+    job: int
+    hashes: tuple[bytes, ...]
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Store:
+    job: int
+    pages: tuple[PageRef, ...]
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    job: int
+
+
+class ServiceLink:
+    """Owns a `StorageClient` registered with our L2 segment, on a private thread."""
+
+    def __init__(
+        self, config: ConnectorConfig, namespace: bytes, segment: str, layout: PageLayout
+    ) -> None:
+        self.config = config
+        self._client_config = ClientConfig(
+            address=config.service_address,
+            namespace=namespace,
+            segment=segment,
+            layout=layout,
+            # Loads are given up earlier by the scheduler side (prefetch_timeout,
+            # then cancelled); their slots stay quarantined until the ticket ends.
+            ticket_timeout_s=config.store_timeout,
+            exists_timeout_s=config.lookup_timeout,
+        )
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[LinkEvent] = queue.SimpleQueue()
+        self._early: list[LinkEvent] = []  # taken by wait_events, handed out by events
+        self._stop = threading.Event()
+        self._connected = threading.Event()
+        self._proc: subprocess.Popen | None = None
+        self._thread = threading.Thread(target=self._run, name="asynchicache-link", daemon=True)
+        self._thread.start()
+
+    # -- the scheduler's side ----------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """Block until the service answers (start-up only, never on the scheduler path)."""
+        return self._connected.wait(timeout_s)
+
+    def ask_exists(self, key: int, hashes: Sequence[bytes]) -> None:
+        self._inbox.put(_Exists(key, tuple(hashes)))
+
+    def load(self, job: int, hashes: Sequence[bytes], slots: Sequence[int]) -> None:
+        self._inbox.put(_Load(job, tuple(hashes), tuple(slots)))
+
+    def store(self, job: int, pages: Sequence[PageRef]) -> None:
+        self._inbox.put(_Store(job, tuple(pages)))
+
+    def cancel(self, job: int) -> None:
+        """Ask the service to skip `job` if it has not started; it still reports done."""
+        self._inbox.put(_Cancel(job))
+
+    def has_events(self) -> bool:
+        """Whether `events()` would return something now."""
+        return bool(self._early) or not self._outbox.empty()
+
+    def wait_events(self, timeout_s: float) -> None:
+        """Sleep until an event is there or `timeout_s` passed (a bounded yield)."""
+        if self.has_events():
+            return
+        with contextlib.suppress(queue.Empty):
+            self._early.append(self._outbox.get(timeout=timeout_s))
+
+    def events(self) -> list[LinkEvent]:
+        out, self._early = self._early, []
+        while True:
+            try:
+                out.append(self._outbox.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+        if self._proc is not None:  # we started one: stop it if it is still ours
+            self._proc.poll()  # reap the launcher (it exits once the service detached)
+            stop_own_service(self.config.service_address, timeout_s)
+
+    # -- the thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        client = StorageClient(self._client_config)
+        tickets: dict[int, int] = {}  # ticket -> job
+        down_since = time.monotonic()
+        last_spawn = 0.0
+        try:
+            while not self._stop.is_set():
+                wait = _BUSY_WAIT_S if tickets else _IDLE_WAIT_S
+                try:
+                    self._handle(client, self._inbox.get(timeout=wait), tickets)
+                    while True:
+                        self._handle(client, self._inbox.get_nowait(), tickets)
+                except queue.Empty:
+                    pass
+                for done in client.poll():
+                    self._report(done, tickets)
+                now = time.monotonic()
+                if client.connected:
+                    self._connected.set()
+                    down_since = now
+                else:
+                    self._connected.clear()
+                    if self._should_spawn(now - down_since, now - last_spawn):
+                        last_spawn = now
+                        self._spawn()
+        except Exception:  # the link must not die silently: log, and stop answering hits
+            log.exception("asynchicache service link failed; serving by recompute from now on")
+            self._connected.clear()
+        finally:
+            client.close()
+
+    def _handle(self, client: StorageClient, cmd: object, tickets: dict[int, int]) -> None:
+        if isinstance(cmd, _Exists):
+            pages = client.exists(cmd.hashes) if client.connected else 0
+            self._outbox.put(ExistsAnswer(cmd.key, pages))
+        elif isinstance(cmd, _Load):
+            tickets[client.submit_load(cmd.hashes, cmd.slots)] = cmd.job
+        elif isinstance(cmd, _Store):
+            tickets[client.submit_store(cmd.pages)] = cmd.job
+        elif isinstance(cmd, _Cancel):
+            for ticket, job in tickets.items():
+                if job == cmd.job:
+                    client.cancel(ticket)
+
+    def _report(self, done: Completion | Settled, tickets: dict[int, int]) -> None:
+        if isinstance(done, Settled):
+            job = tickets.pop(done.ticket, None)
+            if job is not None:
+                self._outbox.put(JobSettled(job))
+            return
+        job = tickets.get(done.ticket)
+        if job is None:
+            return
+        if done.settled:
+            del tickets[done.ticket]
+        self._outbox.put(TicketDone(job, done.kind, done.pages_ok, done.pages_requested,
+                                    done.pages_from_remote, done.error, done.settled))
+
+    def _should_spawn(self, down_for: float, since_spawn: float) -> bool:
+        if not self.config.start_service or down_for < _RESPAWN_AFTER_S:
+            return False
+        running = self._proc is not None and self._proc.poll() is None
+        return not running and since_spawn > _RESPAWN_EVERY_S
+
+    def _spawn(self) -> None:
+        try:
+            self._proc = spawn_service(self.config)
+        except OSError as exc:
+            log.warning("cannot start the asynchicache cache service: %s", exc)

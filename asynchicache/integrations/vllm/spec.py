@@ -1,0 +1,84 @@
+"""What the connector needs from vLLM's config, read once and checked at start-up.
+
+Both halves build a `VllmKVSpec` from the same `VllmConfig` and
+`KVCacheConfig`, so they agree on the page layout without a handshake. What
+we cannot serve (hybrid or MLA models, tensor or pipeline parallelism, a
+block size our page size does not divide) is refused at start with an error
+that says why, instead of caching wrong pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from asynchicache.cache.keys import Namespace
+from asynchicache.integrations.vllm.namespace import ModelIdentity, vllm_namespace
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+
+@dataclass(frozen=True)
+class VllmKVSpec:
+    """One full-attention KV cache group, as vLLM allocates it."""
+
+    block_size: int
+    num_blocks: int
+    layer_names: tuple[str, ...]
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    identity: ModelIdentity
+    max_model_len: int = 4096
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_names)
+
+    def namespace(self, page_size: int) -> Namespace:
+        return vllm_namespace(self.identity, page_size)
+
+    @classmethod
+    def from_vllm(cls, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> VllmKVSpec:
+        from vllm import __version__ as vllm_version
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+        parallel = vllm_config.parallel_config
+        if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
+            raise ValueError(
+                "AsynchicacheConnector supports tensor_parallel_size 1 and "
+                "pipeline_parallel_size 1 (each rank would need its own pages)"
+            )
+        groups = kv_cache_config.kv_cache_groups
+        spec = groups[0].kv_cache_spec if len(groups) == 1 else None
+        if not isinstance(spec, FullAttentionSpec) or isinstance(spec, MLAAttentionSpec):
+            kinds = [type(g.kv_cache_spec).__name__ for g in groups]
+            raise ValueError(
+                f"AsynchicacheConnector needs one full-attention KV cache group; got {kinds}"
+            )
+        if spec.head_size_v not in (None, spec.head_size):
+            raise ValueError("AsynchicacheConnector needs K and V of one head size")
+        attention = vllm_config.attention_config.backend
+        identity = ModelIdentity(
+            model=str(vllm_config.model_config.model),
+            revision=vllm_config.model_config.revision,
+            vllm_version=vllm_version,
+            device=str(vllm_config.device_config.device_type),
+            attention_backend=getattr(attention, "name", None) or "auto",
+            kv_dtype=str(spec.dtype).removeprefix("torch."),
+            block_size=spec.block_size,
+        )
+        return cls(
+            block_size=spec.block_size,
+            num_blocks=kv_cache_config.num_blocks,
+            layer_names=tuple(groups[0].layer_names),
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_size,
+            dtype=spec.dtype,
+            identity=identity,
+            max_model_len=int(vllm_config.model_config.max_model_len),
+        )

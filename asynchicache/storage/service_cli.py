@@ -1,0 +1,95 @@
+"""`python -m asynchicache.storage.service`: the cache service as a process of its own.
+
+python -m asynchicache.storage.service --disk-cache-dir DIR [--socket ipc://...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from pathlib import Path
+
+from asynchicache.config import GIB, CacheConfig, ServiceTuning
+from asynchicache.storage.disk_write import SyncMode
+from asynchicache.storage.service import run_service
+from asynchicache.storage.service_config import (
+    DEFAULT_MAX_PINNED_FRACTION,
+    ServiceConfig,
+    default_address,
+)
+from asynchicache.storage.tiered import RemoteTierConfig
+
+
+def _parse(argv: list[str] | None) -> ServiceConfig:
+    p = argparse.ArgumentParser(
+        prog="asynchicache-cache-service",
+        description="The cache service: L3 disk and L4 remote tiers for the engines of a machine.",
+    )
+    p.add_argument("--disk-cache-dir", type=Path, required=True)
+    p.add_argument("--socket", default=default_address(), help="ZeroMQ address to bind")
+    p.add_argument(
+        "--disk-cache-gb",
+        type=float,
+        default=CacheConfig.disk_cache_gb,
+        help="L3 capacity in GiB (2**30 bytes)",
+    )
+    p.add_argument(
+        "--io-threads",
+        type=int,
+        default=ServiceTuning.io_threads,
+        help="parallel file I/O per namespace",
+    )
+    p.add_argument(
+        "--workers", type=int, default=ServiceTuning.workers, help="requests served at once"
+    )
+    p.add_argument(
+        "--disk-sync",
+        choices=[m.value for m in SyncMode],
+        default=ServiceTuning.disk_sync,
+        help="durability of stored pages: one syncfs per put, fdatasync per file, or none",
+    )
+    p.add_argument("--no-direct-io", action="store_true", help="never use O_DIRECT")
+    p.add_argument(
+        "--client-ttl",
+        type=float,
+        default=ServiceTuning.client_ttl_s,
+        help="forget silent clients (s)",
+    )
+    p.add_argument("--remote-url", help="L4 Redis/Valkey, e.g. redis://127.0.0.1:6379/0")
+    p.add_argument("--remote-ttl", type=int, help="L4 value expiry in seconds (default: none)")
+    p.add_argument(
+        "--max-pinned-fraction",
+        type=float,
+        default=DEFAULT_MAX_PINNED_FRACTION,
+        help="the share of --disk-cache-gb pins may hold (a pin over it is refused)",
+    )
+    p.add_argument("--log-level", default="INFO")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    return ServiceConfig(
+        a.disk_cache_dir,
+        a.socket,
+        int(a.disk_cache_gb * GIB),
+        a.io_threads,
+        a.workers,
+        sync=SyncMode(a.disk_sync),
+        direct_io=not a.no_direct_io,
+        client_ttl_s=a.client_ttl,
+        remote=RemoteTierConfig(a.remote_url, a.remote_ttl) if a.remote_url else None,
+        max_pinned_fraction=a.max_pinned_fraction,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = _parse(argv)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    run_service(config, stop)
+    return 0

@@ -1,0 +1,150 @@
+"""vLLM block formats -> our pages, on CPU tensors shaped like each backend's.
+
+The KV "truth" is K and V as `[blocks, tokens, kv_heads, head_dim]` per layer;
+each test writes it into a tensor the way the backend's kernel reads it (the
+CPU backend's head-major split, vLLM 0.32's token-interleaved CUDA layout with
+NHD and HND strides, the older kv-first CUDA layout) and checks that our
+canonical view and the block <-> page copies see exactly the truth.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asynchicache.integrations.vllm.layouts import (
+    BlockCopier,
+    BlockFormat,
+    BlockGeometry,
+    canonical_view,
+    detect_format,
+)
+
+B, N, H, D, L = 6, 8, 2, 4, 3  # blocks, block size, kv heads, head dim, layers
+P = 4  # page size: 2 pages per block
+
+
+def truth(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(B, N, H, D, generator=gen), torch.randn(B, N, H, D, generator=gen)
+
+
+def cpu_head_major(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """CPU_ATTN: [B, H, N, 2D]; per (block, head) the K rows, then the V rows."""
+    t = torch.empty(B, H, N, 2 * D)
+    rows = t.view(B, H, 2 * N, D)  # the view cpu_attn.py's forward takes
+    rows[:, :, :N] = k.permute(0, 2, 1, 3)
+    rows[:, :, N:] = v.permute(0, 2, 1, 3)
+    return t
+
+
+def cuda_interleaved_nhd(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """FLASH_ATTN in 0.32 with LBNHC strides: memory [B, N, H, 2D], logical [B, H, N, 2D]."""
+    phys = torch.cat([k, v], dim=-1)  # [B, N, H, 2D]: each token's row is [K | V]
+    return phys.permute(0, 2, 1, 3)
+
+
+def cuda_interleaved_hnd(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """FLASH_ATTN in 0.32 with LBHNC strides: memory and logical [B, H, N, 2D]."""
+    return torch.cat([k, v], dim=-1).permute(0, 2, 1, 3).contiguous()
+
+
+def cuda_kv_first(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Older vLLM's FlashAttention: [2, B, N, H, D]."""
+    return torch.stack([k, v]).contiguous()
+
+
+BUILDERS = {
+    "CPU_ATTN": (cpu_head_major, BlockFormat.HEAD_MAJOR_SPLIT),
+    "FLASH_ATTN-nhd": (cuda_interleaved_nhd, BlockFormat.TOKEN_INTERLEAVED),
+    "FLASH_ATTN-hnd": (cuda_interleaved_hnd, BlockFormat.TOKEN_INTERLEAVED),
+    "FLASH_ATTN-kv-first": (cuda_kv_first, BlockFormat.KV_FIRST),
+}
+GEOMETRY = BlockGeometry(num_blocks=B, block_size=N, num_kv_heads=H, head_dim=D)
+
+
+def backend_of(name: str) -> str:
+    return name.split("-")[0]
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_detect_and_canonical_view_see_the_truth(name: str) -> None:
+    build, fmt = BUILDERS[name]
+    k, v = truth(0)
+    tensor = build(k, v)
+    assert detect_format(backend_of(name), tensor.shape, GEOMETRY) is fmt
+    view = canonical_view(tensor, fmt)
+    assert view.shape == (B, 2, N, H, D)
+    assert view.data_ptr() == tensor.data_ptr() or view.untyped_storage().data_ptr() == (
+        tensor.untyped_storage().data_ptr()
+    )
+    torch.testing.assert_close(view[:, 0], k, rtol=0, atol=0)
+    torch.testing.assert_close(view[:, 1], v, rtol=0, atol=0)
+
+
+def test_unknown_backend_and_shape_are_named() -> None:
+    with pytest.raises(ValueError, match=r"FLASHMLA.*known: CPU_ATTN"):
+        detect_format("FLASHMLA", (B, H, N, 2 * D), GEOMETRY)
+    with pytest.raises(ValueError, match="unexpected KV cache tensor shape"):
+        detect_format("CPU_ATTN", (B, N, 2 * D), GEOMETRY)
+
+
+def _layers(name: str, seed: int) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, ...]]]:
+    build, _ = BUILDERS[name]
+    tensors, truths = [], []
+    for layer in range(L):
+        k, v = truth(seed * 10 + layer)
+        tensors.append(build(k, v))
+        truths.append((k, v))
+    return tensors, truths
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_save_writes_pages_in_our_layout_and_load_restores_blocks(name: str) -> None:
+    _, fmt = BUILDERS[name]
+    tensors, truths = _layers(name, 1)
+    copier = BlockCopier(tensors, fmt, ratio=1, page_size=P)
+    pool = torch.zeros(10, *copier.page_shape)  # [slots, layers, 2, P, H, D]
+    blocks, slots = [4, 1], [7, 2, 0, 9]  # block 4 -> slots 7, 2; block 1 -> slots 0, 9
+    copied = copier.save(blocks, pool, slots)
+    assert copied == 4 * pool[0].numel() * 4
+    for i, slot in enumerate(slots):
+        block, page = blocks[i // 2], i % 2
+        for layer, (k, v) in enumerate(truths):
+            want_k = k[block, page * P : (page + 1) * P]
+            torch.testing.assert_close(pool[slot, layer, 0], want_k, rtol=0, atol=0)
+            torch.testing.assert_close(pool[slot, layer, 1], v[block, page * P : (page + 1) * P])
+    # Load into other blocks of fresh, zeroed tensors: exactly the saved bytes arrive.
+    for t in tensors:
+        t.zero_()
+    copier.load(pool, slots, [0, 5])
+    for layer, t in enumerate(tensors):
+        view = canonical_view(t, fmt)
+        k, v = truths[layer]
+        torch.testing.assert_close(view[0, 0], k[4], rtol=0, atol=0)
+        torch.testing.assert_close(view[5, 1], v[1], rtol=0, atol=0)
+        assert not view[[1, 2, 3, 4]].any()  # nothing else was written
+
+
+def test_kernel_blocks_split_a_manager_block() -> None:
+    """A tensor with ratio x the manager blocks: block b is kernel blocks b*r .. b*r+r-1."""
+    k, v = truth(3)  # B kernel blocks of N tokens = B/2 manager blocks of 2N tokens
+    tensor = cuda_interleaved_nhd(k, v)
+    copier = BlockCopier([tensor], BlockFormat.TOKEN_INTERLEAVED, 2, P)
+    assert copier.pages_per_block == 4
+    assert copier.kernel_ids([2, 0]).tolist() == [4, 5, 0, 1]
+    pool = torch.zeros(4, *copier.page_shape)
+    copier.save([2], pool, [3, 2, 1, 0])
+    torch.testing.assert_close(pool[3, 0, 0], k[4, :P])
+    torch.testing.assert_close(pool[0, 0, 1], v[5, P:])
+
+
+def test_mismatched_pool_or_slot_count_is_refused() -> None:
+    tensors, _ = _layers("CPU_ATTN", 4)
+    copier = BlockCopier(tensors, BlockFormat.HEAD_MAJOR_SPLIT, 1, P)
+    with pytest.raises(ValueError, match="need 2 slots"):
+        copier.save([1], torch.zeros(4, *copier.page_shape), [0])
+    with pytest.raises(ValueError, match="L2 pool pages"):
+        copier.load(torch.zeros(4, L, 2, 2 * P, H, D), [0, 1], [1])
+    with pytest.raises(ValueError, match="must divide"):
+        BlockCopier(tensors, BlockFormat.HEAD_MAJOR_SPLIT, 1, 3)

@@ -1,0 +1,104 @@
+"""Two `asynchicache serve` servers, each with its own cache service, on one disk folder:
+B serves A's prompt from the folder (pages A stored after B started), and their writes
+together keep the folder under the one `--disk-cache-gb` both were given."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from storage_helpers import ServeProcess
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+CAPACITY_GIB = 0.1  # 144 default-model page files: one long prompt fits, two do not
+COLORS = ("red", "green", "blue", "amber", "violet", "teal", "ochre")
+
+
+def inventory(seed: int, boxes: int = 80) -> list[dict[str, str]]:
+    """A chat prompt of about 1,600 tokens (100 pages); `seed` changes every line."""
+    lines = [
+        f"Box {i}: a {COLORS[(i + seed) % 7]} box holding {(i * 37 + seed * 11) % 101} marbles "
+        f"and {(i * 11 + seed) % 17} keys."
+        for i in range(boxes)
+    ]
+    doc = "Read the inventory below, then answer.\n" + "\n".join(lines)
+    return [{"role": "user", "content": f"{doc}\nHow many marbles are in box 3?"}]
+
+
+def chat(server: ServeProcess, seed: int) -> tuple[str, dict[str, int]]:
+    body = {"model": MODEL, "messages": inventory(seed), "max_tokens": 8, "temperature": 0}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=300)
+    r.raise_for_status()
+    out = r.json()
+    tiers = out["usage"]["prompt_tokens_details"].get("cached_tokens_by_tier", {})
+    return out["choices"][0]["message"]["content"], tiers
+
+
+def page_files(root: Path) -> list[Path]:
+    return list(root.rglob("*.kv"))
+
+
+def settled(root: Path, at_least: int, timeout_s: float = 120.0) -> int:
+    """Wait until the folder holds `at_least` page files and stops changing (stores are async)."""
+    deadline = time.monotonic() + timeout_s
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        n = len(page_files(root))
+        if n != last:
+            last, since = n, time.monotonic()
+        elif n >= at_least and time.monotonic() - since > 1.5:
+            return n
+        time.sleep(0.1)
+    raise AssertionError(f"the folder holds {last} pages, expected at least {at_least} to settle")
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProcess, ...]]:
+    root = tmp_path_factory.mktemp("shared")
+    flags = ["--disk-cache-dir", str(root / "kv"), "--disk-cache-gb", str(CAPACITY_GIB)]
+    flags += ["--device-cache-tokens", "4096", "--host-cache-gb", "0.25"]
+    started: list[ServeProcess] = []
+    try:
+        for name in ("a", "b"):  # both running before A stores anything
+            started.append(ServeProcess(root / f"{name}.log", *flags).start())
+        yield tuple(started)
+    finally:
+        codes = [s.stop() for s in started]
+        assert all(code == 0 for code in codes), [s.log_tail() for s in started]
+
+
+def test_b_serves_the_prompt_a_stored_from_the_shared_folder(
+    servers: tuple[ServeProcess, ServeProcess],
+) -> None:
+    a, b = servers
+    root = Path(a.argv[a.argv.index("--disk-cache-dir") + 1])
+    text_a, _ = chat(a, seed=0)
+    settled(root, at_least=90)
+    text_b, tiers = chat(b, seed=0)
+    print(f"\nB's tiers for A's prompt: {tiers}")
+    assert text_b == text_a
+    assert tiers.get("disk", 0) >= 1400, tiers
+
+
+def test_both_writing_keep_the_folder_under_its_size(
+    servers: tuple[ServeProcess, ServeProcess],
+) -> None:
+    a, b = servers
+    root = Path(a.argv[a.argv.index("--disk-cache-dir") + 1])
+    capacity = int(CAPACITY_GIB * 2**30)
+    for seed in range(1, 5):  # four new prompts each: ~6x the folder's size in all
+        for server in (a, b):
+            chat(server, seed=10 * seed + (server is b))
+    settled(root, at_least=100)
+    used = sum(p.stat().st_size for p in page_files(root))
+    print(f"\nfolder: {used / 1e6:.1f} MB of {capacity / 1e6:.1f} MB")
+    assert used <= capacity
+    for server in (a, b):  # each made room by evicting (its own pages, or the other's)
+        disk = httpx.get(server.url + "/cache/stats", timeout=30).json()["storage"]["disk"]
+        assert disk["extra"]["folder_bytes"] <= capacity
+        assert disk["evictions"] + disk["extra"]["unindexed_evictions"] > 0, disk

@@ -1,0 +1,225 @@
+"""AsynchicacheConnector under a real vLLM server, on a tiny random Llama.
+
+Three servers share the module (a vLLM start is the expensive part): `plain`
+(vLLM without a connector, the reference outputs) and `a`, `b` (vLLM with
+our connector, each with its own disk folder and cache service, as two
+machines would be, and one Redis between them). L2 is kept small (244 pages)
+so that a few other prompts push a prompt out of it, and vLLM's own prefix
+cache is emptied through /reset_prefix_cache: then only our disk or Redis
+tier can serve the prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from vllm_helpers import (
+    CONNECTOR,
+    RedisServer,
+    event,
+    hit_after,
+    hits,
+    kill_service,
+    pid_alive,
+    prompt,
+    server,
+    start_all,
+    stored_since,
+    text_of,
+    wait_for,
+)
+
+from asynchicache.bench.vllm_process import VllmFlags, VllmServer
+from asynchicache.integrations.vllm.service_process import service_pid
+
+# A vLLM start takes 30-120 s on 2 busy cores; the suite's 300 s per test is too tight
+# for a test whose fixture starts servers.
+pytestmark = pytest.mark.timeout(900)
+
+N = 700  # prompt tokens: 5 full blocks of 128 can be loaded (640 tokens)
+LOADED = 640
+FILLERS = 7  # 7 x 40 pages of other prompts push a prompt out of the 244-page L2
+
+
+@dataclass
+class Instances:
+    plain: VllmServer
+    a: VllmServer
+    b: VllmServer
+    a_disk: Path
+    a_socket: str
+    redis: RedisServer
+    fillers: int = 0
+
+    def evict_l2(self, s: VllmServer) -> None:
+        """Push everything out of `s`'s L2 (other prompts) and empty vLLM's prefix cache."""
+        for _ in range(FILLERS):
+            self.fillers += 1
+            s.complete(prompt(10_000 + self.fillers, N), max_tokens=1)
+        s.reset_prefix_cache()
+
+    def redis_keys(self) -> int:
+        return int(self.redis.cli("dbsize"))
+
+
+@pytest.fixture(scope="module")
+def vllms(
+    tiny_hf: Path, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Instances]:
+    root = tmp_path_factory.mktemp("vllm-tiny")
+
+    def ours(name: str) -> VllmFlags:
+        extra = {
+            "disk_cache_dir": str(root / name / "kv"),
+            "cache_service": f"ipc://{root / name / 'run' / 'cache.sock'}",
+            "remote_url": redis_server.url,
+            "host_cache_gb": 0.004,
+            # a loaded test machine must not turn hits into misses
+            "lookup_timeout": 5.0, "prefetch_timeout": 30.0,
+        }
+        return VllmFlags(tiny_hf, kv_cache_bytes=32 << 20, connector=CONNECTOR,
+                         extra_config=extra)
+
+    servers = [
+        server(VllmFlags(tiny_hf, kv_cache_bytes=32 << 20), root / "plain.log"),
+        server(ours("a"), root / "a.log"),
+        server(ours("b"), root / "b.log"),
+    ]
+    try:
+        start_all(servers)
+        yield Instances(*servers, root / "a" / "kv",
+                        f"ipc://{root / 'a' / 'run' / 'cache.sock'}", redis_server)
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def test_outputs_equal_plain_vllm_cold_and_from_each_tier(vllms: Instances) -> None:
+    p = prompt(1, N)
+    want = text_of(vllms.plain, p)
+    assert text_of(vllms.a, p) == want  # cold: computed, saved to L2, disk and Redis
+    host = hits(vllms.a, "host")
+    vllms.a.reset_prefix_cache()
+    assert text_of(vllms.a, p) == want
+    assert hit_after(vllms.a, "host", host, LOADED) == LOADED
+    vllms.evict_l2(vllms.a)
+    disk = hits(vllms.a, "disk")
+    assert text_of(vllms.a, p) == want
+    assert hit_after(vllms.a, "disk", disk, LOADED) == LOADED
+
+
+def test_cache_salt_isolates_tenants(vllms: Instances) -> None:
+    p = prompt(2, N)
+    want = text_of(vllms.plain, p)
+    assert text_of(vllms.a, p, cache_salt="tenant-a") == want
+    vllms.a.reset_prefix_cache()
+    total = sum(hits(vllms.a, t) for t in ("host", "disk", "remote"))
+    lookups = event(vllms.a, "lookups")
+    assert text_of(vllms.a, p, cache_salt="tenant-b") == want
+    assert text_of(vllms.a, p) == want  # no salt: a third tenant
+    assert text_of(vllms.a, p, cache_salt="tenant-a") == want
+    wait_for(lambda: event(vllms.a, "lookups") - lookups >= 3, what="three lookups")
+    grown = sum(hits(vllms.a, t) for t in ("host", "disk", "remote")) - total
+    assert grown == LOADED  # only tenant-a's second request hit
+
+
+def test_second_instance_loads_the_first_ones_prompt_from_l4(vllms: Instances) -> None:
+    p = prompt(3, N)
+    want = text_of(vllms.plain, p)
+    keys = vllms.redis_keys()
+    assert text_of(vllms.a, p) == want
+    wait_for(lambda: vllms.redis_keys() >= keys + LOADED // 16, what="uploads to Redis")
+    remote = hits(vllms.b, "remote")
+    assert text_of(vllms.b, p) == want  # b's first request for it
+    assert hit_after(vllms.b, "remote", remote, LOADED) == LOADED
+
+
+def test_redis_down_recomputes_and_l4_hits_resume(vllms: Instances) -> None:
+    vllms.redis.kill()
+    p = prompt(4, N)
+    want = text_of(vllms.plain, p)
+    assert text_of(vllms.a, p) == want  # stored on a's disk only
+    assert text_of(vllms.b, p) == want  # nothing in L4: recomputed, not failed
+    vllms.redis.start()
+    keys, seed = vllms.redis_keys(), 100_000  # a range of its own: the loop may run long
+
+    def uploaded() -> bool:  # the service's breaker probes Redis again after a backoff
+        nonlocal seed
+        seed += 1
+        vllms.a.complete(prompt(seed, N), max_tokens=1)
+        return vllms.redis_keys() >= keys + LOADED // 16
+
+    wait_for(uploaded, timeout_s=90, what="uploads to resume")
+    remote = hits(vllms.b, "remote")
+    q = prompt(seed, N)
+    assert text_of(vllms.b, q) == text_of(vllms.plain, q)
+    assert hit_after(vllms.b, "remote", remote, LOADED) == LOADED
+
+
+def _new_files(folder: Path, before: set[Path]) -> list[Path]:
+    return sorted(set(folder.rglob("*.kv")) - before)
+
+
+def test_corrupt_and_truncated_page_files_are_misses_then_hits_resume(
+    vllms: Instances,
+) -> None:
+    vllms.redis.stop()  # no L4 to fall back on: a bad page must be recomputed
+    try:
+        p = prompt(5, N)
+        want = text_of(vllms.plain, p)
+        before = set(vllms.a_disk.rglob("*.kv"))
+        stored = event(vllms.a, "pages_stored")
+        assert text_of(vllms.a, p) == want
+        wait_for(lambda: stored_since(vllms.a, stored) >= LOADED // 16)
+        files = _new_files(vllms.a_disk, before)
+        assert len(files) >= LOADED // 16
+        flipped, cut = files[3], files[7]
+        size = cut.stat().st_size
+        data = bytearray(flipped.read_bytes())
+        data[-100] ^= 0xFF
+        flipped.write_bytes(bytes(data))
+        cut.write_bytes(cut.read_bytes()[:4096])
+        vllms.evict_l2(vllms.a)
+        assert text_of(vllms.a, p) == want  # the bad pages are misses: recomputed
+        # The service removed the bad files; the recomputed pages were saved again.
+        wait_for(lambda: cut.exists() and cut.stat().st_size == size
+                 and flipped.read_bytes() != bytes(data), what="the bad files replaced")
+        vllms.evict_l2(vllms.a)
+        disk = hits(vllms.a, "disk")
+        assert text_of(vllms.a, p) == want
+        assert hit_after(vllms.a, "disk", disk, LOADED) == LOADED
+    finally:
+        vllms.redis.start()
+
+
+def test_service_killed_mid_load_recomputes_then_hits_resume(vllms: Instances) -> None:
+    prompts = [prompt(300_000 + i, N) for i in range(5)]
+    wants = [text_of(vllms.plain, q) for q in prompts]
+    stored = event(vllms.a, "pages_stored")
+    for q, want in zip(prompts, wants, strict=True):
+        assert text_of(vllms.a, q) == want
+    wait_for(lambda: stored_since(vllms.a, stored) >= 5 * LOADED // 16)
+    vllms.evict_l2(vllms.a)
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(text_of, vllms.a, q) for q in prompts[:4]]
+        killed = kill_service(vllms.a_socket)  # while their lookups and loads are in flight
+        got = [f.result() for f in futures]
+    assert got == wants[:4]  # no failed request, no wrong output
+    wait_for(lambda: (pid := service_pid(vllms.a_socket)) not in (None, killed)
+             and pid_alive(pid), timeout_s=60, what="the connector to start a new service")
+
+    def connected() -> bool:  # a cold probe's lookup reached the new service
+        vllms.fillers += 1
+        down = event(vllms.a, "service_unavailable")
+        vllms.a.complete(prompt(20_000 + vllms.fillers, 200), max_tokens=1)
+        return event(vllms.a, "service_unavailable") == down
+
+    wait_for(connected, timeout_s=60, what="the connector to reach the new service")
+    vllms.a.reset_prefix_cache()
+    disk = hits(vllms.a, "disk")
+    assert text_of(vllms.a, prompts[4]) == wants[4]  # on disk only
+    assert hit_after(vllms.a, "disk", disk, LOADED) == LOADED

@@ -1,0 +1,230 @@
+"""The connector's scheduler side against a real cache service, without a vLLM server.
+
+vLLM's scheduler is played by the test: it calls the connector's methods in
+the order vLLM does, and plays the worker by writing the saved pages' bytes
+into L2 (as the worker's copy would) and reporting the job done. This makes
+the fault cases deterministic: the service frozen after it answered "exists"
+and killed while the load into L2 is in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm_helpers import pid_alive, wait_for
+
+from asynchicache.integrations.vllm import scheduler as scheduler_module
+from asynchicache.integrations.vllm.config import ConnectorConfig
+from asynchicache.integrations.vllm.lookup import Phase, RequestChain
+from asynchicache.integrations.vllm.metadata import AsynchicacheWorkerMeta
+from asynchicache.integrations.vllm.namespace import ModelIdentity
+from asynchicache.integrations.vllm.scheduler import SchedulerSide
+from asynchicache.integrations.vllm.service_process import service_pid
+from asynchicache.integrations.vllm.spec import VllmKVSpec
+
+BLOCK, PAGE = 32, 16
+
+
+@dataclass
+class FakeRequest:
+    request_id: str
+    all_token_ids: list[int]
+    cache_salt: str | None = None
+
+
+@dataclass
+class FakeBlocks:
+    ids: list[int]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return (self.ids,)
+
+
+@dataclass
+class FakeKVManager:
+    blocks: dict[str, list[int]] = field(default_factory=dict)
+
+    def get_block_ids(self, req_id: str) -> tuple[list[int], ...]:
+        return (self.blocks[req_id],)
+
+
+def spec() -> VllmKVSpec:
+    identity = ModelIdentity("tiny-test", None, "test", "cpu", "auto", "float32", BLOCK)
+    return VllmKVSpec(BLOCK, 64, ("l0", "l1"), 2, 8, torch.float32, identity)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> ConnectorConfig:
+    return ConnectorConfig(
+        disk_cache_dir=tmp_path / "kv", cache_service=f"ipc://{tmp_path}/run/c.sock",
+        host_cache_gb=0.0001, page_size=PAGE, lookup_timeout=10.0, prefetch_timeout=10.0,
+        service_start_timeout=60.0,
+    )
+
+
+@pytest.fixture
+def side(config: ConnectorConfig) -> Iterator[SchedulerSide]:
+    made = SchedulerSide(spec(), config)
+    made.kv_cache_manager = FakeKVManager()  # type: ignore[assignment]
+    yield made
+    made.shutdown()
+
+
+def answer(side: SchedulerSide, req: FakeRequest, computed: int = 0) -> tuple[int, bool]:
+    """Ask as vLLM does, step after step, until the connector knows."""
+    got: list[tuple[int | None, bool]] = []
+
+    def known() -> bool:
+        got.append(side.get_num_new_matched_tokens(req, computed))
+        return got[-1][0] is not None
+
+    wait_for(known, timeout_s=30, what="the lookup's answer")
+    tokens, load_async = got[-1]
+    assert tokens is not None
+    return tokens, load_async
+
+
+def compute_and_save(side: SchedulerSide, req: FakeRequest, blocks: list[int]) -> torch.Tensor:
+    """vLLM computes the whole prompt in one step; the 'worker' writes its pages into L2.
+    Returns the page bytes written, `[pages, layers, 2, PAGE, heads, dim]`."""
+    side.on_new_request(req)  # type: ignore[arg-type]
+    assert answer(side, req) == (0, False)
+    side.update_state_after_alloc(req, FakeBlocks(blocks), 0)  # type: ignore[arg-type]
+    side.kv_cache_manager.blocks[req.request_id] = blocks  # type: ignore[union-attr]
+    out = SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id=req.request_id, num_computed_tokens=0)],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[], resumed_req_ids=set(),
+                                              num_computed_tokens=[]),
+        num_scheduled_tokens={req.request_id: len(req.all_token_ids)},
+    )
+    meta = side.build_connector_meta(out)  # type: ignore[arg-type]
+    (job,) = meta.saves
+    full = (len(req.all_token_ids)) // BLOCK
+    assert list(job.block_ids) == blocks[:full] and len(job.slots) == full * 2
+    pool = side.pool.tensor
+    assert pool is not None
+    values = torch.randn(len(job.slots), *pool.shape[1:])
+    pool[list(job.slots)] = values
+    side.on_worker_meta(AsynchicacheWorkerMeta(saves_done=[job.job]))
+    side.request_finished(req)  # type: ignore[arg-type]
+    return values
+
+
+def stored(side: SchedulerSide, pages: int) -> None:
+    total = 0.0
+
+    def done() -> bool:
+        nonlocal total
+        stats = side.take_stats()
+        total += stats.data.get("pages_stored", 0) if stats else 0
+        return total >= pages
+
+    wait_for(done, what=f"{pages} pages stored")
+
+
+def test_saved_pages_come_back_from_disk_into_a_new_instances_l2(
+    side: SchedulerSide, config: ConnectorConfig
+) -> None:
+    tokens = list(range(1000, 1000 + 5 * BLOCK + 7))  # 5 full blocks, a partial one
+    written = compute_and_save(side, FakeRequest("r1", tokens), [10, 11, 12, 13, 14, 15])
+    stored(side, 10)
+    side.shutdown()  # L2 and the service go: only the disk keeps the pages
+    fresh = SchedulerSide(spec(), config)
+    try:
+        req = FakeRequest("r2", tokens)
+        assert answer(fresh, req) == (5 * BLOCK, True)
+        lk = fresh._lookups["r2"]
+        assert lk.split(10).disk == 10
+        pool = fresh.pool.tensor
+        assert pool is not None
+        torch.testing.assert_close(pool[lk.slots], written, rtol=0, atol=0)
+        fresh.update_state_after_alloc(req, FakeBlocks([3, 4, 5, 6, 7, 8]), 5 * BLOCK)
+        meta = fresh.build_connector_meta(SimpleNamespace(
+            scheduled_new_reqs=[], num_scheduled_tokens={},
+            scheduled_cached_reqs=SimpleNamespace(req_ids=[], resumed_req_ids=set(),
+                                                  num_computed_tokens=[])))
+        (load,) = meta.loads
+        assert list(load.block_ids) == [3, 4, 5, 6, 7] and list(load.slots) == lk.slots
+        # vLLM already holding the first two blocks: only the rest is offered.
+        other = FakeRequest("r3", tokens)
+        assert answer(fresh, other, computed=2 * BLOCK) == (3 * BLOCK, True)
+        fresh.on_worker_meta(AsynchicacheWorkerMeta(loads_done=[load.job]))
+        fresh.request_finished(req)  # type: ignore[arg-type]
+        fresh.request_finished(other)  # type: ignore[arg-type]
+        assert fresh.index.counts()["pinned"] == 0
+        fresh.index.check_integrity()
+    finally:
+        fresh.shutdown()
+
+
+def test_salted_chains_do_not_meet(side: SchedulerSide) -> None:
+    tokens = list(range(50, 50 + 3 * BLOCK + 1))
+    compute_and_save(side, FakeRequest("a", tokens, cache_salt="tenant-a"), [1, 2, 3, 4])
+    stored(side, 6)
+    assert answer(side, FakeRequest("b", tokens, cache_salt="tenant-b")) == (0, False)
+    assert answer(side, FakeRequest("c", tokens)) == (0, False)
+    assert answer(side, FakeRequest("d", tokens, cache_salt="tenant-a")) == (3 * BLOCK, True)
+
+
+def test_service_killed_mid_load_is_a_miss_then_hits_resume(
+    side: SchedulerSide, config: ConnectorConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No sleeping for the answer inside a call: the test steps between "exists"
+    # answered and the load sent.
+    monkeypatch.setattr(scheduler_module, "_YIELD_S", 0.0)
+    tokens = list(range(7, 7 + 4 * BLOCK + 1))
+    compute_and_save(side, FakeRequest("w", tokens), [1, 2, 3, 4, 5])
+    stored(side, 8)
+    # Only the disk has the pages: drop them from L2 by filling it with other saves.
+    hashes = RequestChain(side.namespace.digest(), PAGE).extend(tokens)[:8]
+    n = 0
+    while any(side.index.slot_of(h) is not None for h in hashes):
+        n += 1
+        compute_and_save(side, FakeRequest(f"f{n}", [n * 7919 + i for i in range(4 * BLOCK)]),
+                         [1, 2, 3, 4])
+    pid = service_pid(config.service_address)
+    assert pid is not None
+    req = FakeRequest("r", tokens)
+    assert side.get_num_new_matched_tokens(req, 0) == (None, False)  # "exists" asked
+    wait_for(side.link.has_events, what="the service's answer")
+    os.kill(pid, signal.SIGSTOP)  # frozen: the read it is about to get never starts
+    try:
+        assert side.get_num_new_matched_tokens(req, 0) == (None, False)
+        assert side._lookups["r"].phase is Phase.LOADING
+        writing = side.index.counts()["writing"]
+        assert writing == 8  # the prefetch's slots, quarantined while the service may write
+    finally:
+        os.kill(pid, signal.SIGKILL)  # (a stopped service would never stop by itself)
+    assert answer(side, req) == (0, False)  # a miss: vLLM recomputes
+    wait_for(lambda: side._poll() or side.index.counts()["writing"] == 0,
+             what="the dead service's slots released")
+    side.index.check_integrity()
+    side.request_finished(req)  # type: ignore[arg-type]
+    # The connector starts a new service; the disk still has the pages.
+    wait_for(lambda: (p := service_pid(config.service_address)) not in (None, pid)
+             and pid_alive(p), timeout_s=60, what="a new service")
+    wait_for(lambda: side.link.connected, timeout_s=60, what="the link to reconnect")
+    assert answer(side, FakeRequest("again", tokens)) == (4 * BLOCK, True)
+
+
+def test_two_instances_on_one_machine_share_one_service(
+    side: SchedulerSide, config: ConnectorConfig
+) -> None:
+    tokens = list(range(300, 300 + 2 * BLOCK + 1))
+    compute_and_save(side, FakeRequest("first", tokens), [1, 2, 3])
+    stored(side, 4)
+    pid = service_pid(config.service_address)
+    second = SchedulerSide(spec(), config)  # another vLLM: its own L2 segment, same service
+    try:
+        assert second.pool.name != side.pool.name
+        assert answer(second, FakeRequest("from-first", tokens)) == (2 * BLOCK, True)
+        assert service_pid(config.service_address) == pid  # none started for it
+    finally:
+        second.shutdown()

@@ -1,0 +1,99 @@
+"""Helpers for the vLLM tests: servers with and without our connector, prompts, metrics."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from asynchicache.bench.vllm_process import VllmFlags, VllmServer, metric_sum
+from asynchicache.integrations.vllm.service_process import service_pid
+
+# The remote-tier tests' redis-server wrapper (one definition of it for the suite).
+_spec = importlib.util.spec_from_file_location(
+    "remote_helpers", Path(__file__).resolve().parents[1] / "remote" / "remote_helpers.py"
+)
+assert _spec is not None and _spec.loader is not None
+_remote = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_remote)
+RedisServer = _remote.RedisServer
+redis_binary = _remote.redis_server_binary
+
+CONNECTOR = "AsynchicacheConnector"
+HIT = "vllm:asynchicache_hit_tokens_total"
+EVENTS = "vllm:asynchicache_events_total"
+
+
+def start_all(servers: Sequence[VllmServer]) -> None:
+    """Start servers side by side (a vLLM start is mostly waiting on imports and spawns)."""
+    with ThreadPoolExecutor(len(servers)) as pool:
+        for future in [pool.submit(s.start) for s in servers]:
+            future.result()
+
+
+def server(flags: VllmFlags, log: Path) -> VllmServer:
+    return VllmServer(flags, log, python=sys.executable)
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    """`n` random token ids (no special tokens) for the tiny model."""
+    rng = random.Random(seed)
+    return [rng.randrange(100, 40000) for _ in range(n)]
+
+
+def text_of(s: VllmServer, tokens: Sequence[int] | str, **extra: Any) -> str:
+    return s.complete(list(tokens) if not isinstance(tokens, str) else tokens,
+                      **extra)["choices"][0]["text"]
+
+
+def hits(s: VllmServer, tier: str) -> float:
+    return metric_sum(s.metrics(), HIT, tier=tier)
+
+
+def event(s: VllmServer, name: str) -> float:
+    return metric_sum(s.metrics(), EVENTS, event=name)
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
+    """Poll `check` until true (stats reach /metrics a moment after the response)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        time.sleep(0.2)
+
+
+def stored_since(s: VllmServer, before: float) -> float:
+    """Pages stored since `before`. Stores finish after the step that saved them, and
+    vLLM collects connector stats only when it steps: a tiny request makes it step."""
+    s.complete([1, 2, 3], max_tokens=1)
+    return event(s, "pages_stored") - before
+
+
+def hit_after(s: VllmServer, tier: str, before: float, at_least: float) -> float:
+    """Wait until `tier`'s hit counter grew by `at_least`; returns the growth."""
+    wait_for(lambda: hits(s, tier) - before >= at_least, what=f"{at_least} {tier} hit tokens")
+    return hits(s, tier) - before
+
+
+def kill_service(address: str) -> int:
+    """SIGKILL the cache service serving `address` (as a crash would); returns its pid."""
+    pid = service_pid(address)
+    assert pid is not None, f"no service pid recorded for {address}"
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
