@@ -271,12 +271,15 @@ class Scheduler:
         self._give_up_late_loads()
         self._admit()
         batch = Batch()
-        budget = self.config.chunked_prefill_size
+        # Prompt tokens of all requests this step (--max-prefill-tokens), at most
+        # --chunked-prefill-size of one request.
+        budget = self.config.max_prefill_tokens
+        chunk = self.config.chunked_prefill_size
         # Decodes first (one token each), then prefill chunks, oldest first.
         for req in sorted(self.running, key=lambda r: (r.is_prefill, r.arrival)):
             if req.phase is not Phase.RUNNING:
                 continue  # preempted while building this batch
-            n = 1 if not req.is_prefill else min(req.remaining, budget)
+            n = 1 if not req.is_prefill else min(req.remaining, chunk, budget)
             if req.is_prefill and n <= 0:
                 continue
             if not self._reserve(req, req.num_computed + n, batch):
