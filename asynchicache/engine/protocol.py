@@ -229,6 +229,8 @@ def _to_plain(obj: Any) -> Any:
         body = {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
         return {"__t": type(obj).__name__, **body}
     if isinstance(obj, list | tuple):
+        if all(type(x) is int for x in obj):  # token ids: no element needs converting
+            return list(obj)
         return [_to_plain(x) for x in obj]
     return obj
 
@@ -245,6 +247,8 @@ def _from_plain(obj: Any) -> Any:
                 kwargs[f.name] = tuple(value) if isinstance(value, list) else value
         return cls(**kwargs)
     if isinstance(obj, list):
+        if all(type(x) is int for x in obj):  # token ids
+            return obj
         return [_from_plain(x) for x in obj]
     return obj
 
@@ -283,6 +287,8 @@ def _conforms(value: Any, hint: Any) -> bool:
         return any(_conforms(value, h) for h in typing.get_args(hint))
     if origin is tuple:
         item = typing.get_args(hint)[0]
+        if item is int:  # token ids, thousands of them: one pass, no call per element
+            return isinstance(value, tuple) and all(type(v) is int for v in value)
         return isinstance(value, tuple) and all(_conforms(v, item) for v in value)
     if origin is dict:
         return isinstance(value, dict) and all(isinstance(k, str) for k in value)
