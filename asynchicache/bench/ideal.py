@@ -4,8 +4,9 @@ An unbounded page-level replay of the requests in the order they were sent.
 Each prompt is cut into full pages; a page can hit when the same page, after
 the same earlier pages, was in an earlier request (a trie over pages, so the
 chain of predecessors is what matters, as with the cache's chained page
-hashes). As in the engine, the last prompt token is always computed, so at most
-`(len - 1) // page_size` pages of a prompt can hit.
+hashes). As in the engine, the last prompt token is always computed (its
+logits give the first sample): every full page may hit, but a prompt that
+ends on a page boundary hits at most `len - 1` tokens.
 
 Generated tokens are cached too: a request that decodes `decode_tokens` tokens
 leaves KV for its prompt and the first `decode_tokens - 1` of them (the last
@@ -83,8 +84,8 @@ class _Trie:
         ps = self.page_size
         return [tuple(tokens[i * ps : (i + 1) * ps]) for i in range(len(tokens) // ps)]
 
-    def hit_pages(self, tokens: Sequence[int]) -> int:
-        """Leading pages of `tokens` an unbounded cache may hold (before adding them)."""
+    def hit_tokens(self, tokens: Sequence[int]) -> int:
+        """Tokens of `tokens` an unbounded cache may serve (before adding them)."""
         node, depth, reach = self.root, 0, 0
         for page in self.pages(tokens):
             reach = max(reach, node.reach(tokens, depth * self.page_size))
@@ -94,8 +95,8 @@ class _Trie:
             node, depth = child, depth + 1
         else:
             reach = max(reach, node.reach(tokens, depth * self.page_size))
-        limit = max(0, (len(tokens) - 1) // self.page_size)
-        return min(limit, max(depth, reach // self.page_size))
+        pages = min(len(tokens) // self.page_size, max(depth, reach // self.page_size))
+        return min(pages * self.page_size, max(0, len(tokens) - 1))
 
     def add(self, tokens: Sequence[int]) -> None:
         """`tokens` was sent: its pages, then its generated tokens, may be cached."""
@@ -134,6 +135,6 @@ def replay(
     total = hits = 0
     for tokens in prompts:
         total += len(tokens)
-        hits += trie.hit_pages(tokens) * page_size
+        hits += trie.hit_tokens(tokens)
         trie.add(tokens)
     return Replay(total, hits, trie.distinct, page_size)
