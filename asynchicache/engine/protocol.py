@@ -132,6 +132,16 @@ class CachedTokens:
     def total(self) -> int:
         return self.device + self.host + self.disk + self.remote
 
+    def less(self, n: int) -> CachedTokens:
+        """These counts with the last `n` tokens (the deepest tiers' first) computed instead."""
+        counts = {"remote": self.remote, "disk": self.disk, "host": self.host,
+                  "device": self.device}
+        for tier, have in counts.items():
+            take = min(n, have)
+            counts[tier] = have - take
+            n -= take
+        return CachedTokens(**counts)
+
 
 @dataclass(frozen=True)
 class TokenLogprob:

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.results import Fallback
-from asynchicache.config import CacheConfig, EngineConfig, PrefetchPolicy
+from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.admission import MemoryBudget
-from asynchicache.engine.cost import CostModel
+from asynchicache.engine.cost import CostModel, load_deadline
 from asynchicache.engine.protocol import CachedTokens
 from asynchicache.engine.request import Phase, Request
 from asynchicache.engine.sampler import request_generator
@@ -133,7 +133,7 @@ class Scheduler:
                 self.cache.unlock(match.handle)  # the load holds its own locks
                 req.phase = Phase.LOADING
                 req.load_ticket = ticket
-                req.load_deadline = self._load_deadline(lower)
+                req.load_deadline = load_deadline(self.cache_config, self.cost, lower)
                 req.cached = CachedTokens(device=len(match.device_pages) * self.page_size)
                 self.loading[ticket.id] = req
                 return True
@@ -166,22 +166,7 @@ class Scheduler:
         req.page_table[-1:] = [copy] if copy is not None else []
         req.shared_pages -= 1
         req.num_computed -= recomputed
-        return _less(cached, recomputed)
-
-    def _load_deadline(self, pages: int) -> float | None:
-        """How long a request waits for its load, by --prefetch-policy.
-
-        wait_complete: until the load ends (the storage client's own timeout
-        bounds it); timeout: --prefetch-timeout; best_effort: never longer than
-        recomputing those pages would take, so a slow tier cannot make a
-        request later than no cache at all.
-        """
-        policy = self.cache_config.prefetch_policy
-        if policy is PrefetchPolicy.WAIT_COMPLETE:
-            return None
-        if policy is PrefetchPolicy.TIMEOUT:
-            return time.monotonic() + self.cache_config.prefetch_timeout_s
-        return time.monotonic() + max(0.05, self.cost.recompute_seconds(pages))
+        return cached.less(recomputed)
 
     def _give_up_late_loads(self) -> None:
         now = time.monotonic()
@@ -226,16 +211,8 @@ class Scheduler:
                 remote=remote * ps,
             )
             self._take_prefix(req, ticket.handle, list(ticket.device_pages), cached)
-            self._observe_load(ticket)
-
-    def _observe_load(self, ticket: object) -> None:
-        seconds = getattr(ticket, "elapsed_s", 0.0)
-        host = getattr(ticket, "pages_from_host", 0)
-        storage = getattr(ticket, "pages_from_storage", 0)
-        if seconds > 0 and storage == 0 and host:
-            self.cost.host_Bps.observe(host * self.cost.page_bytes, seconds)
-        elif seconds > 0 and storage:
-            self.cost.storage_Bps.observe((host + storage) * self.cost.page_bytes, seconds)
+            self.cost.observe_load(ticket.pages_from_host, ticket.pages_from_storage,
+                                   ticket.elapsed_s)
 
     def _admit(self) -> None:
         """Start the oldest waiting requests while L1 can hold them (engine/admission.py)."""
@@ -407,13 +384,3 @@ class Scheduler:
     def now(self) -> float:
         return time.monotonic()
 
-
-def _less(cached: CachedTokens, n: int) -> CachedTokens:
-    """`cached` with its last `n` tokens (the deepest tiers' first) counted as computed."""
-    counts = {"remote": cached.remote, "disk": cached.disk, "host": cached.host,
-              "device": cached.device}
-    for tier in counts:
-        take = min(n, counts[tier])
-        counts[tier] -= take
-        n -= take
-    return CachedTokens(**counts)

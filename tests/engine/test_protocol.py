@@ -44,3 +44,10 @@ def test_a_step_of_outputs_with_one_mistyped_output_is_refused() -> None:
     bad = encode(StepOutputs((TokenOutput("r4", (7,)), TokenOutput("r5", ("x",)))))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="mistyped"):
         decode(bad)
+
+
+def test_cached_tokens_less_takes_the_deepest_tiers_first() -> None:
+    cached = CachedTokens(device=32, host=16, disk=1, remote=0)
+    assert cached.less(1) == CachedTokens(32, 16, 0, 0)
+    assert cached.less(17) == CachedTokens(32, 0, 0, 0)
+    assert cached.less(100) == CachedTokens()
