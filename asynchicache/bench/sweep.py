@@ -52,7 +52,6 @@ from asynchicache.bench.setups import (
 )
 from asynchicache.bench.summary import summarize
 from asynchicache.bench.workloads import WORKLOADS, Workload, make_workload
-from asynchicache.engine.threads import default_threads
 from asynchicache.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -161,7 +160,8 @@ def machine() -> dict[str, Any]:
 # ------------------------------------------------------------------- running
 def thread_flags(threads: int | None) -> list[str]:
     """`--threads` for every server of the sweep; none: the server's own default
-    (`engine.threads.default_threads`, cores - 1), the same as a plain `serve`."""
+    (`engine.threads.ThreadGovernor`: the cores other processes leave free), the same as
+    a plain `serve`."""
     return [] if threads is None else ["--threads", str(threads)]
 
 
@@ -212,6 +212,7 @@ def _describe(ctx: _Context, setup: Setup, phase: Phase,
         "startup_s": phase.startup_s,
         # The engine's own running estimate: how fast this machine was during the run.
         "engine_prefill_tok_s": phase.cache_stats.get("prefill_tok_s_estimate"),
+        "torch_threads_at_end": phase.cache_stats.get("torch_threads"),
         "load_events": phase.load_events,
         "flags": list(phase.flags), "run": s.to_dict(), "ideal": ideal,
         "cache_stats": phase.cache_stats,
@@ -288,7 +289,7 @@ def sweep(opts: SweepOptions) -> dict[str, Any]:
         "requests": len(ctx.workload.requests),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
-        "threads": opts.threads if opts.threads is not None else default_threads(),
+        "threads": opts.threads if opts.threads is not None else "auto",
         "sizing": {**asdict(ctx.sizing), "working_set_over_l1": ctx.sizing.working_set_over_l1},
         "configs": {}, "failed": {},
     }
@@ -335,7 +336,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="the engine's cap on running requests (default: the server's; it "
                    "admits by L1 memory)")
     p.add_argument("--threads", "--torch-threads", dest="threads", type=int,
-                   help="the servers' --threads (default: theirs, cores - 1)")
+                   help="the servers' --threads (default: theirs, what other processes leave)")
     p.add_argument("--server-arg", dest="server_args", action="append", default=[],
                    metavar="ARG", help="pass ARG to every `asynchicache serve` (repeatable; "
                    "use --server-arg=--flag for flags)")

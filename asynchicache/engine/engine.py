@@ -297,6 +297,7 @@ class Engine:
             # Locks held on cached pages (0 when idle: every request released its own).
             "cache_lock_refs": sum(node.lock_ref for node in self.cache.tree.iter_nodes()),
             "prefill_tok_s_estimate": self.cost.prefill_tok_s.value,
+            "torch_threads": torch.get_num_threads(),
         }
 
     def _storage_stats(self) -> dict:

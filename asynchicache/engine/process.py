@@ -28,7 +28,7 @@ from asynchicache.engine.protocol import (
     decode,
     encode,
 )
-from asynchicache.engine.threads import set_threads
+from asynchicache.engine.threads import ThreadGovernor
 from asynchicache.storage.base import StorageTier
 
 log = logging.getLogger(__name__)
@@ -62,10 +62,14 @@ def _connect_storage(config: EngineProcessConfig, engine_hook: object) -> Storag
 class EngineLoop:
     """Pumps messages between the sockets and an `Engine`."""
 
-    def __init__(self, engine: Engine, pull: zmq.Socket, push: zmq.Socket) -> None:
+    def __init__(
+        self, engine: Engine, pull: zmq.Socket, push: zmq.Socket,
+        threads: ThreadGovernor | None = None,
+    ) -> None:
         self.engine = engine
         self.pull = pull
         self.push = push
+        self.threads = threads
         self.stopping = False
 
     def _handle(self, raw: bytes) -> None:
@@ -98,8 +102,14 @@ class EngineLoop:
                 return
             self._handle(raw)
 
+    def _govern_threads(self) -> None:
+        changed = self.threads.poll() if self.threads is not None else None
+        if changed is not None:
+            log.info("torch threads now %d (what the other processes leave free)", changed)
+
     def run(self) -> None:
         while not self.stopping:
+            self._govern_threads()
             self._drain(0 if self.engine.has_work else IDLE_POLL_MS)
             if not self.engine.has_work:
                 self.engine.poll()  # finish write-throughs and stores while idle
@@ -126,17 +136,19 @@ def run_engine(config: EngineProcessConfig) -> None:
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.SNDHWM, 0)  # never drop outputs
     push.bind(config.output_addr)
-    threads = set_threads(config.engine.threads)  # before the model exists: one pool size
+    governor = ThreadGovernor(config.engine.threads)
+    threads = governor.apply()  # before the model exists: its first pool size
     engine = Engine(config.engine, config.cache, storage=_connect_storage(config, None))
-    loop = EngineLoop(engine, pull, push)
+    loop = EngineLoop(engine, pull, push, governor)
 
     def _stop(signum: int, frame: FrameType | None) -> None:
         loop.stopping = True
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    log.info("engine ready: model %s on %s, %d torch threads", engine.loaded.name,
-             config.engine.device, threads)
+    log.info("engine ready: model %s on %s, %d torch threads%s", engine.loaded.name,
+             config.engine.device, threads,
+             "" if governor.fixed is not None else " (then what the other processes leave)")
     try:
         loop.run()
     finally:

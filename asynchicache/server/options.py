@@ -132,7 +132,8 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--threads",
         type=int,
-        help="torch threads of the engine process (default: the cores it may use, minus one)",
+        help="torch threads of the engine process (default: every core the other processes "
+        "leave free, measured as it runs; it starts at cores - 1)",
     )
 
 

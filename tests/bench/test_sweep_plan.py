@@ -57,7 +57,7 @@ def test_options_from_args_model_goes_to_the_server_too(tmp_path: Path) -> None:
 
 def test_thread_flags_leave_the_default_to_the_server() -> None:
     assert thread_flags(3) == ["--threads", "3"]
-    assert thread_flags(None) == []  # `serve` picks engine.threads.default_threads()
+    assert thread_flags(None) == []  # `serve` picks its own (engine.threads.ThreadGovernor)
 
 
 def test_preemptions_per_request_flag_a_storm() -> None:
