@@ -24,6 +24,7 @@ BENCHMARKS = {
     "serve": "asynchicache.bench.client",
     "sweep": "asynchicache.bench.sweep",
     "soak": "asynchicache.bench.soak",
+    "compare": "asynchicache.bench.compare",
     "vllm": "asynchicache.bench.vllm",
 }
 

@@ -132,23 +132,31 @@ class EngineConfig:
     model: str | None = None  # HF folder or GGUF file; None = the embedded SmolLM2
     device: str = "cpu"
     dtype: str = "float32"
-    max_running_requests: int = 32
+    # A cap on requests running at once; what L1 holds decides first (engine/admission.py).
+    max_running_requests: int = 256
+    # Decode tokens admission reserves L1 room for, per request (at most its max_tokens).
+    decode_reserve_tokens: int = 256
     chunked_prefill_size: int = 512
     max_prefill_tokens: int = 2048
     max_model_len: int | None = None  # None = the model's own context length
     # Loads below this many tokens are not worth a round trip to a lower tier.
     min_load_tokens: int = 32
     seed: int = 0
+    threads: int | None = None  # torch threads of the engine; None = engine.threads default
+
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         _positive("--max-running-requests", self.max_running_requests)
+        _positive("--decode-reserve-tokens", self.decode_reserve_tokens)
         _positive("--chunked-prefill-size", self.chunked_prefill_size)
         _positive("--max-prefill-tokens", self.max_prefill_tokens)
         _non_negative("--min-load-tokens", self.min_load_tokens)
         if self.max_model_len is not None:
             _positive("--max-model-len", self.max_model_len)
+        if self.threads is not None:
+            _positive("--threads", self.threads)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ class Run:
 
 
 @dataclass
-class _Stream:
+class Streamed:
     """What one streamed response told us so far."""
 
     first_s: float | None = None
@@ -93,7 +93,7 @@ def _request_body(workload: Workload, messages: list[dict[str, str]], cfg: Clien
     return body
 
 
-def _on_event(stream: _Stream, payload: str, now: float) -> None:
+def _on_event(stream: Streamed, payload: str, now: float) -> None:
     chunk = json.loads(payload)
     if "error" in chunk:
         raise RuntimeError(f"server error in stream: {chunk['error']}")
@@ -105,8 +105,8 @@ def _on_event(stream: _Stream, payload: str, now: float) -> None:
         stream.usage = chunk["usage"]
 
 
-async def _stream_chat(client: httpx.AsyncClient, body: dict, t_sent: float) -> _Stream:
-    stream = _Stream()
+async def stream_chat(client: httpx.AsyncClient, body: dict, t_sent: float) -> Streamed:
+    stream = Streamed()
     async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
         if resp.status_code != 200:
             detail = (await resp.aread()).decode(errors="replace")[:500]
@@ -123,7 +123,7 @@ async def _stream_chat(client: httpx.AsyncClient, body: dict, t_sent: float) -> 
     return stream
 
 
-def _result(spec: RequestSpec, index: int, sched: float, sent: float, s: _Stream,
+def _result(spec: RequestSpec, index: int, sched: float, sent: float, s: Streamed,
             e2e: float) -> RequestResult:
     usage = s.usage or {}
     details = usage.get("prompt_tokens_details") or {}
@@ -191,7 +191,7 @@ class _Player:
         sent = self._now()
         t_sent = time.perf_counter()
         try:
-            stream = await _stream_chat(self.client, body, t_sent)
+            stream = await stream_chat(self.client, body, t_sent)
         except (httpx.HTTPError, RuntimeError, ValueError) as exc:
             log.warning("request %d failed: %s", index, exc)
             return RequestResult(index, spec.session, spec.turn, sched, sent,

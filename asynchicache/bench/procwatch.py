@@ -134,6 +134,27 @@ def sample_process(pid: int) -> ProcSample | None:
     )
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds `pid` has used so far; None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # After the command: state is field 3 of proc(5), utime and stime are 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_role(root_pid: int) -> dict[str, float]:
+    """CPU seconds used so far by every process of the tree at `root_pid`, by role."""
+    out: dict[str, float] = {}
+    for pid in descendants(root_pid):
+        seconds = cpu_seconds(pid)
+        if seconds is not None:
+            role = role_of(pid)
+            out[role] = out.get(role, 0.0) + seconds
+    return out
+
+
 def owned_segments(pids: set[int]) -> list[tuple[str, int]]:
     """(name, size) of the /dev/shm segments created by `pids`."""
     out = []

@@ -30,12 +30,13 @@ def chat_ids(tokenizer: Tokenizer, messages: Sequence[Message]) -> list[int]:
 
 
 def sent_messages(
-    workload: Workload, results: Sequence[RequestResult]
+    workload: Workload, results: Sequence[RequestResult], ok: bool = True
 ) -> list[list[Message]]:
-    """Messages of the successful requests, in the order they were sent."""
+    """Messages of the successful (or, `ok=False`, the failed) requests, in the order
+    they were sent."""
     answers = {(r.session, r.turn): r.answer for r in results if r.ok}
     out = []
-    for r in sorted((r for r in results if r.ok), key=lambda r: (r.sent_s, r.index)):
+    for r in sorted((r for r in results if r.ok == ok), key=lambda r: (r.sent_s, r.index)):
         spec = workload.requests[r.index]
         earlier = [answers.get((r.session, t), "") for t in range(spec.turn)]
         out.append(workload.messages(spec, earlier))
@@ -59,15 +60,21 @@ def ideal_of_run(
     workload: Workload, results: Sequence[RequestResult], model: str | None, page_size: int,
     tokenizer: Tokenizer | None = None, warm: Sequence[RequestResult] = (),
 ) -> dict[str, Any]:
-    """The unbounded-cache replay of what was sent, and how our token counts match the server's.
+    """The upper bound on the hit rate of what was sent (`ideal.replay`), and how our
+    token counts match the server's.
 
-    `warm`: the results of an earlier run of the same workload whose pages a
-    persistent cache still holds (the restart workload).
+    Built from the workload and the answers the client received (they are part
+    of later prompts), never from the server's cache counters. `warm`: the
+    results of an earlier run of the same workload whose pages a persistent
+    cache still holds (the restart workload). Failed requests count as warm
+    too: the server may have cached their prompts.
     """
     tok = tokenizer or load_tokenizer(model)
     ids = [chat_ids(tok, m) for m in sent_messages(workload, results)]
-    warm_ids = [chat_ids(tok, m) for m in sent_messages(workload, warm)]
-    rep = replay(ids, page_size, warm=warm_ids)
+    warm_ids = [chat_ids(tok, m) for m in [*sent_messages(workload, warm),
+                                          *sent_messages(workload, warm, ok=False),
+                                          *sent_messages(workload, results, ok=False)]]
+    rep = replay(ids, page_size, warm=warm_ids, decode_tokens=workload.max_tokens)
     ok = sorted((r for r in results if r.ok), key=lambda r: (r.sent_s, r.index))
     mismatched = sum(1 for r, t in zip(ok, ids, strict=True) if r.prompt_tokens != len(t))
     return {
@@ -76,6 +83,7 @@ def ideal_of_run(
         "prompt_tokens": rep.prompt_tokens,
         "working_set_tokens": rep.working_set_tokens,
         "page_size": page_size,
+        "decode_tokens": workload.max_tokens,
         # Requests whose prompt length differs from the server's count: a
         # tokenizer or template mismatch that would make the ideal meaningless.
         "prompt_length_mismatches": mismatched,

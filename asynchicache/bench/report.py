@@ -54,17 +54,26 @@ def config_table(configs: Configs, reference: str = "L1") -> str:
             f"{_pct(c['hit_rate'])} | {_pct(c['ideal_hit_rate'])} | "
             + " | ".join(_pct(tiers.get(t, 0.0)) for t in TIERS)
             + f" | {_fmt(c['requests_per_s'], 3)} | {_fmt(c['total_tokens_per_s'], 1)} | "
-            f"{_fmt(c.get('engine_prefill_tok_s'), 0)} | {c.get('preemptions', 'n/a')} | "
+            f"{_fmt(c.get('engine_prefill_tok_s'), 0)} | {_preemptions(c)} | "
             f"{c['errors']}/{c['requests']} |"
         )
     return "\n".join(rows) + "\n"
+
+
+def _preemptions(c: Mapping[str, Any]) -> str:
+    """'N (x/req)', flagged when the rate is a storm (bench.sweep.preemption_rate)."""
+    n, rate = c.get("preemptions"), c.get("preemptions_per_request")
+    if n is None or rate is None:
+        return "n/a" if n is None else str(n)
+    return f"{n} ({rate:.3f}/req{', STORM' if c.get('preemption_storm') else ''})"
 
 
 TABLE_NOTES = (
     "TTFT / L1: mean TTFT over the L1-only row's. Hit rate: cached prompt tokens / prompt "
     "tokens, as the server reported them (L1..L4: the share from each tier); ideal: the same "
     "requests replayed through an unbounded page cache. prefill tok/s: the engine's running "
-    "estimate of its prefill speed, a gauge of how busy the machine was during that run."
+    "estimate of its prefill speed, a gauge of how busy the machine was during that run. "
+    "Preemptions: the engine's, per request (a STORM above 0.05 per request)."
 )
 
 

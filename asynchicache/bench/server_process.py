@@ -1,7 +1,9 @@
-"""`python -m asynchicache serve` as a child process of a benchmark, on a free port."""
+"""`python -m asynchicache serve` (or another OpenAI server) as a child process of a
+benchmark, on a free port."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -28,16 +30,23 @@ class ServerError(RuntimeError):
 
 
 class BenchServer:
-    """One server instance; `start` waits until /health answers, `stop` until it exited."""
+    """One server instance; `start` waits until `ready_path` answers, `stop` until it exited.
+
+    `command`: the argv of another server, `{port}` standing for the port (e.g. vLLM's
+    `api_server`); by default `python -m asynchicache serve --port PORT FLAGS...`.
+    """
 
     def __init__(
         self, flags: Sequence[str], log_path: Path, startup_timeout_s: float = 600.0,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None, command: Sequence[str] | None = None,
+        ready_path: str = "/health",
     ) -> None:
         self.flags = list(flags)
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.env = {**os.environ, **(env or {})}
+        self.command = None if command is None else list(command)
+        self.ready_path = ready_path
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -46,6 +55,8 @@ class BenchServer:
         return f"http://127.0.0.1:{self.port}"
 
     def argv(self) -> list[str]:
+        if self.command is not None:
+            return [a.replace("{port}", str(self.port)) for a in self.command]
         return [sys.executable, "-m", "asynchicache", "serve", "--port", str(self.port),
                 *self.flags]
 
@@ -57,29 +68,40 @@ class BenchServer:
                 self._start_once()
                 return
             except ServerError:
-                if attempt == attempts - 1 or "address already in use" not in self.log_tail():
+                taken = "address already in use" in self.log_tail().lower()
+                if attempt == attempts - 1 or not taken:
                     raise
                 log.info("port %d was taken; retrying", self.port)
 
     def _start_once(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as out:
+            # Its own process group: whatever it spawns can be stopped with it.
             self.proc = subprocess.Popen(
-                self.argv(), stdout=out, stderr=subprocess.STDOUT, env=self.env
+                self.argv(), stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                start_new_session=True,
             )
+        try:
+            self._wait_ready()
+        except BaseException:  # not ready, or we are interrupted: leave nothing running
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerError(f"the server exited with {self.proc.returncode}:\n"
                                   f"{self.log_tail()}")
             try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                if httpx.get(self.url + self.ready_path, timeout=5).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.25)
-        self.stop()
-        raise ServerError(f"no /health answer in {self.startup_timeout_s}s:\n{self.log_tail()}")
+        raise ServerError(f"no {self.ready_path} answer in {self.startup_timeout_s}s:\n"
+                          f"{self.log_tail()}")
 
     def get_json(self, path: str) -> dict:
         resp = httpx.get(self.url + path, timeout=60)
@@ -87,17 +109,25 @@ class BenchServer:
         return resp.json()
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
-        """SIGTERM (the launcher stops its children in order), SIGKILL if it hangs."""
+        """SIGTERM (the launcher stops its children in order), SIGKILL to its process
+        group if it hangs; then whatever it left behind in that group."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout_s)
+            code = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             log.warning("server %d ignored SIGTERM for %.0fs; killing it", self.proc.pid, timeout_s)
-            self.proc.kill()
+            self._kill_group()
             return self.proc.wait(30)
+        self._kill_group()  # children it left behind (it should have stopped them)
+        return code
+
+    def _kill_group(self) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # nothing left
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     def log_tail(self, n: int = 4000) -> str:
         try:

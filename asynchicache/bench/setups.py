@@ -6,11 +6,9 @@ an unbounded cache would hold) is about `l1_ratio` times L1, and L2 to
 tier below L2 can keep every prefix. L1 is never smaller than the largest
 request (prompt + answer) plus two pages, or that request could not run.
 
-L1 also holds the KV of the running requests, and the engine admits requests
-without checking that their prompts fit: with more admitted requests than L1
-holds, each preempts the newest and throws its prefill away, again and again
-(thousands of preemptions in a few minutes). So the engine is told to run at
-most as many requests as L1 holds at their largest (`max_running_requests`).
+L1 also holds the KV of the running requests; the engine admits a request only
+when L1 can hold it (engine/admission.py), so no cap on running requests is
+needed (`--max-running-requests` passes one through when asked for).
 """
 
 from __future__ import annotations
@@ -93,8 +91,7 @@ def size_tiers(
     floor = _pages_up(largest_request_tokens, page_size) + 2 * page_size
     l1 = max(_pages_up(working_set_tokens / l1_ratio, page_size), floor)
     l2 = _pages_up(l1 * l2_ratio, page_size)
-    running = max(1, l1 // _pages_up(largest_request_tokens, page_size))
-    return Sizing(page_size, working_set_tokens, largest_request_tokens, l1, l2, running)
+    return Sizing(page_size, working_set_tokens, largest_request_tokens, l1, l2)
 
 
 @dataclass(frozen=True)

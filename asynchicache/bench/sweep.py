@@ -71,9 +71,9 @@ class SweepOptions:
     page_size: int = 16
     l1_ratio: float = 4.0
     l2_ratio: float = 2.0
-    max_running_requests: int | None = None  # None: as many as L1 holds (setups.size_tiers)
+    max_running_requests: int | None = None  # None: the server's (admission by memory)
     max_concurrency: int | None = None
-    torch_threads: int | None = None  # OMP_NUM_THREADS of the servers; None: see server_env
+    threads: int | None = None  # the servers' --threads; None: their default
     server_args: tuple[str, ...] = ()
     work_dir: Path | None = None  # where disk folders go (default: the temp dir)
     keep_disk: bool = False
@@ -158,20 +158,11 @@ def machine() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------- running
-def server_env(torch_threads: int | None) -> dict[str, str]:
-    """OMP_NUM_THREADS for the server's processes.
-
-    torch on CPU starts one OpenMP thread per core. The HTTP process, the cache
-    service and this client share those cores, and an OpenMP barrier whose
-    thread was descheduled stalls the whole forward pass: on 2 cores, 2 threads
-    made prefill and decode about 6x slower than 1 thread. So by default the
-    engine gets every core but one, unless OMP_NUM_THREADS is already set.
-    """
-    if torch_threads is not None:
-        return {"OMP_NUM_THREADS": str(torch_threads)}
-    if "OMP_NUM_THREADS" in os.environ:
-        return {}
-    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) - 1))}
+def thread_flags(threads: int | None) -> list[str]:
+    """`--threads` for every server of the sweep; none: the server's own default
+    (`engine.threads.ThreadGovernor`: the cores other processes leave free), the same as
+    a plain `serve`."""
+    return [] if threads is None else ["--threads", str(threads)]
 
 
 def _warm_up(url: str) -> None:
@@ -184,10 +175,9 @@ def _warm_up(url: str) -> None:
 def _run_phase(ctx: _Context, setup: Setup, disk_dir: Path, out_dir: Path) -> Phase:
     plan = ServerPlan(ctx.sizing, ctx.kv_bytes_per_token, disk_dir, ctx.opts.remote_url,
                       extra=ctx.opts.server_args)
-    flags = server_flags(setup, plan)
+    flags = [*server_flags(setup, plan), *thread_flags(ctx.opts.threads)]
     (out_dir / "server.log").unlink(missing_ok=True)
-    server = BenchServer(flags, out_dir / "server.log", ctx.opts.startup_timeout_s,
-                         server_env(ctx.opts.torch_threads))
+    server = BenchServer(flags, out_dir / "server.log", ctx.opts.startup_timeout_s)
     started = time.perf_counter()
     with server:
         startup_s = time.perf_counter() - started
@@ -218,13 +208,30 @@ def _describe(ctx: _Context, setup: Setup, phase: Phase,
         "total_tokens_per_s": s.total_tokens_per_s,
         "mean_itl_s": s.itl.mean, "mean_e2e_s": s.e2e.mean,
         "requests": s.requests, "errors": s.errors, "duration_s": s.duration_s,
-        "preemptions": phase.cache_stats.get("preemptions"), "startup_s": phase.startup_s,
+        **preemption_rate(phase.cache_stats.get("preemptions"), s.requests),
+        "startup_s": phase.startup_s,
         # The engine's own running estimate: how fast this machine was during the run.
         "engine_prefill_tok_s": phase.cache_stats.get("prefill_tok_s_estimate"),
+        "torch_threads_at_end": phase.cache_stats.get("torch_threads"),
         "load_events": phase.load_events,
         "flags": list(phase.flags), "run": s.to_dict(), "ideal": ideal,
         "cache_stats": phase.cache_stats,
     }
+
+
+# More preemptions per request than this is a storm: requests preempting each other
+# over and over, their prefill thrown away each time.
+STORM_PREEMPTIONS_PER_REQUEST = 0.05
+
+
+def preemption_rate(preemptions: int | None, requests: int) -> dict[str, Any]:
+    """The engine's preemptions, per request of the run, and whether that is a storm."""
+    if preemptions is None or requests <= 0:
+        return {"preemptions": preemptions, "preemptions_per_request": None,
+                "preemption_storm": None}
+    rate = preemptions / requests
+    return {"preemptions": preemptions, "preemptions_per_request": rate,
+            "preemption_storm": rate > STORM_PREEMPTIONS_PER_REQUEST}
 
 
 def _run_setup(ctx: _Context, setup: Setup) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -281,7 +288,8 @@ def sweep(opts: SweepOptions) -> dict[str, Any]:
         "params": dict(ctx.workload.params), "seed": opts.seed, "scale": opts.scale,
         "requests": len(ctx.workload.requests),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": machine(), "server_env": server_env(opts.torch_threads),
+        "machine": machine(),
+        "threads": opts.threads if opts.threads is not None else "auto",
         "sizing": {**asdict(ctx.sizing), "working_set_over_l1": ctx.sizing.working_set_over_l1},
         "configs": {}, "failed": {},
     }
@@ -325,10 +333,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--l2-ratio", type=float, default=2.0,
                    help="L2 size / L1 size (default %(default)s)")
     p.add_argument("--max-running-requests", type=int,
-                   help="the engine's cap on running requests (default: as many as L1 holds)")
-    p.add_argument("--torch-threads", type=int,
-                   help="OMP_NUM_THREADS of the servers (default: cores - 1, or the "
-                   "environment's)")
+                   help="the engine's cap on running requests (default: the server's; it "
+                   "admits by L1 memory)")
+    p.add_argument("--threads", "--torch-threads", dest="threads", type=int,
+                   help="the servers' --threads (default: theirs, what other processes leave)")
     p.add_argument("--server-arg", dest="server_args", action="append", default=[],
                    metavar="ARG", help="pass ARG to every `asynchicache serve` (repeatable; "
                    "use --server-arg=--flag for flags)")
@@ -353,7 +361,7 @@ def options_from_args(args: argparse.Namespace) -> SweepOptions:
         remote_url=args.remote_url, model=args.model, page_size=args.page_size,
         l1_ratio=args.l1_ratio, l2_ratio=args.l2_ratio,
         max_running_requests=args.max_running_requests, max_concurrency=args.max_concurrency,
-        torch_threads=args.torch_threads,
+        threads=args.threads,
         server_args=server_args, work_dir=args.work_dir, keep_disk=args.keep_disk,
         progress=not args.no_progress, startup_timeout_s=args.startup_timeout,
     )

@@ -47,17 +47,16 @@ class Evictor:
 
     def can_allocate(self, n: int) -> bool:
         """Whether `n` L1 pages could be had (free plus unlocked cached ones)."""
-        free = self.parts.device.num_free
-        if n <= free:
-            return True
+        return n <= self.parts.device.num_free or n <= self.available_pages()
+
+    def available_pages(self) -> int:
+        """Free L1 pages plus cached ones no lock or L2-less hold protects."""
         evictable = sum(
             node.num_pages
-            for node in self.parts.tree.iter_nodes()
-            if node.device is not None
-            and not node.lock_ref
-            and (node.host is not None or not node.host_ref)
+            for node in self.parts.tree.iter_tier(Tier.DEVICE)
+            if not node.lock_ref and (node.host is not None or not node.host_ref)
         )
-        return n <= free + evictable
+        return self.parts.device.num_free + evictable
 
     def evict_device(self, n_pages: int, backup: bool) -> int:
         """Free at least `n_pages` L1 pages from unlocked cached runs; returns pages freed."""

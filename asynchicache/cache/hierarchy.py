@@ -146,6 +146,11 @@ class HiRadixCache:
         return len(self.parts.transfers) + len(self.parts.storage_ops)
 
     @property
+    def copies_pending(self) -> int:
+        """L1 <-> L2 copies in flight (each pins the L1 pages it reads or fills)."""
+        return len(self.parts.transfers)
+
+    @property
     def abandoned_loads(self) -> int:
         """Loads given up by their caller that have not finished yet."""
         return self.loader.abandoned
@@ -232,6 +237,46 @@ class HiRadixCache:
     def can_allocate(self, n: int) -> bool:
         """Whether `allocate(n)` could succeed (free pages plus unlocked cached ones)."""
         return self.evictor.can_allocate(n)
+
+    def available_pages(self) -> int:
+        """L1 pages `allocate` could hand out now: free plus unlocked cached ones."""
+        return self.evictor.available_pages()
+
+    def locked_prefix_pages(self, tokens: Sequence[int], salt: str = "") -> int:
+        """Leading L1 pages of `tokens` that some lock already protects (no touch, no split).
+
+        Admission's question: locking a prompt's L1 prefix takes its unlocked
+        pages out of `available_pages()`; these ones are out of it already.
+        """
+        if not self.config.enable_prefix_cache:
+            return 0
+        tokens = tokens if type(tokens) is list else list(tokens)
+        walk = self.tree.walk(tokens, root=self._root(salt))
+        pairs = [(n, n.num_pages) for n in walk.path]
+        if walk.partial is not None:
+            pairs.append((walk.partial, walk.partial_pages))
+        pages = 0
+        for node, k in pairs:
+            if node.device is None or not node.lock_ref:
+                break  # L1 is prefix-closed; locks count along the path
+            pages += k
+        return pages
+
+    def copy_page(self, src: int) -> int | None:
+        """A new private L1 page holding a copy of L1 page `src` (copy-on-write).
+
+        For a prompt that ends on a page boundary and is cached whole: its last
+        token is computed again for its logits, and its KV must land in a page
+        of its own, not in the tree's. None when L1 has no room.
+        """
+        if self.parts.device.state(src) not in (PageState.CACHED, PageState.PRIVATE):
+            raise ValueError(f"L1 page {src} holds no KV to copy")
+        pages = self.allocate(1)
+        if pages is None:
+            return None
+        pool = self.device_pool.tensor  # [pages, layers, 2, page_size, kv_heads, head_dim]
+        pool[pages[0]].copy_(pool[src])
+        return pages[0]
 
     def allocate(self, n: int) -> list[int] | None:
         """L1 pages for a running request, evicting unlocked cached pages as needed."""

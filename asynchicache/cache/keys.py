@@ -31,7 +31,8 @@ ENGINE = "asynchicache"
 # inputs, weight dequantization). Bump it whenever the K/V a prompt produces changes;
 # tests/engine/test_numerics.py fails when the reference K/V moved without a bump.
 #   1: one-pass RMSNorm, in-place rotary (the first versioned numerics)
-NUMERICS_VERSION = 1
+#   2: linear layers through oneDNN with reordered weights (engine/models/gemm.py)
+NUMERICS_VERSION = 2
 HASH_BYTES = 16
 
 

@@ -405,6 +405,16 @@ class RadixTree:
         for child in list(root.children.values()):
             yield from self._iter_from(child)
 
+    def iter_tier(self, tier: Tier) -> Iterator[RadixNode]:
+        """Every node resident in `tier`, when residency is prefix-closed (L1 is):
+        only subtrees whose top is in the tier are walked."""
+        for root in list(self._roots.values()):
+            stack = [c for c in root.children.values() if getattr(c, tier) is not None]
+            while stack:
+                n = stack.pop()
+                yield n
+                stack.extend(c for c in n.children.values() if getattr(c, tier) is not None)
+
     def _iter_from(self, node: RadixNode) -> Iterator[RadixNode]:
         stack = [node]
         while stack:

@@ -32,7 +32,6 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -197,9 +196,8 @@ class DeepAudit:
     def _audit_group(self, namespace: bytes, pages: dict[bytes, _Page]) -> None:
         why, loaded = self._model_for(namespace, next(iter(pages.values())).header.layout)
         if why is not None or loaded is None:
-            self._unverifiable[why or "no model"] += len(pages)
-            if self.config.sample is None:
-                self._count_corrupt(pages.values())
+            for page in pages.values():
+                self._unverifiable_or_corrupt(page, why or "no model")
             return
         ns = Namespace.decode(namespace)
         chains = _Chains(namespace, pages, ns.page_size)
@@ -212,9 +210,7 @@ class DeepAudit:
                 self.report.checked += 1
                 self._mismatch(page.path, broken)  # its header's tokens are not its name's
             else:
-                self._unverifiable[broken] += 1
-                if self.config.sample is None:
-                    self._count_corrupt([page])
+                self._unverifiable_or_corrupt(page, broken)
         chosen = self._draw(whole)
         self.report.skipped += len(whole) - len(chosen)
         self._recompute(loaded, chains, chosen)
@@ -306,11 +302,15 @@ class DeepAudit:
         if not diff <= self.config.tolerance:  # NaN counts as a mismatch
             self._mismatch(page.path, f"max abs diff {diff:.3g}")
 
-    def _count_corrupt(self, pages: Iterable[_Page]) -> None:
-        for page in pages:
+    def _unverifiable_or_corrupt(self, page: _Page, why: str) -> None:
+        """One bucket per page: a page that fails the reader's checks is corrupt, even when
+        it could not have been recomputed anyway (sampling reads no payloads)."""
+        if self.config.sample is None:
             read = read_page_file(page.path, page.header.page_hash, page.path.parent.parent.name)
             if isinstance(read, str):
                 self._corrupt(page.path, read)
+                return
+        self._unverifiable[why] += 1
 
     # -- outcomes -------------------------------------------------------------
 

@@ -7,7 +7,10 @@ moving averages), starting from conservative guesses.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+
+from asynchicache.config import CacheConfig, PrefetchPolicy
 
 
 @dataclass
@@ -52,8 +55,31 @@ class CostModel:
     def recompute_seconds(self, pages: int) -> float:
         return pages * self.page_size / self.prefill_tok_s.value
 
+    def observe_load(self, host_pages: int, storage_pages: int, seconds: float) -> None:
+        """A finished load: the bandwidth of the tier it came from."""
+        if seconds > 0 and storage_pages == 0 and host_pages:
+            self.host_Bps.observe(host_pages * self.page_bytes, seconds)
+        elif seconds > 0 and storage_pages:
+            self.storage_Bps.observe((host_pages + storage_pages) * self.page_bytes, seconds)
+
     def worth_loading(self, host_pages: int, storage_pages: int) -> bool:
         pages = host_pages + storage_pages
         if pages * self.page_size < self.min_load_tokens:
             return False
         return self.load_seconds(host_pages, storage_pages) < self.recompute_seconds(pages)
+
+
+def load_deadline(config: CacheConfig, cost: CostModel, pages: int) -> float | None:
+    """When a request stops waiting for a load of `pages` pages, by --prefetch-policy.
+
+    wait_complete: until the load ends (the storage client's own timeout bounds
+    it); timeout: --prefetch-timeout; best_effort: never longer than
+    recomputing those pages would take, so a slow tier cannot make a request
+    later than no cache at all.
+    """
+    policy = config.prefetch_policy
+    if policy is PrefetchPolicy.WAIT_COMPLETE:
+        return None
+    if policy is PrefetchPolicy.TIMEOUT:
+        return time.monotonic() + config.prefetch_timeout_s
+    return time.monotonic() + max(0.05, cost.recompute_seconds(pages))

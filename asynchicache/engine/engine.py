@@ -276,10 +276,12 @@ class Engine:
             "queues": self.scheduler.queue_lengths(),
             "preemptions": self.scheduler.preemptions,
             "loads_given_up": self.scheduler.loads_given_up,
+            "loads_deferred": self.scheduler.loads_deferred,
             "computed_prompt_tokens": self.computed_prompt_tokens,
             # Locks held on cached pages (0 when idle: every request released its own).
             "cache_lock_refs": sum(node.lock_ref for node in self.cache.tree.iter_nodes()),
             "prefill_tok_s_estimate": self.cost.prefill_tok_s.value,
+            "torch_threads": torch.get_num_threads(),
         }
 
     def _storage_stats(self) -> dict:

@@ -24,10 +24,12 @@ from asynchicache.engine.protocol import (
     AbortRequest,
     AdminRequest,
     GenerateRequest,
+    StepOutputs,
     TokenOutput,
     decode,
     encode,
 )
+from asynchicache.engine.threads import ThreadGovernor
 from asynchicache.engine.upkeep import Upkeep
 from asynchicache.storage.base import StorageTier
 
@@ -66,12 +68,18 @@ class EngineLoop:
     """Pumps messages between the sockets and an `Engine`."""
 
     def __init__(
-        self, engine: Engine, pull: zmq.Socket, push: zmq.Socket, upkeep: Upkeep | None = None
+        self,
+        engine: Engine,
+        pull: zmq.Socket,
+        push: zmq.Socket,
+        upkeep: Upkeep | None = None,
+        threads: ThreadGovernor | None = None,
     ) -> None:
         self.engine = engine
         self.pull = pull
         self.push = push
         self.upkeep = upkeep or Upkeep(engine)
+        self.threads = threads
         self.stopping = False
 
     def _handle(self, raw: bytes) -> None:
@@ -104,16 +112,22 @@ class EngineLoop:
                 return
             self._handle(raw)
 
+    def _govern_threads(self) -> None:
+        changed = self.threads.poll() if self.threads is not None else None
+        if changed is not None:
+            log.info("torch threads now %d (what the other processes leave free)", changed)
+
     def run(self) -> None:
         while not self.stopping:
+            self._govern_threads()
             self._drain(0 if self.engine.has_work else IDLE_POLL_MS)
             self.upkeep.tick()  # KV events out, pins refreshed (engine/upkeep.py)
             if not self.engine.has_work:
                 self.engine.poll()  # finish write-throughs and stores while idle
                 continue
             outputs: list[TokenOutput] = self.engine.step()
-            for out in outputs:
-                self._send(out)
+            if outputs:  # one message per step (see StepOutputs)
+                self._send(StepOutputs(tuple(outputs)))
             if self.engine.last_batch_size == 0:
                 # Only loads or background copies to wait for: don't spin a core.
                 self._drain(1)
@@ -133,16 +147,20 @@ def run_engine(config: EngineProcessConfig) -> None:
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.SNDHWM, 0)  # never drop outputs
     push.bind(config.output_addr)
+    governor = ThreadGovernor(config.engine.threads)
+    threads = governor.apply()  # before the model exists: its first pool size
     engine = Engine(config.engine, config.cache, storage=_connect_storage(config, None))
     upkeep = Upkeep.start(engine, config.kv_events, ctx)
-    loop = EngineLoop(engine, pull, push, upkeep)
+    loop = EngineLoop(engine, pull, push, upkeep, governor)
 
     def _stop(signum: int, frame: FrameType | None) -> None:
         loop.stopping = True
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    log.info("engine ready: model %s on %s", engine.loaded.name, config.engine.device)
+    log.info("engine ready: model %s on %s, %d torch threads%s", engine.loaded.name,
+             config.engine.device, threads,
+             "" if governor.fixed is not None else " (then what the other processes leave)")
     try:
         loop.run()
     finally:

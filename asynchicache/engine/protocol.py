@@ -11,7 +11,9 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import msgpack
@@ -132,6 +134,16 @@ class CachedTokens:
     def total(self) -> int:
         return self.device + self.host + self.disk + self.remote
 
+    def less(self, n: int) -> CachedTokens:
+        """These counts with the last `n` tokens (the deepest tiers' first) computed instead."""
+        counts = {"remote": self.remote, "disk": self.disk, "host": self.host,
+                  "device": self.device}
+        for tier, have in counts.items():
+            take = min(n, have)
+            counts[tier] = have - take
+            n -= take
+        return CachedTokens(**counts)
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -166,6 +178,15 @@ class TokenOutput:
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
     cumulative_logprob: float = 0.0
+
+
+@dataclass(frozen=True)
+class StepOutputs:
+    """Every `TokenOutput` of one engine step, sent as one message: the HTTP process then
+    pays one socket read, one decode call and one event-loop wake-up per step, not per
+    token of every running request."""
+
+    outputs: tuple[TokenOutput, ...]
 
 
 @dataclass(frozen=True)
@@ -207,10 +228,18 @@ MESSAGE_TYPES: dict[str, type] = {
         CachedTokens,
         TokenLogprob,
         TokenOutput,
+        StepOutputs,
         AdminRequest,
         AdminReply,
     )
 }
+
+
+# Each message type's field annotations, resolved once (typing.get_type_hints evaluates
+# the string annotations anew on every call: most of a decode's time when it ran per message).
+FIELD_HINTS: Mapping[type, Mapping[str, Any]] = MappingProxyType({
+    cls: MappingProxyType(typing.get_type_hints(cls)) for cls in MESSAGE_TYPES.values()
+})
 
 
 def _to_plain(obj: Any) -> Any:
@@ -218,6 +247,8 @@ def _to_plain(obj: Any) -> Any:
         body = {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
         return {"__t": type(obj).__name__, **body}
     if isinstance(obj, list | tuple):
+        if all(type(x) is int for x in obj):  # token ids: no element needs converting
+            return list(obj)
         return [_to_plain(x) for x in obj]
     return obj
 
@@ -234,6 +265,8 @@ def _from_plain(obj: Any) -> Any:
                 kwargs[f.name] = tuple(value) if isinstance(value, list) else value
         return cls(**kwargs)
     if isinstance(obj, list):
+        if all(type(x) is int for x in obj):  # token ids
+            return obj
         return [_from_plain(x) for x in obj]
     return obj
 
@@ -258,7 +291,7 @@ def decode(data: bytes) -> Any:
 def _check_types(msg: Any) -> None:
     """Every field holds what its annotation says (a mistyped field would fail deep in the
     engine, taking it down, instead of here)."""
-    hints = typing.get_type_hints(type(msg))
+    hints = FIELD_HINTS[type(msg)]
     for f in dataclasses.fields(msg):
         if not _conforms(getattr(msg, f.name), hints[f.name]):
             raise ValueError(f"malformed engine message: {type(msg).__name__}.{f.name} mistyped")
@@ -272,6 +305,8 @@ def _conforms(value: Any, hint: Any) -> bool:
         return any(_conforms(value, h) for h in typing.get_args(hint))
     if origin is tuple:
         item = typing.get_args(hint)[0]
+        if item is int:  # token ids, thousands of them: one pass, no call per element
+            return isinstance(value, tuple) and all(type(v) is int for v in value)
         return isinstance(value, tuple) and all(_conforms(v, item) for v in value)
     if origin is dict:
         return isinstance(value, dict) and all(isinstance(k, str) for k in value)

@@ -147,7 +147,7 @@ class _BatchPlan:
             write_pages=torch.from_numpy(write_pages).to(device),
             write_offsets=torch.from_numpy(self.positions % self.page_size).to(device),
             prefills=self._prefills(device),
-            decode=self._decode(device),
+            decodes=self._decodes(device),
         )
 
     def _prefills(self, device: torch.device) -> tuple[PrefillSpan, ...]:
@@ -160,10 +160,16 @@ class _BatchPlan:
             if len(self.batch.token_ids[i]) > 1
         )
 
-    def _decode(self, device: torch.device) -> DecodeGroup | None:
+    def _decodes(self, device: torch.device) -> tuple[DecodeGroup, ...]:
+        """Single-token sequences in groups of similar length (see `length_groups`)."""
         seqs = [i for i in range(self.batch.num_seqs) if len(self.batch.token_ids[i]) == 1]
-        if not seqs:
-            return None
+        groups = length_groups([len(self.tables[i]) for i in seqs], GROUP_OVERHEAD_PAGES)
+        whole = len(seqs) == self.batch.num_seqs and len(groups) == 1
+        # Within a group, batch order: a decode-only batch of one group is the batch as is.
+        return tuple(self._decode_group([seqs[j] for j in sorted(g)], device, whole)
+                     for g in groups)
+
+    def _decode_group(self, seqs: list[int], device: torch.device, whole: bool) -> DecodeGroup:
         max_pages = max(len(self.tables[i]) for i in seqs)
         page_ids = np.zeros((len(seqs), max_pages), dtype=np.int64)  # padding: page 0, masked
         for row, i in enumerate(seqs):
@@ -175,5 +181,35 @@ class _BatchPlan:
             page_ids=torch.from_numpy(page_ids.reshape(-1)).to(device),
             lengths=torch.from_numpy(lengths).to(device),
             max_pages=max_pages,
-            contiguous=len(seqs) == self.batch.num_seqs,
+            contiguous=whole,
         )
+
+
+# Splitting decodes into one more group costs about what attending to this many
+# padding pages more costs (a gather and an SDPA call per layer; measured on CPU).
+GROUP_OVERHEAD_PAGES = 6
+
+
+def length_groups(pages: Sequence[int], overhead: int) -> list[list[int]]:
+    """Partition indices of `pages` into groups that minimize padded pages + overhead.
+
+    Every decode of a group attends over the group's longest page table, so a
+    short sequence next to a long one reads padding. Sorted by length, the best
+    partition is contiguous runs, found by dynamic programming: cost of a run =
+    its size x its longest + `overhead`. Groups come out longest first.
+    """
+    order = sorted(range(len(pages)), key=lambda i: pages[i])
+    n = len(order)
+    best = [0] * (n + 1)  # best[j]: cheapest cost of the first j (shortest) sequences
+    cut = [0] * (n + 1)  # where the last run of that best partition begins
+    for j in range(1, n + 1):
+        longest = pages[order[j - 1]]
+        best[j], cut[j] = min(
+            (best[i] + (j - i) * longest + overhead, i) for i in range(j)
+        )
+    groups: list[list[int]] = []
+    j = n
+    while j > 0:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups

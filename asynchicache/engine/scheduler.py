@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.results import Fallback
-from asynchicache.config import CacheConfig, EngineConfig, PrefetchPolicy
-from asynchicache.engine.cost import CostModel
+from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.admission import MemoryBudget
+from asynchicache.engine.cost import CostModel, load_deadline
 from asynchicache.engine.protocol import CachedTokens
 from asynchicache.engine.request import Phase, Request
 from asynchicache.engine.sampler import request_generator
@@ -69,8 +70,11 @@ class Scheduler:
         self.loading: dict[int, Request] = {}  # LoadTicket.id -> request
         self.running: list[Request] = []
         self.finished: list[Request] = []  # drained by the engine after each step
+        self.budget = MemoryBudget(self.page_size, engine_config.decode_reserve_tokens)
         self.preemptions = 0
         self.loads_given_up = 0  # deadlines passed or requests aborted while loading
+        self.loads_deferred = 0  # loads that waited a step for L1 room instead of recomputing
+        self.backing_off = False  # after a preemption, admit nothing until a request ends
 
     # ----------------------------------------------------------------- queues
     def add(self, req: Request) -> None:
@@ -103,28 +107,39 @@ class Scheduler:
     def _prefix_enabled(self) -> bool:
         return self.cache_config.enable_prefix_cache
 
-    def _start(self, req: Request) -> None:
-        """Match the prompt's prefix; start a load or take what L1 holds."""
+    def _start(self, req: Request) -> bool:
+        """Match the prompt's prefix; start a load or take what L1 holds.
+
+        False (nothing changed) when a load would find no L1 room: the request
+        waits for a later step instead of recomputing what a tier holds.
+        """
         if not self._prefix_enabled() or req.needs_whole_prompt:
             req.phase = Phase.RUNNING
             self.running.append(req)
-            return
+            return True
         tokens = req.tokens
-        max_pages = (len(tokens) - 1) // self.page_size  # keep >= 1 token to compute
-        match = self.cache.match(tokens, max_pages=max_pages, salt=req.cache_salt)
+        # Every full page may hit: a prompt cached whole computes its last token alone
+        # (`_take_prefix` copies the last page first).
+        match = self.cache.match(tokens, salt=req.cache_salt)
         lower = match.host_hit_pages + match.storage_hit_pages
+        self.cache.lock(match.handle)
         if lower and self.cost.worth_loading(match.host_hit_pages, match.storage_hit_pages):
+            if not self.cache.can_allocate(lower):  # L1 pinned by copies in flight: wait
+                self.cache.unlock(match.handle)
+                self.loads_deferred += 1
+                return False
             ticket = self.cache.load(match)
             if ticket is not None:
+                self.cache.unlock(match.handle)  # the load holds its own locks
                 req.phase = Phase.LOADING
                 req.load_ticket = ticket
-                req.load_deadline = self._load_deadline(lower)
+                req.load_deadline = load_deadline(self.cache_config, self.cost, lower)
                 req.cached = CachedTokens(device=len(match.device_pages) * self.page_size)
                 self.loading[ticket.id] = req
-                return
-        self.cache.lock(match.handle)
+                return True
         self._take_prefix(req, match.handle, list(match.device_pages), CachedTokens(
             device=len(match.device_pages) * self.page_size))
+        return True
 
     def _take_prefix(
         self, req: Request, handle: object, pages: list[int], cached: CachedTokens
@@ -133,25 +148,25 @@ class Scheduler:
         req.page_table = pages
         req.shared_pages = len(pages)
         req.num_computed = len(pages) * self.page_size
+        if req.num_computed >= req.num_tokens:
+            cached = self._recompute_last_token(req, cached)
         if not req.output:  # a preempted request keeps the usage of its first admission
             req.cached = cached
         req.phase = Phase.RUNNING
         self.running.append(req)
 
-    def _load_deadline(self, pages: int) -> float | None:
-        """How long a request waits for its load, by --prefetch-policy.
-
-        wait_complete: until the load ends (the storage client's own timeout
-        bounds it); timeout: --prefetch-timeout; best_effort: never longer than
-        recomputing those pages would take, so a slow tier cannot make a
-        request later than no cache at all.
-        """
-        policy = self.cache_config.prefetch_policy
-        if policy is PrefetchPolicy.WAIT_COMPLETE:
-            return None
-        if policy is PrefetchPolicy.TIMEOUT:
-            return time.monotonic() + self.cache_config.prefetch_timeout_s
-        return time.monotonic() + max(0.05, self.cost.recompute_seconds(pages))
+    def _recompute_last_token(self, req: Request, cached: CachedTokens) -> CachedTokens:
+        """Every token is cached, but sampling needs the last one's logits: compute it
+        alone, its KV written into a private copy of the last page (copy-on-write: the
+        tree's page stays as it is). Without room for the copy, the last page is
+        computed again instead. Returns `cached` less what is computed."""
+        last = req.page_table[-1]
+        copy = self.cache.copy_page(last)
+        recomputed = 1 if copy is not None else self.page_size
+        req.page_table[-1:] = [copy] if copy is not None else []
+        req.shared_pages -= 1
+        req.num_computed -= recomputed
+        return cached.less(recomputed)
 
     def _give_up_late_loads(self) -> None:
         now = time.monotonic()
@@ -196,21 +211,34 @@ class Scheduler:
                 remote=remote * ps,
             )
             self._take_prefix(req, ticket.handle, list(ticket.device_pages), cached)
-            self._observe_load(ticket)
-
-    def _observe_load(self, ticket: object) -> None:
-        seconds = getattr(ticket, "elapsed_s", 0.0)
-        host = getattr(ticket, "pages_from_host", 0)
-        storage = getattr(ticket, "pages_from_storage", 0)
-        if seconds > 0 and storage == 0 and host:
-            self.cost.host_Bps.observe(host * self.cost.page_bytes, seconds)
-        elif seconds > 0 and storage:
-            self.cost.storage_Bps.observe((host + storage) * self.cost.page_bytes, seconds)
+            self.cost.observe_load(ticket.pages_from_host, ticket.pages_from_storage,
+                                   ticket.elapsed_s)
 
     def _admit(self) -> None:
+        """Start the oldest waiting requests while L1 can hold them (engine/admission.py)."""
+        if not self.waiting:
+            return
+        busy = bool(self.running or self.loading)
+        if self.backing_off and busy:
+            return
+        self.backing_off = False
+        admitted = [*self.running, *self.loading.values()]
+        room = self.cache.available_pages() - self.budget.outstanding(admitted)
         limit = self.config.max_running_requests
         while self.waiting and len(self.running) + len(self.loading) < limit:
-            self._start(self.waiting.popleft())
+            req = self.waiting[0]
+            locked = (self.cache.locked_prefix_pages(req.tokens, req.cache_salt)
+                      if self._prefix_enabled() else 0)  # fmt: skip
+            need = self.budget.need(req, locked)
+            # With nothing admitted, a request that does not fit runs all the same
+            # (its pages are found or it fails), unless copies in flight pin L1.
+            if need > room and (busy or self.cache.copies_pending):
+                return
+            if not self._start(req):
+                return
+            self.waiting.popleft()
+            room -= need
+            busy = True
 
     # ------------------------------------------------------------- batching
     def schedule(self) -> Batch:
@@ -220,12 +248,15 @@ class Scheduler:
         self._give_up_late_loads()
         self._admit()
         batch = Batch()
-        budget = self.config.chunked_prefill_size
+        # Prompt tokens of all requests this step (--max-prefill-tokens), at most
+        # --chunked-prefill-size of one request.
+        budget = self.config.max_prefill_tokens
+        chunk = self.config.chunked_prefill_size
         # Decodes first (one token each), then prefill chunks, oldest first.
         for req in sorted(self.running, key=lambda r: (r.is_prefill, r.arrival)):
             if req.phase is not Phase.RUNNING:
                 continue  # preempted while building this batch
-            n = 1 if not req.is_prefill else min(req.remaining, budget)
+            n = 1 if not req.is_prefill else min(req.remaining, chunk, budget)
             if req.is_prefill and n <= 0:
                 continue
             if not self._reserve(req, req.num_computed + n, batch):
@@ -266,8 +297,12 @@ class Scheduler:
         return max(candidates, key=lambda r: r.arrival, default=None)
 
     def _preempt(self, req: Request) -> None:
-        """Give back a request's pages; what it computed stays cached for its return."""
+        """Give back a request's pages; what it computed stays cached for its return.
+
+        Admission backs off until a request ends: admitting the preempted request
+        again into the same shortage would preempt another (a storm)."""
         self.preemptions += 1
+        self.backing_off = True
         self._release(req, keep_cached=True)
         self.running.remove(req)
         req.phase = Phase.WAITING
@@ -279,7 +314,8 @@ class Scheduler:
         ready = []
         for seq in batch.seqs:
             req = seq.request
-            was_prefill = req.is_prefill
+            # A prompt just completed (a chunk, or its last token alone after a whole hit).
+            was_prefill = req.is_prefill or not req.output
             req.num_computed += seq.num_new
             if req.remaining == 0:
                 ready.append(req)
@@ -306,6 +342,7 @@ class Scheduler:
             self.waiting.remove(req)
         if req in self.running:
             self.running.remove(req)
+            self.backing_off = False  # its pages come back: admission may resume
         self._release(req, keep_cached=True)
         req.phase = Phase.FINISHED
         self.finished.append(req)
@@ -348,3 +385,4 @@ class Scheduler:
 
     def now(self) -> float:
         return time.monotonic()
+

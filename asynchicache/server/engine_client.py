@@ -1,6 +1,7 @@
 """The HTTP process's asyncio ZeroMQ client to the engine process.
 
 One PUSH socket carries requests to the engine, one PULL socket brings back
+`StepOutputs` (every `TokenOutput` of an engine step in one message), single
 `TokenOutput`s and `AdminReply`s; a single reader task routes each output to
 the queue of its request id and each admin reply to the future of its call.
 The engine binds both sockets; this side connects, so either may start first.
@@ -24,6 +25,7 @@ from asynchicache.engine.protocol import (
     AdminReply,
     AdminRequest,
     GenerateRequest,
+    StepOutputs,
     TokenOutput,
     decode,
     encode,
@@ -106,16 +108,22 @@ class EngineClient:
             self._route(msg)
 
     def _route(self, msg: object) -> None:
-        if isinstance(msg, TokenOutput):
-            queue = self._streams.get(msg.rid)
-            if queue is not None:
-                queue.put_nowait(msg)
+        if isinstance(msg, StepOutputs):
+            for out in msg.outputs:
+                self._route_output(out)
+        elif isinstance(msg, TokenOutput):
+            self._route_output(msg)
         elif isinstance(msg, AdminReply):
             fut = self._admin.pop(msg.req_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
         else:
             log.warning("dropping an unexpected engine message %s", type(msg).__name__)
+
+    def _route_output(self, out: TokenOutput) -> None:
+        queue = self._streams.get(out.rid)
+        if queue is not None:
+            queue.put_nowait(out)
 
     def fail_all(self, reason: str) -> None:
         """End every open stream and admin call with an error (the engine is gone)."""

@@ -96,7 +96,15 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         "--max-running-requests",
         type=int,
         default=e.max_running_requests,
-        help="requests decoded together (default %(default)s)",
+        help="at most this many requests run at once; below it, a request is admitted "
+        "when L1 can hold it (default %(default)s)",
+    )
+    g.add_argument(
+        "--decode-reserve-tokens",
+        type=int,
+        default=e.decode_reserve_tokens,
+        help="L1 room admission keeps per request for its answer, in tokens (at most its "
+        "max_tokens; default %(default)s)",
     )
     g.add_argument(
         "--chunked-prefill-size",
@@ -120,6 +128,12 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         default=e.min_load_tokens,
         help="load a prefix from L2/L3/L4 only when it has at least this many tokens "
         "(default %(default)s)",
+    )
+    g.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads of the engine process (default: every core the other processes "
+        "leave free, measured as it runs; it starts at cores - 1)",
     )
 
 
@@ -376,11 +390,13 @@ def to_config(args: argparse.Namespace) -> LaunchConfig:
         device=_device(args),
         dtype=args.dtype,
         max_running_requests=args.max_running_requests,
+        decode_reserve_tokens=args.decode_reserve_tokens,
         chunked_prefill_size=args.chunked_prefill_size,
         max_prefill_tokens=args.max_prefill_tokens,
         max_model_len=args.max_model_len,
         min_load_tokens=args.min_load_tokens,
         seed=args.seed,
+        threads=args.threads,
     )
     if args.kv_events_endpoint is not None:  # a malformed address fails now
         from asynchicache.engine.kv_events import KvEventsConfig

@@ -71,3 +71,13 @@ def test_table_without_an_l1_row_has_no_ratio() -> None:
 def test_markdown_names_the_working_set() -> None:
     text = markdown(_summary())
     assert "Working set 4000 tokens" in text and "4.0x L1" in text
+
+
+def test_table_shows_preemptions_per_request_and_storms() -> None:
+    calm = {**_config("l1", 2.0, {}), "preemptions": 1, "preemptions_per_request": 0.01,
+            "preemption_storm": False}
+    storm = {**_config("no-cache", 4.0, {}), "preemptions": 40, "preemptions_per_request": 0.4,
+             "preemption_storm": True}
+    rows = config_table({"L1": calm, "no prefix cache": storm}).splitlines()
+    assert "| 1 (0.010/req) |" in rows[2]
+    assert "| 40 (0.400/req, STORM) |" in rows[3]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from asynchicache.bench import sweep
-from asynchicache.bench.sweep import SweepOptions, options_from_args, plan, server_env
+from asynchicache.bench.sweep import SweepOptions, options_from_args, plan, thread_flags
 
 
 def test_plan_sizes_l1_to_a_quarter_of_the_working_set(tmp_path: Path) -> None:
@@ -20,9 +20,8 @@ def test_plan_sizes_l1_to_a_quarter_of_the_working_set(tmp_path: Path) -> None:
     assert s["working_set_over_l1"] == pytest.approx(4.0, rel=0.02)
     assert s["host_cache_tokens"] == 2 * s["device_cache_tokens"]
     assert s["device_cache_tokens"] >= s["largest_request_tokens"]
-    # As many running requests as L1 holds at their largest.
-    assert s["max_running_requests"] == s["device_cache_tokens"] // (
-        -(-s["largest_request_tokens"] // 16) * 16)
+    # No cap on running requests: the engine admits by memory.
+    assert s["max_running_requests"] is None
     # Every prompt is re-sent with its history: far more prompt tokens than distinct ones.
     assert p["planned_prompt_tokens"] > 2 * s["working_set_tokens"]
 
@@ -52,14 +51,17 @@ def test_options_from_args_model_goes_to_the_server_too(tmp_path: Path) -> None:
         "--setups", "l1, l1-l2-l3", "--server-arg=--chunked-prefill-size", "--server-arg=256",
         "--torch-threads", "3"])  # fmt: skip
     opts = options_from_args(args)
-    assert opts.setups == ("l1", "l1-l2-l3") and opts.torch_threads == 3
+    assert opts.setups == ("l1", "l1-l2-l3") and opts.threads == 3
     assert opts.server_args == ("--chunked-prefill-size", "256", "--model", "/m.gguf")
 
 
-def test_server_env_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert server_env(3) == {"OMP_NUM_THREADS": "3"}
-    monkeypatch.setenv("OMP_NUM_THREADS", "5")
-    assert server_env(None) == {}  # the caller's setting stands
-    monkeypatch.delenv("OMP_NUM_THREADS")
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert server_env(None) == {"OMP_NUM_THREADS": "1"}  # one core left to HTTP and client
+def test_thread_flags_leave_the_default_to_the_server() -> None:
+    assert thread_flags(3) == ["--threads", "3"]
+    assert thread_flags(None) == []  # `serve` picks its own (engine.threads.ThreadGovernor)
+
+
+def test_preemptions_per_request_flag_a_storm() -> None:
+    assert sweep.preemption_rate(3, 100) == {
+        "preemptions": 3, "preemptions_per_request": 0.03, "preemption_storm": False}
+    assert sweep.preemption_rate(6, 100)["preemption_storm"] is True
+    assert sweep.preemption_rate(None, 100)["preemption_storm"] is None

@@ -100,6 +100,12 @@ def test_a_given_up_load_keeps_its_slots_quarantined_until_the_service_settles(
     assert seen_quarantine == 3 and stats.counters.slots_quarantined == 3
     assert stats.counters.settled_tickets == 1 and stats.counters.tickets_late == 0
     assert stats.host is not None and stats.host.free == 8 and cache.abandoned_loads == 0
+    client = cache.storage
+    assert isinstance(client, StorageClient)
+    told = client.counters
+    assert told["cancelled"] == 1, "the given-up read was not cancelled in the service"
+    # The service answered the cancel, or refused / finished the read first: settled either way.
+    assert sum(n for k, n in told.items() if k.startswith("settled_")) == 1, told
     for node in cache.tree.iter_nodes():
         assert node.lock_ref == 0
     cache.check_integrity()

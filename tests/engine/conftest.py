@@ -8,11 +8,13 @@ The reference models and tokenizers come from transformers itself.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import scheduler_rig
 import torch
 
 from asynchicache.engine.loader import LoadedModel, default_model_path, load_model
@@ -104,3 +106,18 @@ def smollm() -> LoadedModel:
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_checkpoints: dict[str, Path]) -> LoadedModel:
     return load_model(tiny_checkpoints["llama3-rope-tied"])
+
+
+@pytest.fixture
+def make_rig() -> Iterator[scheduler_rig.RigMaker]:
+    """`scheduler_rig.make_rig`, every rig it made closed after the test."""
+    made: list[scheduler_rig.Rig] = []
+
+    def make(**kw: object) -> scheduler_rig.Rig:
+        rig = scheduler_rig.make_rig(**kw)  # type: ignore[arg-type]
+        made.append(rig)
+        return rig
+
+    yield make
+    for rig in made:
+        rig.close()

@@ -22,6 +22,7 @@ from asynchicache.engine.protocol import (
     AdminRequest,
     GenerateRequest,
     SamplingParams,
+    StepOutputs,
     TokenOutput,
     decode,
     encode,
@@ -66,10 +67,12 @@ class LoopHarness:
         deadline = time.monotonic() + timeout_s
         while len(final) < len(rids):
             msg = self._recv(max(0.01, deadline - time.monotonic()))
-            assert isinstance(msg, TokenOutput), msg
-            tokens[msg.rid] += msg.token_ids
-            if msg.finished:
-                final[msg.rid] = msg
+            outs = msg.outputs if isinstance(msg, StepOutputs) else (msg,)
+            for out in outs:
+                assert isinstance(out, TokenOutput), out
+                tokens[out.rid] += out.token_ids
+                if out.finished:
+                    final[out.rid] = out
         return [
             TokenOutput(**{**{k: getattr(final[r], k) for k in final[r].__dataclass_fields__},
                            "token_ids": tuple(tokens[r])})

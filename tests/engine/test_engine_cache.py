@@ -30,8 +30,8 @@ def _prompt(model: LoadedModel, n_repeats: int, question: str) -> list[int]:
 
 
 def _engine(model: LoadedModel, **cache: object) -> Engine:
-    engine_kw = {k: cache.pop(k) for k in ("chunked_prefill_size", "max_running_requests")
-                 if k in cache}
+    engine_kw = {k: cache.pop(k) for k in ("chunked_prefill_size", "max_running_requests",
+                                           "decode_reserve_tokens") if k in cache}
     cache.setdefault("disk_cache_dir", None)
     cache.setdefault("host_cache_gb", 0.25)
     return Engine(EngineConfig(**engine_kw), CacheConfig(**cache), loaded=model)  # type: ignore[arg-type]
@@ -72,6 +72,34 @@ def test_hits_from_l1_and_l2_give_the_recomputed_tokens(
     assert l2.cached.host >= len(prompt) - 2 * 16
 
 
+def test_a_prompt_cached_whole_computes_its_last_token_alone(
+    smollm: LoadedModel, engines: list[Engine]
+) -> None:
+    """A prompt that ends on a page boundary and is cached whole: one token is computed
+    (into a copy of the last page), from L1 and from L2, and the answer is the same."""
+    prompt = _prompt(smollm, 6, "What did he see?")
+    prompt = prompt[: len(prompt) // 16 * 16]
+    plain = _engine(smollm, enable_prefix_cache=False)
+    cached = _engine(smollm, device_cache_tokens=4096)
+    engines += [plain, cached]
+    expected = plain.generate([prompt], GREEDY)[0].token_ids
+    assert cached.generate([prompt], GREEDY)[0].token_ids == expected
+    tree_pages = cached.cache.stats().device.cached
+
+    for tier in ("device", "host"):
+        if tier == "host":
+            cached.cache.drain()  # write-through copies to L2 have landed
+            cached.cache.evict(cached.cache.stats().device.total)
+        before = cached.computed_prompt_tokens
+        out = cached.generate([prompt], GREEDY)[0]
+        assert out.token_ids == expected, f"a whole hit from {tier} changed the answer"
+        assert cached.computed_prompt_tokens - before == 1, f"{tier}: more than one token computed"
+        assert getattr(out.cached, tier) == len(prompt) - 1 and out.cached.total == len(prompt) - 1
+        # The copy went back when the tree took the page: nothing private is left.
+        assert cached.cache.stats().device.cached == tree_pages
+        cached.cache.check_integrity()
+
+
 def test_chunked_prefill_and_shared_prefix_match_whole_prefill(
     smollm: LoadedModel, engines: list[Engine]
 ) -> None:
@@ -101,13 +129,18 @@ def test_batch_of_mixed_requests_matches_each_alone(
 
 
 def test_l1_pressure_preempts_and_still_matches(smollm: LoadedModel, engines: list[Engine]) -> None:
-    prompts = [_prompt(smollm, 3, f"Question {i}?") for i in range(4)]
+    tok = smollm.tokenizer
+    # No shared prefix (the question first): each request needs pages of its own.
+    prompts = [tok.encode(tok.apply_chat_template(
+        [{"role": "user", "content": f"Question {i}? " + TEXT * 3}])) for i in range(4)]
+    longer = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     roomy = _engine(smollm, enable_prefix_cache=False)
-    # Room for about two requests at once: the others wait or get preempted.
-    tight = _engine(smollm, device_cache_tokens=16 * 24)
+    # Admission reserves room for one answer token only, and L1 holds two prompts with
+    # that: the two admitted outgrow L1 while decoding, and one is preempted.
+    tight = _engine(smollm, device_cache_tokens=16 * 21, decode_reserve_tokens=1)
     engines += [roomy, tight]
-    expected = [roomy.generate([p], GREEDY)[0].token_ids for p in prompts]
-    got = [o.token_ids for o in tight.generate(prompts, GREEDY)]
+    expected = [roomy.generate([p], longer)[0].token_ids for p in prompts]
+    got = [o.token_ids for o in tight.generate(prompts, longer)]
     assert got == expected
     assert tight.scheduler.preemptions > 0, "the test no longer exercises preemption"
 

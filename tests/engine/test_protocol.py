@@ -7,6 +7,7 @@ from asynchicache.engine.protocol import (
     CachedTokens,
     GenerateRequest,
     SamplingParams,
+    StepOutputs,
     TokenOutput,
     decode,
     encode,
@@ -25,6 +26,7 @@ from asynchicache.engine.protocol import (
         GenerateRequest("r4", (1,), SamplingParams(max_tokens=1), cache_store=False),
         AdminReply("a1", True, {"device": 16, "nested": {"x": [1, 2]}}),
         TokenOutput("r3", (5,), True, "stop", 3, 1, CachedTokens(16, 32, 48, 0)),
+        StepOutputs((TokenOutput("r4", (7,)), TokenOutput("r5", (8, 9), True, "length"))),
     ],
 )
 def test_round_trip(msg: object) -> None:
@@ -40,3 +42,16 @@ def test_garbage_is_a_clean_error(data: bytes) -> None:
 def test_sampling_validation_names_the_field() -> None:
     with pytest.raises(ValueError, match="max_tokens"):
         SamplingParams(max_tokens=0)
+
+
+def test_a_step_of_outputs_with_one_mistyped_output_is_refused() -> None:
+    bad = encode(StepOutputs((TokenOutput("r4", (7,)), TokenOutput("r5", ("x",)))))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mistyped"):
+        decode(bad)
+
+
+def test_cached_tokens_less_takes_the_deepest_tiers_first() -> None:
+    cached = CachedTokens(device=32, host=16, disk=1, remote=0)
+    assert cached.less(1) == CachedTokens(32, 16, 0, 0)
+    assert cached.less(17) == CachedTokens(32, 0, 0, 0)
+    assert cached.less(100) == CachedTokens()

@@ -9,8 +9,9 @@ import pytest
 import torch
 from engine_helpers import make_pool
 
+from asynchicache.engine import runner as runner_module
 from asynchicache.engine.loader import LoadedModel, load_model
-from asynchicache.engine.runner import ForwardBatch, ModelRunner
+from asynchicache.engine.runner import ForwardBatch, ModelRunner, length_groups
 
 PAGE = 8
 PAGES = 64
@@ -172,3 +173,41 @@ def test_bad_batches_are_rejected(models: dict[str, LoadedModel]) -> None:
         ModelRunner(loaded.model, torch.zeros(4, 3, 2, PAGE, 2, 16), PAGE)
     with pytest.raises(ValueError, match="bfloat16"):
         ModelRunner(loaded.model, make_pool(loaded, 4, PAGE).bfloat16(), PAGE)
+
+
+def test_length_groups_minimize_padding_plus_overhead() -> None:
+    pages = [1, 10, 2, 10, 1]
+    # One group: 5 x 10 + 3 = 53; {1, 1, 2} {10, 10}: 3 x 2 + 3 + 2 x 10 + 3 = 32 (best).
+    assert length_groups(pages, overhead=3) == [[1, 3], [0, 4, 2]]
+    assert length_groups(pages, overhead=0) == [[1, 3], [2], [0, 4]]
+    assert length_groups(pages, overhead=100) == [[0, 4, 2, 1, 3]]
+    assert length_groups([], overhead=3) == []
+
+
+@pytest.mark.parametrize("overhead", [0, 10**9])
+def test_decode_groups_give_each_sequence_its_own_logits(
+    models: dict[str, LoadedModel], overhead: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decodes of very different lengths (beyond the sliding window too) next to a
+    prefill chunk, in one padded group or one group per length: as each alone."""
+    loaded = models["mistral-window"]
+    lengths = [3, 40, 9, 33, 1, 40]
+    tables = [[i * 6 + j for j in range(6)] for i in range(len(lengths))]
+    base = make_pool(loaded, PAGES, PAGE)
+    setup = runner_for(loaded, base)
+    prompts = [prompt_of(n + 1, seed=30 + i) for i, n in enumerate(lengths)]
+    for prompt, table, n in zip(prompts, tables, lengths, strict=True):
+        setup.forward(ForwardBatch([prompt[:n]], [0], [table]))
+    new = [[p[n]] for p, n in zip(prompts, lengths, strict=True)]
+    extra = prompt_of(12, seed=99)  # a prefill in the same batch: no decode-only fast path
+    monkeypatch.setattr(runner_module, "GROUP_OVERHEAD_PAGES", overhead)
+    together = runner_for(loaded, base.clone()).forward(
+        ForwardBatch([*new, extra], [*lengths, 0], [*tables, [60, 61]])
+    )
+    decodes_only = runner_for(loaded, base.clone()).forward(ForwardBatch(new, lengths, tables))
+    for i in range(len(lengths)):
+        alone = runner_for(loaded, base.clone()).forward(
+            ForwardBatch([new[i]], [lengths[i]], [tables[i]])
+        )
+        close(together[i], alone[0])
+        close(decodes_only[i], alone[0])

@@ -31,6 +31,7 @@ from asynchicache.engine.protocol import (
     AdminRequest,
     CachedTokens,
     GenerateRequest,
+    StepOutputs,
     TokenLogprob,
     TokenOutput,
     decode,
@@ -165,13 +166,15 @@ class FakeEngine:
         )
 
     def step(self) -> None:
+        """Every output of a step in one `StepOutputs`, as the real engine sends them."""
+        outputs: list[TokenOutput] = []
         now = time.monotonic()
         for key, job in list(self.jobs.items()):
             if now < job.next_at:
                 continue
             job.next_at = now + job.delay
             if job.req.sampling.max_tokens == 0:
-                self._send(self._out(job, (), "length"))
+                outputs.append(self._out(job, (), "length"))
                 del self.jobs[key]
                 continue
             prompt = job.req.prompt_token_ids
@@ -182,9 +185,11 @@ class FakeEngine:
                 reason = "stop"
             elif job.emitted >= job.req.sampling.max_tokens:
                 reason = "length"
-            self._send(self._out(job, (token,), reason))
+            outputs.append(self._out(job, (token,), reason))
             if reason is not None:
                 del self.jobs[key]
+        if outputs:
+            self._send(StepOutputs(tuple(outputs)))
 
     def _send(self, msg: object) -> None:
         self.push.send(encode(msg))

@@ -61,13 +61,16 @@ def test_flags_map_to_fields(tmp_path: Path) -> None:
         "4",
         "--chunked-prefill-size",
         "256",
+        "--threads",
+        "3",
         "--log-level",
         "debug",
     )
     assert cfg.server.port == 9001 and cfg.server.api_key == "k"
     assert cfg.server.log_level == "debug"
     assert cfg.engine.dtype == "bfloat16" and cfg.engine.max_running_requests == 4
-    assert cfg.engine.chunked_prefill_size == 256
+    assert cfg.engine.chunked_prefill_size == 256 and cfg.engine.threads == 3
+    assert _config().engine.threads is None  # the engine picks engine.threads.default_threads()
     c = cfg.cache
     assert (c.page_size, c.device_cache_tokens, c.host_cache_gb) == (32, 4096, 0.5)
     assert (c.disk_cache_dir, c.disk_cache_gb) == (tmp_path, 3)
@@ -106,6 +109,7 @@ def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--page-size", "0"], "--page-size"),
         (["--device-cache-tokens", "8", "--page-size", "16"], "--device-cache-tokens"),
         (["--max-running-requests", "0"], "--max-running-requests"),
+        (["--threads", "0"], "--threads"),
         (["--hiradix_cache_token_num", "-5"], "--hiradix_cache_token_num"),
         (["--dtype", "int3"], "--dtype"),
         (["--write-policy", "sometimes"], "--write-policy"),

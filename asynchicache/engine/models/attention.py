@@ -6,9 +6,10 @@ strided view of one layer. New K/V are written through `index_put_` on such
 views (never `pool[idx] = ...` on an advanced-indexed copy).
 
 Per layer, a prefill chunk attends with `scaled_dot_product_attention` to its
-prefix (gathered from its pages) and causally to its own new tokens; all decodes
-of the batch attend together in one padded SDPA call, their query heads folded
-under their KV head so that grouped-query attention needs no repeated K/V.
+prefix (gathered from its pages) and causally to its own new tokens; the decodes
+of the batch attend in a few padded SDPA calls, one per group of similar length
+(so that short sequences read little padding), their query heads folded under
+their KV head so that grouped-query attention needs no repeated K/V.
 """
 
 from __future__ import annotations
@@ -46,13 +47,13 @@ class PrefillSpan:
 
 @dataclass(frozen=True)
 class DecodeGroup:
-    """All sequences of the batch with one new token, attended together."""
+    """Sequences of the batch with one new token, attended together."""
 
     rows: torch.Tensor  # [D] their rows in the flattened batch
     page_ids: torch.Tensor  # [D * max_pages] each sequence's pages, padded with page 0
     lengths: torch.Tensor  # [D] keys each attends to, its new token included
     max_pages: int
-    contiguous: bool  # rows == arange(D): the batch is decodes only, in order
+    contiguous: bool  # rows == arange(D): the batch is this group alone, in order
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class AttentionMetadata:
     write_pages: torch.Tensor  # [T] page of each new token
     write_offsets: torch.Tensor  # [T] slot of each new token within its page
     prefills: tuple[PrefillSpan, ...]
-    decode: DecodeGroup | None
+    decodes: tuple[DecodeGroup, ...]
 
 
 class PagedAttention:
@@ -79,7 +80,7 @@ class PagedAttention:
         self.meta = meta
         self.windows = sliding_windows
         # Masks depend on the batch and the window only: built once, shared by layers.
-        self._decode_masks: dict[int | None, torch.Tensor] = {}
+        self._decode_masks: dict[tuple[int, int | None], torch.Tensor] = {}
         self._prefill_masks: dict[tuple[int, int | None], torch.Tensor] = {}
 
     def attend(
@@ -87,15 +88,15 @@ class PagedAttention:
     ) -> torch.Tensor:
         self._write(layer, k, v)
         window = self.windows[layer]
-        decode = self.meta.decode
-        if decode is not None and decode.contiguous:
-            return self._decode(layer, q, decode, window)
+        decodes = self.meta.decodes
+        if len(decodes) == 1 and decodes[0].contiguous:
+            return self._decode(layer, q, 0, window)
         out = torch.empty_like(q)  # [T, heads, hd]
         for span in self.meta.prefills:
             b, e = span.begin, span.end
             out[b:e] = self._prefill(layer, span, q[b:e], k[b:e], v[b:e], window)
-        if decode is not None:
-            out.index_copy_(0, decode.rows, self._decode(layer, q[decode.rows], decode, window))
+        for i, group in enumerate(decodes):
+            out.index_copy_(0, group.rows, self._decode(layer, q[group.rows], i, window))
         return out
 
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -140,10 +141,9 @@ class PagedAttention:
         )  # [1, heads, n, hd]
         return out[0].transpose(0, 1)
 
-    def _decode(
-        self, layer: int, q: torch.Tensor, group: DecodeGroup, window: int | None
-    ) -> torch.Tensor:
-        """q [D, heads, hd], one new token per sequence -> [D, heads, hd]."""
+    def _decode(self, layer: int, q: torch.Tensor, index: int, window: int | None) -> torch.Tensor:
+        """q [D, heads, hd]: the new token of each sequence of decode group `index`."""
+        group = self.meta.decodes[index]
         d, heads, hd = q.shape
         k, v = self._gather(layer, group.page_ids)  # [D * max_pages * page_size, kv_heads, hd]
         kv_heads = k.shape[1]
@@ -153,13 +153,14 @@ class PagedAttention:
         # Query heads sharing a KV head become extra query rows of that head.
         q = q.view(d, kv_heads, heads // kv_heads, hd)  # [D, kv_heads, group, hd]
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=self._decode_mask(group, length, window)
+            q, k, v, attn_mask=self._decode_mask(index, length, window)
         )  # [D, kv_heads, group, hd]
         return out.reshape(d, heads, hd)
 
-    def _decode_mask(self, group: DecodeGroup, length: int, window: int | None) -> torch.Tensor:
+    def _decode_mask(self, index: int, length: int, window: int | None) -> torch.Tensor:
         """[D, 1, 1, L] True where a key is inside the sequence (and its window)."""
-        mask = self._decode_masks.get(window)
+        group = self.meta.decodes[index]
+        mask = self._decode_masks.get((index, window))
         if mask is None:
             keys = torch.arange(length, device=group.lengths.device)[None, :]  # [1, L]
             lengths = group.lengths[:, None]  # [D, 1]
@@ -167,7 +168,7 @@ class PagedAttention:
             if window is not None:
                 mask &= keys > lengths - 1 - window
             mask = mask[:, None, None, :]
-            self._decode_masks[window] = mask
+            self._decode_masks[(index, window)] = mask
         return mask
 
 

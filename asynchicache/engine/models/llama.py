@@ -19,13 +19,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asynchicache.engine.models import gemm
 from asynchicache.engine.models.attention import AttentionBackend
 from asynchicache.engine.models.config import ModelConfig
 from asynchicache.engine.models.rotary import RotaryEmbedding, apply_rotary_
 
 
 class Linear(nn.Module):
-    """y = x W^T (+ b). Parameters start uninitialised: a checkpoint always fills them."""
+    """y = x W^T (+ b). Parameters start uninitialised: a checkpoint always fills them.
+
+    `prepack()` (after loading) gives the weight a copy in oneDNN's layout (`gemm`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
@@ -33,9 +36,14 @@ class Linear(nn.Module):
         self.bias = (
             nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         )
+        self.packed: torch.Tensor | None = None
+
+    def prepack(self) -> bool:
+        self.packed = gemm.pack(self.weight)
+        return self.packed is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return gemm.linear(x, self.weight, self.packed, self.bias)
 
 
 class Embedding(nn.Module):
@@ -145,6 +153,7 @@ class LlamaForCausalLM(nn.Module):
             if config.tie_embeddings
             else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+        self.output_packed: torch.Tensor | None = None  # the LM head for `gemm`
 
     def forward(
         self,
@@ -162,7 +171,7 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, attn)
         x = self.norm(x.index_select(0, logit_rows))  # [n, hidden]
-        return F.linear(x, self.output_weight).float()  # [n, vocab]
+        return gemm.linear(x, self.output_weight, self.output_packed, None).float()  # [n, vocab]
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -179,6 +188,20 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in tensors:
             loader.place(name, tensor)
         loader.check_complete()
+        self.prepack()
+
+    def prepack(self) -> bool:
+        """Reorder every linear weight for oneDNN where it applies (see `gemm`); whether it
+        did. Call again after changing weights in place."""
+        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        packed = [m.prepack() for m in linears]
+        self.output_packed = gemm.pack(self.output_weight)
+        if all(packed) and self.output_packed is not None:
+            return True
+        for m in linears:  # one kind of kernel for every layer, or none
+            m.packed = None
+        self.output_packed = None
+        return False
 
 
 _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
