@@ -45,6 +45,14 @@ class Evictor:
             self.evict_host(n - ledger.num_free)
         return ledger.take(n, state)
 
+    def alloc_host_upto(self, n: int, state: SlotState) -> list[int]:
+        """As many of `n` L2 slots as eviction can free (a load reads the prefix of its
+        chain that fits rather than nothing)."""
+        ledger = self.parts.host
+        if ledger.num_free < n:
+            self.evict_host(n - ledger.num_free)
+        return ledger.take(min(n, ledger.num_free), state) or []
+
     def can_allocate(self, n: int) -> bool:
         """Whether `n` L1 pages could be had (free plus unlocked cached ones)."""
         return n <= self.parts.device.num_free or n <= self.available_pages()

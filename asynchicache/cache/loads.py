@@ -96,10 +96,11 @@ class Loader:
     def _start_read(self, job: LoadJob, hashes: tuple[bytes, ...]) -> None:
         p = self.parts
         assert p.storage is not None
-        slots = self.evictor.alloc_host(len(hashes), SlotState.LOADING)
-        if slots is None:
+        slots = self.evictor.alloc_host_upto(len(hashes), SlotState.LOADING)
+        if not slots:
             job.errors.append("no L2 room for the storage pages")
             return
+        hashes = hashes[: len(slots)]  # the chain's prefix that fits; the rest is recomputed
         try:
             op = p.storage.submit_load(list(hashes), slots)
         except Exception as exc:

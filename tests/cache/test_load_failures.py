@@ -6,6 +6,7 @@ import pytest
 from cache_helpers import PAGE, MakeCache, tokens_for
 
 from asynchicache.cache.hierarchy import HiRadixCache
+from asynchicache.cache.ledger import SlotState
 
 
 def put(cache: HiRadixCache, tokens: list[int], value: float) -> None:
@@ -79,4 +80,27 @@ def test_a_failing_fill_completion_finishes_the_load_with_an_error(
     assert not ticket.ok and ticket.error is not None and "injected" in ticket.error
     assert ticket.handle is not None
     cache.unlock(ticket.handle)
+    assert_idle_and_unlocked(cache)
+
+
+def test_a_chain_longer_than_l2_room_loads_the_prefix_that_fits(make_cache: MakeCache) -> None:
+    """With L2 room for only part of a stored chain (here another load holds half of L2),
+    the load reads the prefix that fits: a restart with a small L2 used to read nothing
+    ("no L2 room for the storage pages")."""
+    cache = make_cache(device_pages=8, host_slots=4, with_storage=True)
+    tokens = tokens_for(1, 2, 3, 4)
+    put(cache, tokens, 10.0)
+    cache.drain()
+    cache.clear()
+    match = cache.match(tokens)
+    assert match.storage_hit_pages == 4
+    held = cache.parts.host.take(2, SlotState.LOADING)  # another load's slots
+    assert held is not None
+    ticket = cache.load(match)
+    assert ticket is not None and ticket in cache.drain()
+    assert ticket.pages_from_storage == 2, ticket.error
+    assert ticket.handle is not None
+    assert cache.lookup(tokens)["device"] == 2 * PAGE
+    cache.unlock(ticket.handle)
+    cache.parts.host.move(held, SlotState.LOADING, SlotState.FREE)
     assert_idle_and_unlocked(cache)
