@@ -49,11 +49,9 @@ from fault_helpers import (
     record,
     references,
 )
+from redis_server import RedisServer, redis_server_binary
 
 from asynchicache.engine.tokenizer import Tokenizer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
-from remote_helpers import RedisServer, redis_server_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

@@ -7,17 +7,14 @@ again without a restart of anything.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from fault_helpers import FaultRecord, LiveServer, Load, knob, make_prompts, record, references
+from redis_server import RedisServer, redis_server_binary
 
 from asynchicache.engine.tokenizer import Tokenizer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
-from remote_helpers import RedisServer, redis_server_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 import pytest
-from fault_helpers import LiveServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from live_server import LiveServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_helpers import NAMESPACE, SMALL, Backends, Pool, RedisServer, Service, new_hashes, refs
+from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
+from redis_server import RedisServer
+from remote_helpers import Backends
+from service_process import ServiceProcess
 
 from asynchicache.storage.base import Settled
 from asynchicache.storage.client import ClientConfig, StorageClient
@@ -63,7 +66,7 @@ def test_a_late_redis_reply_never_lands_in_a_reused_slot(
     hashes = new_hashes(8)
     assert remote_backends(redis_server.url).put(refs(hashes, range(8)), pool.array) == 8
     addr = f"ipc://{sock_dir}/svc.sock"
-    service = Service(tmp_path / "kv", addr, redis_server.url)
+    service = ServiceProcess(tmp_path / "kv", addr, "--remote-url", redis_server.url).start()
     client = StorageClient(
         ClientConfig(addr, NAMESPACE, pool.segment.name, SMALL, ticket_timeout_s=1.0)
     )

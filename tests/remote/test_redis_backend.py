@@ -8,16 +8,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import redis
-from remote_helpers import (
-    DEFAULT,
-    NAMESPACE,
-    SMALL,
-    Backends,
-    Pool,
-    RedisServer,
-    new_hashes,
-    refs,
-)
+from pools import DEFAULT, NAMESPACE, SMALL, Pool, new_hashes, refs
+from redis_server import RedisServer
+from remote_helpers import Backends
 
 from asynchicache.storage.header import HEADER_ALIGN
 from asynchicache.storage.redis import RedisConfig, remote_key_prefix

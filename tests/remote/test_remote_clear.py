@@ -15,7 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
-from remote_helpers import NAMESPACE, SMALL, Backends, Pool, RedisServer
+from pools import NAMESPACE, SMALL, Pool
+from redis_server import RedisServer
+from remote_helpers import Backends
 
 from asynchicache.cache.keys import Namespace, chain_hashes
 from asynchicache.storage.base import ClearScope, PageRef

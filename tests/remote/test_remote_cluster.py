@@ -8,7 +8,9 @@ from collections.abc import Callable
 
 import numpy as np
 import redis
-from remote_helpers import DEFAULT, Backends, Pool, RedisClusterNodes, new_hashes, refs
+from pools import DEFAULT, Pool, new_hashes, refs
+from redis_server import RedisClusterNodes
+from remote_helpers import Backends
 
 
 def test_cluster_stores_and_loads_across_slots(

@@ -7,7 +7,10 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from remote_helpers import Backends, Pool, RedisServer, free_port, new_hashes, refs
+from pools import Pool, new_hashes, refs
+from ports import free_port
+from redis_server import RedisServer
+from remote_helpers import Backends
 
 
 def _timed(fn: Callable[[], int]) -> tuple[int, float]:

@@ -8,7 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from remote_helpers import Backends, Pool, RedisServer, free_port, new_hashes, refs
+from pools import Pool, new_hashes, refs
+from ports import free_port
+from redis_server import RedisServer
+from remote_helpers import Backends
 
 
 def _self_signed(folder: Path) -> tuple[Path, Path]:

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 import redis
-from remote_helpers import NAMESPACE, SMALL, Pool, RedisServer, Service
+from pools import NAMESPACE, SMALL, Pool
+from redis_server import RedisServer
+from service_process import ServiceProcess
 
 from asynchicache.cache.keys import Namespace, chain_hashes
 from asynchicache.storage.admin_messages import ClearedPages
@@ -53,7 +55,7 @@ def test_clear_and_events_of_both_tiers(
     kv_server: RedisServer, make_pool: Callable[..., Pool], sock_dir: Path, tmp_path: Path
 ) -> None:
     addr = f"ipc://{sock_dir}/svc.sock"
-    service = Service(tmp_path / "kv", addr, kv_server.url)
+    service = ServiceProcess(tmp_path / "kv", addr, "--remote-url", kv_server.url).start()
     pool = make_pool(32)
     pool.fill(range(32))
     client = StorageClient(ClientConfig(addr, NAMESPACE, pool.segment.name, SMALL, events=True))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_helpers import NAMESPACE, SMALL, Pool, RedisServer, new_hashes, refs
+from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
+from redis_server import RedisServer
 
 from asynchicache.storage.disk import DiskBackend, DiskConfig
 from asynchicache.storage.redis import RedisBackend, RedisConfig

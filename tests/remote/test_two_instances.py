@@ -16,26 +16,15 @@ import httpx
 import openai
 import pytest
 import redis
-from remote_helpers import RedisServer, Serve
+from redis_server import RedisServer
+from serve_process import ServeProcess
+from settling import settled
+from traffic import inventory
 
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
-COLORS = ("red", "green", "blue", "amber", "violet", "teal", "ochre")
-
-
-def inventory(seed: int, boxes: int = 80) -> list[dict[str, str]]:
-    """A chat prompt of about 1,600 tokens for 80 boxes; `seed` changes every line."""
-    lines = [
-        f"Box {i}: a {COLORS[(i + seed) % 7]} box holding {(i * 37 + seed * 11) % 101} marbles "
-        f"and {(i * 11 + seed) % 17} keys."
-        for i in range(boxes)
-    ]
-    doc = "Read the inventory below, then answer.\n" + "\n".join(lines)
-    return [{"role": "user", "content": f"{doc}\nHow many marbles are in box 3?"}]
-
-
-def timed_chat(server: Serve, messages: list[dict[str, str]]) -> tuple[float, str, object]:
+def timed_chat(server: ServeProcess, messages: list[dict[str, str]]) -> tuple[float, str, object]:
     """(time to first content token, greedy text, usage) of a streamed chat completion."""
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     t0 = time.perf_counter()
@@ -65,16 +54,7 @@ def by_tier(usage: object) -> dict[str, int]:
 def wait_uploads_settle(server: RedisServer, at_least: int, timeout_s: float = 60.0) -> int:
     """Wait until the key count reaches `at_least` and stops changing (uploads are async)."""
     raw = redis.Redis(port=server.port)
-    deadline = time.monotonic() + timeout_s
-    last, since = -1, time.monotonic()
-    while time.monotonic() < deadline:
-        n = raw.dbsize()
-        if n != last:
-            last, since = n, time.monotonic()
-        elif n >= at_least and time.monotonic() - since > 1.0:
-            return n
-        time.sleep(0.1)
-    raise AssertionError(f"Redis holds {last} keys, expected at least {at_least} to settle")
+    return settled(lambda: int(raw.dbsize()), at_least, "keys in Redis", 1.0, timeout_s)
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +70,13 @@ def shared_redis(
 @pytest.fixture(scope="module")
 def instances(
     shared_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Serve, Serve]]:
+) -> Iterator[tuple[ServeProcess, ServeProcess]]:
     root = tmp_path_factory.mktemp("two")
-    started: list[Serve] = []
+    started: list[ServeProcess] = []
     try:
         for name in ("a", "b"):
-            serve = Serve(root / f"kv-{name}", root / f"{name}.log", shared_redis.url)
+            flags = ["--disk-cache-dir", str(root / f"kv-{name}"), "--device-cache-tokens", "4096"]
+            serve = ServeProcess(root / f"{name}.log", *flags, "--remote-url", shared_redis.url)
             started.append(serve)
             serve.start()
             # A first short request pays one-time costs, so cold times measure prefill only.
@@ -107,7 +88,7 @@ def instances(
 
 
 def test_second_instance_serves_the_first_ones_prompt_from_redis(
-    instances: tuple[Serve, Serve], shared_redis: RedisServer
+    instances: tuple[ServeProcess, ServeProcess], shared_redis: RedisServer
 ) -> None:
     a, b = instances
     cold_b, _, cold_usage = timed_chat(b, inventory(seed=1))  # B's own cold time
@@ -124,7 +105,7 @@ def test_second_instance_serves_the_first_ones_prompt_from_redis(
 
 
 def test_redis_killed_and_restarted_under_load(
-    instances: tuple[Serve, Serve], shared_redis: RedisServer, tmp_path: Path
+    instances: tuple[ServeProcess, ServeProcess], shared_redis: RedisServer, tmp_path: Path
 ) -> None:
     _, b = instances
     stop = threading.Event()

@@ -8,23 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from storage_helpers import SMALL, Pool, ServiceProcess
-
-from asynchicache.storage.base import PageLayout
-
-
-@pytest.fixture
-def make_pool() -> Iterator[Callable[..., Pool]]:
-    """Pools are real shared-memory segments, closed (and unlinked) after the test."""
-    pools: list[Pool] = []
-
-    def make(slots: int, layout: PageLayout = SMALL) -> Pool:
-        pools.append(Pool(slots, layout))
-        return pools[-1]
-
-    yield make
-    for p in pools:
-        p.close()
+from service_process import ServiceProcess
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from storage_helpers import NAMESPACE, SMALL, Pool, new_hashes, refs
+from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 
 from asynchicache.storage.disk import DiskBackend, DiskConfig
 

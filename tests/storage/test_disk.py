@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from storage_helpers import ALIGNED, NAMESPACE, SMALL, Pool, new_hashes, refs
+from pools import ALIGNED, NAMESPACE, SMALL, Pool, new_hashes, refs
 
 from asynchicache.storage import disk as disk_module
 from asynchicache.storage import disk_write, fileio

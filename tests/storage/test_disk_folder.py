@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from storage_helpers import NAMESPACE, SMALL, Pool, new_hashes, refs
+from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 
 from asynchicache.storage.disk import DiskBackend, DiskConfig, namespace_dir_name
 from asynchicache.storage.disk_admin import folder_stats

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from storage_helpers import DEFAULT, NAMESPACE, Pool, refs
+from pools import DEFAULT, NAMESPACE, Pool, refs
 
 from asynchicache.storage.disk import TMP_PREFIX, DiskBackend, DiskConfig
 

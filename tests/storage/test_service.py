@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from storage_helpers import DEFAULT, NAMESPACE, SMALL, Pool, ServiceProcess, new_hashes, refs
+from pools import DEFAULT, NAMESPACE, SMALL, Pool, new_hashes, refs
+from service_process import ServiceProcess
 
 from asynchicache.storage.admin_messages import ClearedPages
 from asynchicache.storage.base import PageLayout, TicketKind

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from storage_helpers import NAMESPACE, SMALL, Pool
+from pools import NAMESPACE, SMALL, Pool
 
 from asynchicache.cache.keys import Namespace, chain_hashes
 from asynchicache.config import GIB

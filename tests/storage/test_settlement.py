@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from storage_helpers import NAMESPACE, SMALL, Pool, ServiceProcess, new_hashes, refs
+from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
+from service_process import ServiceProcess
 
 from asynchicache.storage.base import Completion, Settled
 from asynchicache.storage.client import ClientConfig, StorageClient

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from storage_helpers import NAMESPACE, Pool, new_hashes, refs
+from pools import NAMESPACE, Pool, new_hashes, refs
 
 from asynchicache.config import GIB
 from asynchicache.storage.base import PageLayout, TicketKind

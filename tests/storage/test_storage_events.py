@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from storage_helpers import NAMESPACE, SMALL, Pool, new_hashes
+from pools import NAMESPACE, SMALL, Pool, new_hashes
 
 from asynchicache.cache.keys import Namespace, chain_hashes
 from asynchicache.config import GIB

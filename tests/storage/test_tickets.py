@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from storage_helpers import Pool, new_hashes, refs
+from pools import Pool, new_hashes, refs
 
 from asynchicache.storage.base import Completion, Settled, TicketKind
 from asynchicache.storage.deadline import Deadline
