@@ -23,7 +23,6 @@ within a minute). `measure(args)` returns the numbers as a dict (for the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -43,6 +42,7 @@ from asynchicache.bench.micro_pages import (
     get_all,
     pages_for,
     put_all,
+    section_main,
 )
 from asynchicache.storage.disk import DiskBackend, DiskConfig, SyncMode
 
@@ -196,10 +196,7 @@ def measure(args: argparse.Namespace | DiskBenchOptions) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="micro_disk", description="disk tier vs dd")
-    add_arguments(parser)
-    print(json.dumps(measure(parser.parse_args(argv)), indent=2))
-    return 0
+    return section_main("micro_disk", "disk tier vs dd", add_arguments, measure, argv)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@ distinct pages in shared memory, and the timed put/get loops (every page checked
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -77,3 +79,17 @@ def get_all(store: PageStore, pool: np.ndarray, hashes: list[bytes], step: int) 
     if not np.array_equal(pool[pages:], pool[:pages]):
         raise RuntimeError("pages read back differ from pages written")
     return seconds
+
+
+def section_main(
+    prog: str,
+    description: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    measure: Callable[[argparse.Namespace], dict],
+    argv: list[str] | None,
+) -> int:
+    """`python -m asynchicache.bench.micro_<section>`: parse, measure, print the JSON."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_arguments(parser)
+    print(json.dumps(measure(parser.parse_args(argv)), indent=2))
+    return 0

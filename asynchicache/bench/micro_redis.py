@@ -23,7 +23,6 @@ GB/s count page payload bytes, 1e9 per GB; medians over the repeats.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -37,7 +36,14 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from asynchicache.bench.micro_pages import DEFAULT_LAYOUT, bench_pool, get_all, pages_for, put_all
+from asynchicache.bench.micro_pages import (
+    DEFAULT_LAYOUT,
+    bench_pool,
+    get_all,
+    pages_for,
+    put_all,
+    section_main,
+)
 from asynchicache.bench.server_process import free_port
 from asynchicache.storage.header import HEADER_ALIGN, payload_checksum
 from asynchicache.storage.redis import RedisBackend, RedisConfig
@@ -190,10 +196,7 @@ def _server(url: str | None) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="micro_redis", description="remote tier throughput")
-    add_arguments(parser)
-    print(json.dumps(measure(parser.parse_args(argv)), indent=2))
-    return 0
+    return section_main("micro_redis", "remote tier throughput", add_arguments, measure, argv)
 
 
 if __name__ == "__main__":
