@@ -20,6 +20,7 @@ from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 from redis_server import RedisServer
 from remote_helpers import Backends
 from service_process import ServiceProcess
+from storage_clients import wait_idle
 
 from asynchicache.storage.base import Settled
 from asynchicache.storage.client import ClientConfig, StorageClient
@@ -42,16 +43,6 @@ def _remote_up(client: StorageClient) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("the service's remote tier did not come up")
-
-
-def _idle(client: StorageClient) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        stats = client.stats(5.0)
-        if stats is not None and stats.service.get("running", 1) == 0:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the service never became idle")
 
 
 def test_a_late_redis_reply_never_lands_in_a_reused_slot(
@@ -85,7 +76,7 @@ def test_a_late_redis_reply_never_lands_in_a_reused_slot(
             time.sleep(max(0.0, t0 + 1.4 - time.monotonic()))  # within the 2 s socket timeout
         finally:
             redis_server.resume()
-        _idle(client)
+        wait_idle(client)
         touched = [s for s in range(8, 16) if not (pool.array[s] == MARK).all()]
         assert touched == [], f"slots {touched} were written after the load was given up"
         stats = client.stats()

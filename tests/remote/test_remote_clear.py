@@ -15,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
-from pools import NAMESPACE, SMALL, Pool
+from pools import NAMESPACE, SMALL, Pool, chain
 from redis_server import RedisServer
 from remote_helpers import Backends
 
-from asynchicache.cache.keys import Namespace, chain_hashes
-from asynchicache.storage.base import ClearScope, PageRef
+from asynchicache.cache.keys import Namespace
+from asynchicache.storage.base import ClearScope
 from asynchicache.storage.disk import DiskConfig
 from asynchicache.storage.disk_names import namespace_dir_name
 from asynchicache.storage.events import EventLog, PagesRemoved, PagesStored
@@ -29,17 +29,6 @@ from asynchicache.storage.tiered import RemoteTierConfig, open_tiered
 
 OTHER = b"other-model\x1ffloat32\x1f4\x1f1\x1f"
 PAGE = SMALL.shape[2]  # tokens per page
-
-
-def chain(root: bytes, first_token: int, pages: int, slot0: int = 0) -> list[PageRef]:
-    """A real chain of pages from `root` (hashes chained as the engine chains them)."""
-    tokens = list(range(first_token, first_token + pages * PAGE))
-    hashes = chain_hashes(root, tokens, PAGE)
-    parents = [root, *hashes[:-1]]
-    return [
-        PageRef(h, tuple(tokens[i * PAGE : (i + 1) * PAGE]), slot0 + i, parents[i])
-        for i, h in enumerate(hashes)
-    ]
 
 
 def command_calls(server: RedisServer) -> dict[str, int]:

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from pools import NAMESPACE, SMALL, Pool
+from pools import NAMESPACE, SMALL, Pool, chain
 from redis_server import RedisServer
 from service_process import ServiceProcess
 
-from asynchicache.cache.keys import Namespace, chain_hashes
+from asynchicache.cache.keys import Namespace
 from asynchicache.storage.admin_messages import ClearedPages
-from asynchicache.storage.base import PageRef
 from asynchicache.storage.client import ClientConfig, StorageClient
 from asynchicache.storage.events import PagesRemoved, PagesStored, TierCleared
 
@@ -31,16 +30,6 @@ def sock_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="acr-"))  # short: ipc paths are limited to ~107 bytes
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def chain(root: bytes, first: int, pages: int, slot0: int = 0) -> list[PageRef]:
-    tokens = list(range(first, first + pages * PAGE))
-    hashes = chain_hashes(root, tokens, PAGE)
-    parents = [root, *hashes[:-1]]
-    return [
-        PageRef(h, tuple(tokens[i * PAGE : (i + 1) * PAGE]), slot0 + i, parents[i])
-        for i, h in enumerate(hashes)
-    ]
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:

@@ -13,44 +13,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 import redis
 from redis_server import RedisServer
 from serve_process import ServeProcess
 from settling import settled
-from traffic import inventory
+from traffic import by_tier, inventory, timed_chat
 
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
-def timed_chat(server: ServeProcess, messages: list[dict[str, str]]) -> tuple[float, str, object]:
-    """(time to first content token, greedy text, usage) of a streamed chat completion."""
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-    t0 = time.perf_counter()
-    ttft, text, usage = None, "", None
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=messages,  # type: ignore[arg-type]
-        max_tokens=12,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            ttft = ttft or time.perf_counter() - t0
-            text += chunk.choices[0].delta.content
-        if chunk.usage is not None:
-            usage = chunk.usage
-    assert ttft is not None and usage is not None
-    return ttft, text, usage
-
-
-def by_tier(usage: object) -> dict[str, int]:
-    return usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]  # type: ignore[attr-defined]
-
-
 def wait_uploads_settle(server: RedisServer, at_least: int, timeout_s: float = 60.0) -> int:
     """Wait until the key count reaches `at_least` and stops changing (uploads are async)."""
     raw = redis.Redis(port=server.port)
@@ -80,7 +52,7 @@ def instances(
             started.append(serve)
             serve.start()
             # A first short request pays one-time costs, so cold times measure prefill only.
-            timed_chat(serve, [{"role": "user", "content": "Hello!"}])
+            timed_chat(serve.url, [{"role": "user", "content": "Hello!"}])
         yield started[0], started[1]
     finally:
         codes = [s.stop() for s in started]
@@ -91,11 +63,11 @@ def test_second_instance_serves_the_first_ones_prompt_from_redis(
     instances: tuple[ServeProcess, ServeProcess], shared_redis: RedisServer
 ) -> None:
     a, b = instances
-    cold_b, _, cold_usage = timed_chat(b, inventory(seed=1))  # B's own cold time
+    cold_b, _, cold_usage = timed_chat(b.url, inventory(seed=1))  # B's own cold time
     assert cold_usage.prompt_tokens >= 1500  # type: ignore[attr-defined]
-    _, text_a, _ = timed_chat(a, inventory(seed=0))
+    _, text_a, _ = timed_chat(a.url, inventory(seed=0))
     wait_uploads_settle(shared_redis, at_least=2 * 1400 // 16)
-    ttft_b, text_b, usage = timed_chat(b, inventory(seed=0))
+    ttft_b, text_b, usage = timed_chat(b.url, inventory(seed=0))
     tiers = by_tier(usage)
     print(f"\nB cold TTFT {cold_b:.3f}s, B from L4 TTFT {ttft_b:.3f}s, tiers {tiers}")
     assert text_b == text_a
@@ -158,5 +130,5 @@ def test_redis_killed_and_restarted_under_load(
     assert not failures, failures[:5]
     assert during >= 4 and after >= 4, (during, after)
     # The tier came back: a new prompt's pages reach the restarted Redis.
-    timed_chat(b, inventory(seed=7))
+    timed_chat(b.url, inventory(seed=7))
     wait_uploads_settle(shared_redis, at_least=1400 // 16)

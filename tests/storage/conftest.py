@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from service_process import ServiceProcess
+from storage_clients import Clients, client_factory
 
 
 @pytest.fixture
@@ -31,3 +32,9 @@ def services() -> Iterator[Callable[..., ServiceProcess]]:
     yield start
     for svc in started:
         svc.stop()
+
+
+@pytest.fixture
+def clients() -> Iterator[Clients]:
+    """`clients(address, pool, ready_s=None, **config)`: storage clients, closed after the test."""
+    yield from client_factory()

@@ -5,14 +5,14 @@ from __future__ import annotations
 import signal
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pytest
 import zmq
 from pools import DEFAULT, NAMESPACE, SMALL, Pool, new_hashes, refs
 from service_process import ServiceProcess
+from storage_clients import Clients
 
 from asynchicache.storage.admin_messages import ClearedPages
 from asynchicache.storage.base import PageLayout, TicketKind
@@ -20,22 +20,6 @@ from asynchicache.storage.client import ClientConfig, StorageClient
 from asynchicache.storage.disk_admin import verify_folder
 from asynchicache.storage.messages import ErrorReply, Stats, decode, encode
 from asynchicache.storage.service import ServiceConfig
-
-Clients = Callable[..., StorageClient]
-
-
-@pytest.fixture
-def clients() -> Iterator[Clients]:
-    made: list[StorageClient] = []
-
-    def make(address: str, pool: Pool, **kw: float) -> StorageClient:
-        cfg = ClientConfig(address, NAMESPACE, pool.segment.name, pool.layout, **kw)
-        made.append(StorageClient(cfg))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.close()
 
 
 def _address(sock_dir: Path, name: str = "svc") -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,7 @@ import pytest
 import zmq
 from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 from service_process import ServiceProcess
+from storage_clients import Clients, wait_idle
 
 from asynchicache.storage.base import Completion, Settled
 from asynchicache.storage.client import ClientConfig, StorageClient
@@ -34,23 +35,8 @@ from asynchicache.storage.messages import (
 )
 from asynchicache.storage.service import ServiceConfig
 
-Clients = Callable[..., StorageClient]
 MANY = 20_000  # 1 KiB pages: one I/O thread needs seconds for them
 MARK = 0x5A
-
-
-@pytest.fixture
-def clients() -> Iterator[Clients]:
-    made: list[StorageClient] = []
-
-    def make(address: str, pool: Pool, **kw: float) -> StorageClient:
-        cfg = ClientConfig(address, NAMESPACE, pool.segment.name, pool.layout, **kw)
-        made.append(StorageClient(cfg))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.close()
 
 
 @pytest.fixture
@@ -91,16 +77,6 @@ def _wait_running(client: StorageClient) -> None:
     raise AssertionError("the job never started")
 
 
-def _wait_idle(client: StorageClient) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        stats = client.stats(5.0)
-        if stats is not None and stats.service.get("running", 1) == 0:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the service never became idle")
-
-
 def test_a_ticket_given_up_while_its_job_runs_is_unsettled_until_the_late_reply(
     tmp_path: Path, sock_dir: Path, stored, services, clients: Clients
 ) -> None:
@@ -123,7 +99,7 @@ def test_a_ticket_given_up_while_its_job_runs_is_unsettled_until_the_late_reply(
     assert settled.reason in ("late reply", "cancel acknowledged")
     assert client.quarantined == 0
     pool.array[MANY:] = MARK  # reused only now
-    _wait_idle(client)
+    wait_idle(client)
     assert [e for e in _events(client, 0.3) if e.ticket == ticket] == []  # exactly one
     assert (pool.array[MANY:] == MARK).all()
     assert client.counters["quarantined"] == 1 and client.counters["timed_out"] == 1

@@ -54,7 +54,7 @@ def test_b_serves_the_prompt_a_stored_from_the_shared_folder(
     servers: tuple[ServeProcess, ServeProcess],
 ) -> None:
     a, b = servers
-    root = Path(a.argv[a.argv.index("--disk-cache-dir") + 1])
+    root = Path(a.flags[a.flags.index("--disk-cache-dir") + 1])
     text_a, _ = chat(a, seed=0)
     settled_pages(root, at_least=90)
     text_b, tiers = chat(b, seed=0)
@@ -67,7 +67,7 @@ def test_both_writing_keep_the_folder_under_its_size(
     servers: tuple[ServeProcess, ServeProcess],
 ) -> None:
     a, b = servers
-    root = Path(a.argv[a.argv.index("--disk-cache-dir") + 1])
+    root = Path(a.flags[a.flags.index("--disk-cache-dir") + 1])
     capacity = int(CAPACITY_GIB * 2**30)
     for seed in range(1, 5):  # four new prompts each: ~6x the folder's size in all
         for server in (a, b):

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from asynchicache.cache.keys import chain_hashes
 from asynchicache.storage.base import PageLayout, PageRef
 from asynchicache.storage.shm import SharedSegment
 
@@ -60,4 +61,18 @@ def refs(hashes: list[bytes], slots: list[int] | range, page_tokens: int = 4) ->
     return [
         PageRef(h, tuple(range(i * page_tokens, (i + 1) * page_tokens)), s)
         for i, (h, s) in enumerate(zip(hashes, slots, strict=True))
+    ]
+
+
+def chain(
+    root: bytes, first: int, pages: int, slot0: int = 0, page: int = SMALL.shape[2]
+) -> list[PageRef]:
+    """A real chain of `page`-token pages from `root` (hashes chained as the engine chains
+    them), tokens `first`.., in slots `slot0`.."""
+    tokens = list(range(first, first + pages * page))
+    hashes = chain_hashes(root, tokens, page)
+    parents = [root, *hashes[:-1]]
+    return [
+        PageRef(h, tuple(tokens[i * page : (i + 1) * page]), slot0 + i, parents[i])
+        for i, h in enumerate(hashes)
     ]

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import random
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
+import openai
 
 from asynchicache.engine.tokenizer import Tokenizer
 from asynchicache.server.frontend import load_frontend
@@ -116,11 +118,12 @@ def _tiers(usage: dict) -> dict[str, int]:
     return dict(usage["prompt_tokens_details"].get("cached_tokens_by_tier") or {})
 
 
-def references(url: str, prompts: Sequence[Prompt], clients: int) -> dict[str, str]:
-    """Greedy answers of prompts that share no page with anything cached, each asked once."""
-    out: dict[str, str] = {}
-    lock = threading.Lock()
+def _each_once(
+    url: str, prompts: Iterable[Prompt], clients: int, ask: Callable[[httpx.Client, Prompt], None]
+) -> None:
+    """`ask(client, prompt)` for every prompt once, from `clients` threads."""
     todo = list(prompts)
+    lock = threading.Lock()
 
     def work() -> None:
         with httpx.Client(base_url=url, timeout=300) as client:
@@ -129,17 +132,28 @@ def references(url: str, prompts: Sequence[Prompt], clients: int) -> dict[str, s
                     if not todo:
                         return
                     p = todo.pop()
-                # No other prompt shares a page with it, so this is a cold answer (a request
-                # preempted for L1 room may report its own pages as cached on re-admission).
-                answer = complete(client, p, stream=False)
-                with lock:
-                    out[p.name] = answer.text
+                ask(client, p)
 
     threads = [threading.Thread(target=work) for _ in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+
+
+def references(url: str, prompts: Sequence[Prompt], clients: int) -> dict[str, str]:
+    """Greedy answers of prompts that share no page with anything cached, each asked once."""
+    out: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def ask(client: httpx.Client, p: Prompt) -> None:
+        # No other prompt shares a page with it, so this is a cold answer (a request
+        # preempted for L1 room may report its own pages as cached on re-admission).
+        answer = complete(client, p, stream=False)
+        with lock:
+            out[p.name] = answer.text
+
+    _each_once(url, prompts, clients, ask)
     assert len(out) == len(prompts), "a reference request failed"
     return out
 
@@ -226,23 +240,7 @@ def ask_all(
 ) -> LoadResult:
     """Every prompt once (concurrently), checked against its reference."""
     load = Load(url, [], expected, 0)
-    todo = list(prompts)
-    lock = threading.Lock()
-
-    def work() -> None:
-        with httpx.Client(base_url=url, timeout=300) as client:
-            while True:
-                with lock:
-                    if not todo:
-                        return
-                    p = todo.pop()
-                load._one(client, p, stream=False)
-
-    threads = [threading.Thread(target=work) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _each_once(url, prompts, clients, lambda client, p: load._one(client, p, stream=False))
     return load.result
 
 
@@ -258,3 +256,31 @@ def inventory(seed: int, boxes: int = 80) -> list[dict[str, str]]:
     ]
     doc = "Read the inventory below, then answer.\n" + "\n".join(lines)
     return [{"role": "user", "content": f"{doc}\nHow many marbles are in box 3?"}]
+
+
+def timed_chat(url: str, messages: list[dict[str, str]]) -> tuple[float, str, object]:
+    """(time to first content token, greedy text, usage) of a streamed greedy chat completion."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    t0 = time.perf_counter()
+    ttft, text, usage = None, "", None
+    stream = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            ttft = ttft or time.perf_counter() - t0
+            text += chunk.choices[0].delta.content
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert ttft is not None and usage is not None
+    return ttft, text, usage
+
+
+def by_tier(usage: object) -> dict[str, int]:
+    """Cached prompt tokens by tier, from an openai client's usage."""
+    return usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]  # type: ignore[attr-defined]
