@@ -35,15 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from asynchicache.bench.micro_pages import (
-    DEFAULT_LAYOUT,
-    MB,
-    bench_pool,
-    get_all,
-    pages_for,
-    put_all,
-    section_main,
-)
+from asynchicache.bench import micro_pages
+from asynchicache.bench.micro_pages import DEFAULT_LAYOUT
 from asynchicache.storage.disk import DiskBackend, DiskConfig, SyncMode
 
 _NAMESPACE = b"bench-micro-disk\x1ffloat32\x1f16\x1f1\x1f"
@@ -104,7 +97,8 @@ def _dd(args: list[str]) -> float:
 
 
 def _dd_write(target: Path, total: int) -> float:
-    return _dd(["if=/dev/zero", f"of={target}", "bs=1M", f"count={total // MB}", "conv=fsync"])
+    count = total // micro_pages.MB
+    return _dd(["if=/dev/zero", f"of={target}", "bs=1M", f"count={count}", "conv=fsync"])
 
 
 def _dd_read(target: Path, direct: bool) -> float:
@@ -134,11 +128,11 @@ def _one_round(folder: Path, pool: np.ndarray, pages: int, opts: DiskBenchOption
         dd_files = [folder / "dd-a.bin", folder / "dd-b.bin"]
         step = opts.batch_pages
         w = [_dd_write(dd_files[0], total)]
-        w += [put_all(disk, pool, hashes, step) for hashes in sets]
+        w += [micro_pages.put_all(disk, pool, hashes, step) for hashes in sets]
         w.append(_dd_write(dd_files[1], total))
         method = drop_cache([*dd_files, *(disk.path_of(h) for hs in sets for h in hs)])
         r = [_dd_read(dd_files[0], opts.dd_direct)]
-        r += [get_all(disk, pool, hashes, step) for hashes in sets]
+        r += [micro_pages.get_all(disk, pool, hashes, step) for hashes in sets]
         r.append(_dd_read(dd_files[1], opts.dd_direct))
         direct = disk.stats().extra.get("direct_reads", 0) == 2 * pages
     finally:
@@ -161,7 +155,7 @@ def _one_round(folder: Path, pool: np.ndarray, pages: int, opts: DiskBenchOption
 def measure(args: argparse.Namespace | DiskBenchOptions) -> dict:
     """Run the disk section; GB/s are 1e9 bytes per second, medians over the repeats."""
     opts = DiskBenchOptions.from_args(args)
-    pages = pages_for(opts.total_mb)
+    pages = micro_pages.pages_for(opts.total_mb)
     owned = opts.bench_dir is None
     if owned:
         folder = Path(tempfile.mkdtemp(prefix="asynchicache-bench-", dir="/var/tmp"))
@@ -170,7 +164,7 @@ def measure(args: argparse.Namespace | DiskBenchOptions) -> dict:
         folder.mkdir(parents=True, exist_ok=True)
     rounds = [folder / f"round-{i}" for i in range(opts.repeats)]
     try:
-        with bench_pool(pages) as pool:
+        with micro_pages.bench_pool(pages) as pool:
             runs = [_one_round(r, pool, pages, opts) for r in rounds]
     finally:
         for r in rounds:
@@ -196,7 +190,7 @@ def measure(args: argparse.Namespace | DiskBenchOptions) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return section_main("micro_disk", "disk tier vs dd", add_arguments, measure, argv)
+    return micro_pages.section_main("micro_disk", "disk tier vs dd", add_arguments, measure, argv)
 
 
 if __name__ == "__main__":

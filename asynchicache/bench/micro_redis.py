@@ -36,14 +36,8 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from asynchicache.bench.micro_pages import (
-    DEFAULT_LAYOUT,
-    bench_pool,
-    get_all,
-    pages_for,
-    put_all,
-    section_main,
-)
+from asynchicache.bench import micro_pages
+from asynchicache.bench.micro_pages import DEFAULT_LAYOUT
 from asynchicache.bench.server_process import free_port
 from asynchicache.storage.header import HEADER_ALIGN, payload_checksum
 from asynchicache.storage.redis import RedisBackend, RedisConfig
@@ -127,8 +121,8 @@ def _one_round(url: str, pool: np.ndarray, pages: int, args: argparse.Namespace)
     try:
         backend.clear()
         hashes = [os.urandom(16) for _ in range(pages)]
-        put_s = put_all(backend, pool, hashes, args.redis_call_pages)
-        get_s = get_all(backend, pool, hashes, args.redis_call_pages)
+        put_s = micro_pages.put_all(backend, pool, hashes, args.redis_call_pages)
+        get_s = micro_pages.get_all(backend, pool, hashes, args.redis_call_pages)
         keys = [backend.key(h) for h in hashes]
         naive_s = _naive_get_all(naive, keys, pool, args.redis_call_pages)
         backend.clear()
@@ -150,11 +144,11 @@ def _sweep(url: str, pool: np.ndarray, pages: int, args: argparse.Namespace) -> 
     out: dict[str, float] = {}
     try:
         writer.clear()
-        put_all(writer, pool, hashes, args.redis_call_pages)
+        micro_pages.put_all(writer, pool, hashes, args.redis_call_pages)
         for threads, batch in ((1, 8), (2, 8), (4, 8), (8, 8), (4, 2), (4, 32)):
             reader = _backend(url, threads, batch)
             try:
-                seconds = get_all(reader, pool, hashes, args.redis_call_pages)
+                seconds = micro_pages.get_all(reader, pool, hashes, args.redis_call_pages)
             finally:
                 reader.close()
             out[f"threads={threads},batch={batch}"] = round(total / seconds / 1e9, 3)
@@ -166,8 +160,8 @@ def _sweep(url: str, pool: np.ndarray, pages: int, args: argparse.Namespace) -> 
 
 def measure(args: argparse.Namespace) -> dict:
     """Run the redis section; see the module docstring for what each number means."""
-    pages = pages_for(args.redis_total_mb)
-    with bench_pool(pages) as pool, _server(args.redis_url) as url:
+    pages = micro_pages.pages_for(args.redis_total_mb)
+    with micro_pages.bench_pool(pages) as pool, _server(args.redis_url) as url:
         runs = [_one_round(url, pool, pages, args) for _ in range(args.redis_repeats)]
         sweep = {} if args.redis_no_sweep else _sweep(url, pool, pages, args)
     keys = list(runs[0])
@@ -196,7 +190,8 @@ def _server(url: str | None) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return section_main("micro_redis", "remote tier throughput", add_arguments, measure, argv)
+    description = "remote tier throughput"
+    return micro_pages.section_main("micro_redis", description, add_arguments, measure, argv)
 
 
 if __name__ == "__main__":
