@@ -64,8 +64,7 @@ def test_a_store_queued_while_the_service_was_frozen_persists_only_its_own_bytes
     pool.fill(range(MANY), seed=11)
     original = pool.array.copy()
     svc, addr = _slow_service(services, tmp_path / "kv", sock_dir)
-    client = clients(addr, pool, ticket_timeout_s=1.0)
-    assert client.wait_ready(30)
+    client = clients(addr, pool, ticket_timeout_s=1.0, ready_s=30)
     hashes = new_hashes(MANY)
     svc.signal(signal.SIGSTOP)
     try:
@@ -99,8 +98,7 @@ def test_a_load_queued_while_the_service_was_frozen_never_writes_a_reused_slot(
     hashes = new_hashes(MANY)
     _prefill(tmp_path / "kv", pool, hashes)
     svc, addr = _slow_service(services, tmp_path / "kv", sock_dir)
-    client = clients(addr, pool, ticket_timeout_s=1.0)
-    assert client.wait_ready(30)
+    client = clients(addr, pool, ticket_timeout_s=1.0, ready_s=30)
     slots = list(range(MANY, 2 * MANY))
     svc.signal(signal.SIGSTOP)
     try:

@@ -82,8 +82,7 @@ def test_a_ticket_given_up_while_its_job_runs_is_unsettled_until_the_late_reply(
 ) -> None:
     pool, hashes = stored
     svc, addr = _slow_service(services, tmp_path, sock_dir)
-    client = clients(addr, pool, ticket_timeout_s=1.0)
-    assert client.wait_ready(30)
+    client = clients(addr, pool, ticket_timeout_s=1.0, ready_s=30)
     ticket = client.submit_load(hashes, list(range(MANY, 2 * MANY)))
     _wait_running(client)
     svc.signal(signal.SIGSTOP)  # frozen in the middle of the job
@@ -110,8 +109,7 @@ def test_cancel_stops_a_running_job_at_its_next_page(
 ) -> None:
     pool, hashes = stored
     _, addr = _slow_service(services, tmp_path, sock_dir)
-    client = clients(addr, pool, ticket_timeout_s=60.0)
-    assert client.wait_ready(30)
+    client = clients(addr, pool, ticket_timeout_s=60.0, ready_s=30)
     ticket = client.submit_load(hashes, list(range(MANY, 2 * MANY)))
     _wait_running(client)
     client.cancel(ticket)
