@@ -34,5 +34,6 @@ def _no_leaked_segments() -> Iterator[None]:
 
 @pytest.fixture
 def make_pool() -> Iterator[Callable[..., Pool]]:
-    """`make_pool(slots, layout=SMALL)`: real shared-memory pools, closed after the test."""
+    """`make_pool(slots, layout=SMALL, fill=0, seed=0)`: real shared-memory pools (the first
+    `fill` slots random pages), closed after the test."""
     yield from pool_factory()

@@ -52,8 +52,7 @@ def test_a_late_redis_reply_never_lands_in_a_reused_slot(
     tmp_path: Path,
     sock_dir: Path,
 ) -> None:
-    pool = make_pool(16)
-    pool.fill(range(8), seed=8)
+    pool = make_pool(16, fill=8, seed=8)
     hashes = new_hashes(8)
     assert remote_backends(redis_server.url).put(refs(hashes, range(8)), pool.array) == 8
     addr = f"ipc://{sock_dir}/svc.sock"

@@ -45,8 +45,7 @@ def test_clear_and_events_of_both_tiers(
 ) -> None:
     addr = f"ipc://{sock_dir}/svc.sock"
     service = ServiceProcess(tmp_path / "kv", addr, "--remote-url", kv_server.url).start()
-    pool = make_pool(32)
-    pool.fill(range(32))
+    pool = make_pool(32, fill=32)
     client = StorageClient(ClientConfig(addr, NAMESPACE, pool.segment.name, SMALL, events=True))
     try:
         assert client.wait_ready(30)

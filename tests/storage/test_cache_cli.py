@@ -71,8 +71,7 @@ def test_clear_one_namespace_or_one_salt_keeping_pins(
     from asynchicache.storage.disk_names import namespace_dir_name
 
     root = tmp_path / "kv"
-    pool = make_pool(16)
-    pool.fill(range(16))
+    pool = make_pool(16, fill=16)
     ns = Namespace("m", "float32", SMALL.shape[2])
 
     def chain(digest: bytes, first: int) -> list[PageRef]:

@@ -57,8 +57,7 @@ def _file_bytes() -> int:
 def test_an_unused_namespace_is_evicted_first_and_oldest_first(
     root: Path, open_disk: Open, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(8)
-    pool.fill(range(8))
+    pool = make_pool(8, fill=8)
     size = _file_bytes()
     old = open_disk(OLD)
     old_hashes = new_hashes(6)

@@ -60,8 +60,7 @@ def test_a_store_queued_while_the_service_was_frozen_persists_only_its_own_bytes
 ) -> None:
     """A store waits in the socket while the service is frozen; the client gives up; the
     engine reuses the slots; whatever the service persists later is the store's own bytes."""
-    pool = make_pool(MANY)
-    pool.fill(range(MANY), seed=11)
+    pool = make_pool(MANY, fill=MANY, seed=11)
     original = pool.array.copy()
     svc, addr = _slow_service(services, tmp_path / "kv", sock_dir)
     client = clients(addr, pool, ticket_timeout_s=1.0, ready_s=30)
@@ -93,8 +92,7 @@ def _read(disk: DiskBackend, page_hash: bytes, check: Pool) -> bytes:
 def test_a_load_queued_while_the_service_was_frozen_never_writes_a_reused_slot(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(2 * MANY)
-    pool.fill(range(MANY), seed=12)
+    pool = make_pool(2 * MANY, fill=MANY, seed=12)
     hashes = new_hashes(MANY)
     _prefill(tmp_path / "kv", pool, hashes)
     svc, addr = _slow_service(services, tmp_path / "kv", sock_dir)

@@ -42,8 +42,7 @@ def _load(client: StorageClient, hashes: list[bytes], slots: list[int]) -> int:
 def test_restart_keeps_every_page_and_the_client_reconnects(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(64)
-    pool.fill(range(32))
+    pool = make_pool(64, fill=32)
     addr = _address(sock_dir)
     first = services(tmp_path / "kv", addr)
     client = clients(addr, pool, ready_s=20)
@@ -60,8 +59,7 @@ def test_restart_keeps_every_page_and_the_client_reconnects(
 def test_kill_9_in_a_write_burst_leaves_only_whole_files(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(240, DEFAULT)
-    pool.fill(range(240), seed=9)
+    pool = make_pool(240, DEFAULT, fill=240, seed=9)
     addr = _address(sock_dir)
     svc = services(tmp_path / "kv", addr)
     client = clients(addr, pool, ready_s=20)
@@ -98,8 +96,7 @@ def _expected(i: int) -> np.ndarray:
 def test_damaged_pages_are_misses_through_the_service(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(16)
-    pool.fill(range(8))
+    pool = make_pool(16, fill=8)
     addr = _address(sock_dir)
     services(tmp_path / "kv", addr)
     client = clients(addr, pool, ready_s=20)
@@ -147,8 +144,7 @@ def test_two_services_on_one_folder_do_not_corrupt_each_other(
 def test_poll_never_blocks_while_a_large_load_is_in_flight(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(320, DEFAULT)
-    pool.fill(range(160), seed=1)
+    pool = make_pool(320, DEFAULT, fill=160, seed=1)
     addr = _address(sock_dir)
     services(tmp_path / "kv", addr)
     client = clients(addr, pool, ready_s=20)
@@ -179,8 +175,7 @@ def test_poll_never_blocks_while_a_large_load_is_in_flight(
 def test_dead_service_fails_pending_tickets_and_recovers_after_restart(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(128, DEFAULT)
-    pool.fill(range(64))
+    pool = make_pool(128, DEFAULT, fill=64)
     addr = _address(sock_dir)
     svc = services(tmp_path / "kv", addr)
     client = clients(addr, pool, ticket_timeout_s=5.0, ready_s=20)
@@ -207,8 +202,7 @@ def test_dead_service_fails_pending_tickets_and_recovers_after_restart(
 def test_hung_service_tickets_time_out_then_work_again(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(8)
-    pool.fill(range(4))
+    pool = make_pool(8, fill=4)
     addr = _address(sock_dir)
     svc = services(tmp_path / "kv", addr)
     client = clients(addr, pool, ticket_timeout_s=0.5, ready_s=20)
@@ -231,8 +225,7 @@ def test_hung_service_tickets_time_out_then_work_again(
 def test_service_survives_vanished_clients_bad_requests_and_failing_work(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(64, DEFAULT)
-    pool.fill(range(32))
+    pool = make_pool(64, DEFAULT, fill=32)
     addr = _address(sock_dir)
     services(tmp_path / "kv", addr)
     # A client that submits a big store and disappears before the reply.
@@ -271,8 +264,7 @@ def test_service_survives_vanished_clients_bad_requests_and_failing_work(
 
 
 def test_in_thread_mode_and_cancel(tmp_path: Path, sock_dir: Path, make_pool) -> None:
-    pool = make_pool(256, DEFAULT)
-    pool.fill(range(128))
+    pool = make_pool(256, DEFAULT, fill=128)
     service = ServiceConfig(tmp_path / "kv", _address(sock_dir), workers=1)
     client = StorageClient.in_thread(
         service, ClientConfig("", NAMESPACE, pool.segment.name, DEFAULT)
@@ -298,8 +290,7 @@ def test_in_thread_mode_and_cancel(tmp_path: Path, sock_dir: Path, make_pool) ->
 def test_unregistered_requests_are_resent_after_registering(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(8, SMALL)
-    pool.fill(range(4))
+    pool = make_pool(8, SMALL, fill=4)
     addr = _address(sock_dir)
     # A short client TTL: the service forgets a silent client; its next request is resent.
     services(tmp_path / "kv", addr, "--client-ttl", "0.5")
@@ -319,8 +310,7 @@ def test_connect_first_register_the_pool_later(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services
 ) -> None:
     """The engine's order: connect at start, register the L2 pool once it exists."""
-    pool = make_pool(8)
-    pool.fill(range(4))
+    pool = make_pool(8, fill=4)
     addr = _address(sock_dir)
     services(tmp_path / "kv", addr)
     client = StorageClient.connect(addr, timeout_s=5.0)

@@ -76,8 +76,7 @@ def test_clear_one_salt_keeps_the_rest_and_pinned_pages_unless_asked(
 ) -> None:
     addr = f"ipc://{sock_dir}/svc.sock"
     services(tmp_path / "kv", addr)
-    pool = make_pool(32)
-    pool.fill(range(32))
+    pool = make_pool(32, fill=32)
     client = clients(addr, pool)
     salt = NS.with_salt("tenant-a").digest()
     tenant, kept_pinned, others = (

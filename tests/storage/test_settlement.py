@@ -42,8 +42,7 @@ MARK = 0x5A
 @pytest.fixture
 def stored(tmp_path: Path, make_pool: Callable[..., Pool]) -> tuple[Pool, list[bytes]]:
     """A pool of 2 x MANY slots whose first MANY pages are on disk under tmp_path/kv."""
-    pool = make_pool(2 * MANY)
-    pool.fill(range(MANY), seed=5)
+    pool = make_pool(2 * MANY, fill=MANY, seed=5)
     hashes = new_hashes(MANY)
     disk = DiskBackend(DiskConfig(tmp_path / "kv", NAMESPACE, SMALL, 1 << 34))
     try:
@@ -176,8 +175,7 @@ def test_a_ticket_cancelled_before_it_arrives_is_refused(
 ) -> None:
     """The wire contract, on a raw socket: a Cancel for a ticket the service has not seen
     is settled at once, and that ticket, arriving later, never touches its slots."""
-    pool = make_pool(8)
-    pool.fill(range(4), seed=3)
+    pool = make_pool(8, fill=4, seed=3)
     hashes = new_hashes(4)
     disk = DiskBackend(DiskConfig(tmp_path / "kv", NAMESPACE, SMALL, 1 << 30))
     assert disk.put(refs(hashes, range(4)), pool.array) == 4

@@ -88,8 +88,7 @@ def test_a_subscriber_rebuilds_what_the_service_holds(
 ) -> None:
     addr = f"ipc://{sock_dir}/svc.sock"
     services(tmp_path / "kv", addr, "--disk-cache-gb", str(40 * FILE / GIB))
-    pool = make_pool(64)
-    pool.fill(range(64))
+    pool = make_pool(64, fill=64)
     client = clients(addr, pool)
     mirror = Mirror()
     salt = NS.with_salt("tenant").digest()
@@ -142,8 +141,7 @@ def test_a_restarted_service_is_a_gap(
 ) -> None:
     addr = f"ipc://{sock_dir}/svc.sock"
     first = services(tmp_path / "kv", addr)
-    pool = make_pool(16)
-    pool.fill(range(16))
+    pool = make_pool(16, fill=16)
     client = clients(addr, pool)
     run(client, chain(NS.digest(), 0, 4))
     assert first.stop() == 0

@@ -39,11 +39,14 @@ class Pool:
 
 
 def pool_factory() -> Iterator[Callable[..., Pool]]:
-    """Yields `make(slots, layout=SMALL)`; every pool it made is closed (and unlinked) after."""
+    """Yields `make(slots, layout=SMALL, fill=0, seed=0)`: a pool whose first `fill` slots
+    hold random pages; every pool it made is closed (and unlinked) after."""
     pools: list[Pool] = []
 
-    def make(slots: int, layout: PageLayout = SMALL) -> Pool:
+    def make(slots: int, layout: PageLayout = SMALL, fill: int = 0, seed: int = 0) -> Pool:
         pools.append(Pool(slots, layout))
+        if fill:
+            pools[-1].fill(range(fill), seed)
         return pools[-1]
 
     yield make
