@@ -35,7 +35,7 @@ from asynchicache.engine.tokenizer import Tokenizer
 from asynchicache.storage.disk_admin import verify_folder
 from asynchicache.storage.header import decode_header, peek_header_len
 
-# The fault tests import these from here (lead: import them from tests/support directly).
+# test_fault_matrix.py imports these from here (lead: import them from tests/support there).
 __all__ = [
     "PAGE_SIZE", "REPO", "LiveServer", "Load", "LoadResult", "Prompt", "RequestFailed",
     "ask_all", "complete", "corrupt_detected", "make_prompts", "metric", "references",

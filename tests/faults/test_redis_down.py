@@ -11,8 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_helpers import FaultRecord, LiveServer, Load, knob, make_prompts, record, references
+from fault_helpers import FaultRecord, knob, record
+from live_server import LiveServer
 from redis_server import RedisServer, redis_server_binary
+from traffic import Load, make_prompts, references
 
 from asynchicache.engine.tokenizer import Tokenizer
 
