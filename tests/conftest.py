@@ -1,9 +1,12 @@
-"""Suite-wide checks: no shared-memory segment of ours outlives the tests; a strict page ledger."""
+"""Suite-wide fixtures and checks: no shared-memory segment of ours outlives the tests; a
+strict page ledger; `make_pool` for the tests that build L2 pools."""
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+from pools import Pool, pool_factory
+from processes import pid_alive
 
 from asynchicache.cache.ledger import STRICT_ENV
 from asynchicache.storage.shm import list_segments, owner_pid
@@ -13,20 +16,12 @@ from asynchicache.storage.shm import list_segments, owner_pid
 os.environ.setdefault(STRICT_ENV, "1")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _ours_or_orphaned(name: str) -> bool:
     # Other programs on the machine (a benchmark, another checkout's tests) may
     # hold segments of their own; a segment is a leak of this suite when this
     # process created it or its creator died without removing it.
     pid = owner_pid(name)
-    return pid is None or pid == os.getpid() or not _alive(pid)
+    return pid is None or pid == os.getpid() or not pid_alive(pid)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -35,3 +30,10 @@ def _no_leaked_segments() -> Iterator[None]:
     yield
     leaked = {s for s in set(list_segments()) - before if _ours_or_orphaned(s)}
     assert not leaked, f"shared-memory segments leaked by the test suite: {sorted(leaked)}"
+
+
+@pytest.fixture
+def make_pool() -> Iterator[Callable[..., Pool]]:
+    """`make_pool(slots, layout=SMALL, fill=0, seed=0)`: real shared-memory pools (the first
+    `fill` slots random pages), closed after the test."""
+    yield from pool_factory()

@@ -23,7 +23,6 @@ within a minute). `measure(args)` returns the numbers as a dict (for the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -36,13 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from asynchicache.storage.base import PageLayout, PageRef
+from asynchicache.bench import micro_pages
+from asynchicache.bench.micro_pages import DEFAULT_LAYOUT
 from asynchicache.storage.disk import DiskBackend, DiskConfig, SyncMode
-from asynchicache.storage.shm import SharedSegment
 
-DEFAULT_LAYOUT = PageLayout("float32", (30, 2, 16, 3, 64))
 _NAMESPACE = b"bench-micro-disk\x1ffloat32\x1f16\x1f1\x1f"
-_MB = 1 << 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,42 +97,12 @@ def _dd(args: list[str]) -> float:
 
 
 def _dd_write(target: Path, total: int) -> float:
-    return _dd(["if=/dev/zero", f"of={target}", "bs=1M", f"count={total // _MB}", "conv=fsync"])
+    count = total // micro_pages.MB
+    return _dd(["if=/dev/zero", f"of={target}", "bs=1M", f"count={count}", "conv=fsync"])
 
 
 def _dd_read(target: Path, direct: bool) -> float:
     return _dd([f"if={target}", "of=/dev/null", "bs=1M", *(["iflag=direct"] if direct else [])])
-
-
-def _fill(pool: np.ndarray, pages: int) -> None:
-    # [pages, page_bytes]: one random page, made distinct per page so every checksum differs.
-    base = np.frombuffer(os.urandom(pool.shape[1]), dtype=np.uint8)
-    for i in range(pages):
-        pool[i] = base
-        pool[i, :8] = np.frombuffer(i.to_bytes(8, "little"), dtype=np.uint8)
-
-
-def _put_all(disk: DiskBackend, pool: np.ndarray, hashes: list[bytes], step: int) -> float:
-    refs = [PageRef(h, tuple(range(16)), i) for i, h in enumerate(hashes)]
-    t0 = time.perf_counter()
-    for k in range(0, len(refs), step):
-        if disk.put(refs[k : k + step], pool) != len(refs[k : k + step]):
-            raise RuntimeError("the benchmark's put did not store every page")
-    return time.perf_counter() - t0
-
-
-def _get_all(disk: DiskBackend, pool: np.ndarray, hashes: list[bytes], step: int) -> float:
-    pages = len(hashes)
-    pool[pages:] = 0
-    t0 = time.perf_counter()
-    for k in range(0, pages, step):
-        slots = list(range(pages + k, pages + min(pages, k + step)))
-        if disk.get(hashes[k : k + step], slots, pool) != len(slots):
-            raise RuntimeError("the benchmark's get missed pages")
-    seconds = time.perf_counter() - t0
-    if not np.array_equal(pool[pages:], pool[:pages]):
-        raise RuntimeError("pages read back differ from pages written")
-    return seconds
 
 
 def _one_round(folder: Path, pool: np.ndarray, pages: int, opts: DiskBenchOptions) -> dict:
@@ -161,11 +128,11 @@ def _one_round(folder: Path, pool: np.ndarray, pages: int, opts: DiskBenchOption
         dd_files = [folder / "dd-a.bin", folder / "dd-b.bin"]
         step = opts.batch_pages
         w = [_dd_write(dd_files[0], total)]
-        w += [_put_all(disk, pool, hashes, step) for hashes in sets]
+        w += [micro_pages.put_all(disk, pool, hashes, step) for hashes in sets]
         w.append(_dd_write(dd_files[1], total))
         method = drop_cache([*dd_files, *(disk.path_of(h) for hs in sets for h in hs)])
         r = [_dd_read(dd_files[0], opts.dd_direct)]
-        r += [_get_all(disk, pool, hashes, step) for hashes in sets]
+        r += [micro_pages.get_all(disk, pool, hashes, step) for hashes in sets]
         r.append(_dd_read(dd_files[1], opts.dd_direct))
         direct = disk.stats().extra.get("direct_reads", 0) == 2 * pages
     finally:
@@ -188,23 +155,18 @@ def _one_round(folder: Path, pool: np.ndarray, pages: int, opts: DiskBenchOption
 def measure(args: argparse.Namespace | DiskBenchOptions) -> dict:
     """Run the disk section; GB/s are 1e9 bytes per second, medians over the repeats."""
     opts = DiskBenchOptions.from_args(args)
-    pages = max(1, opts.total_mb * _MB // DEFAULT_LAYOUT.page_bytes)
+    pages = micro_pages.pages_for(opts.total_mb)
     owned = opts.bench_dir is None
     if owned:
         folder = Path(tempfile.mkdtemp(prefix="asynchicache-bench-", dir="/var/tmp"))
     else:
         folder = opts.bench_dir
         folder.mkdir(parents=True, exist_ok=True)
-    segment = SharedSegment.create(2 * pages * DEFAULT_LAYOUT.page_bytes, tag="bench")
-    rounds: list[Path] = []
+    rounds = [folder / f"round-{i}" for i in range(opts.repeats)]
     try:
-        pool = segment.as_array().reshape(2 * pages, DEFAULT_LAYOUT.page_bytes)
-        _fill(pool, pages)
-        rounds = [folder / f"round-{i}" for i in range(opts.repeats)]
-        runs = [_one_round(r, pool, pages, opts) for r in rounds]
-        del pool
+        with micro_pages.bench_pool(pages) as pool:
+            runs = [_one_round(r, pool, pages, opts) for r in rounds]
     finally:
-        segment.close()
         for r in rounds:
             shutil.rmtree(r, ignore_errors=True)
         if owned:
@@ -228,10 +190,7 @@ def measure(args: argparse.Namespace | DiskBenchOptions) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="micro_disk", description="disk tier vs dd")
-    add_arguments(parser)
-    print(json.dumps(measure(parser.parse_args(argv)), indent=2))
-    return 0
+    return micro_pages.section_main("micro_disk", "disk tier vs dd", add_arguments, measure, argv)
 
 
 if __name__ == "__main__":

@@ -23,10 +23,8 @@ GB/s count page payload bytes, 1e9 per GB; medians over the repeats.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import tempfile
@@ -38,14 +36,13 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from asynchicache.storage.base import PageLayout, PageRef
+from asynchicache.bench import micro_pages
+from asynchicache.bench.micro_pages import DEFAULT_LAYOUT
+from asynchicache.bench.server_process import free_port
 from asynchicache.storage.header import HEADER_ALIGN, payload_checksum
 from asynchicache.storage.redis import RedisBackend, RedisConfig
-from asynchicache.storage.shm import SharedSegment
 
-DEFAULT_LAYOUT = PageLayout("float32", (30, 2, 16, 3, 64))
 _NAMESPACE = b"bench-micro-redis\x1ffloat32\x1f16\x1f1\x1f"
-_MB = 1 << 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,12 +56,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--redis-no-sweep", action="store_true", help="skip the threads x batch sweep")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def local_redis() -> Iterator[str]:
     """A throw-away redis-server on loopback (no persistence); yields its URL."""
@@ -72,7 +63,7 @@ def local_redis() -> Iterator[str]:
     if binary is None:
         raise RuntimeError("redis-server not found: run scripts/ensure-services.sh (as root)")
     folder = Path(tempfile.mkdtemp(prefix="asynchicache-bench-redis-"))
-    port = _free_port()
+    port = free_port()
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
     argv += ["--appendonly", "no", "--dir", str(folder), "--loglevel", "warning"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
@@ -93,37 +84,6 @@ def local_redis() -> Iterator[str]:
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _fill(pool: np.ndarray, pages: int) -> None:
-    # [pages, page_bytes]: one random page made distinct per page, so every checksum differs.
-    base = np.frombuffer(os.urandom(pool.shape[1]), dtype=np.uint8)
-    for i in range(pages):
-        pool[i] = base
-        pool[i, :8] = np.frombuffer(i.to_bytes(8, "little"), dtype=np.uint8)
-
-
-def _put_all(backend: RedisBackend, pool: np.ndarray, hashes: list[bytes], step: int) -> float:
-    refs = [PageRef(h, tuple(range(16)), i) for i, h in enumerate(hashes)]
-    t0 = time.perf_counter()
-    for k in range(0, len(refs), step):
-        if backend.put(refs[k : k + step], pool) != len(refs[k : k + step]):
-            raise RuntimeError("the benchmark's put did not store every page")
-    return time.perf_counter() - t0
-
-
-def _get_all(backend: RedisBackend, pool: np.ndarray, hashes: list[bytes], step: int) -> float:
-    pages = len(hashes)
-    pool[pages:] = 0
-    t0 = time.perf_counter()
-    for k in range(0, pages, step):
-        slots = list(range(pages + k, pages + min(pages, k + step)))
-        if backend.get(hashes[k : k + step], slots, pool) != len(slots):
-            raise RuntimeError("the benchmark's get missed pages")
-    seconds = time.perf_counter() - t0
-    if not np.array_equal(pool[pages:], pool[:pages]):
-        raise RuntimeError("pages read back differ from pages written")
-    return seconds
 
 
 def _naive_get_all(client: redis.Redis, keys: list[bytes], pool: np.ndarray, step: int) -> float:
@@ -161,8 +121,8 @@ def _one_round(url: str, pool: np.ndarray, pages: int, args: argparse.Namespace)
     try:
         backend.clear()
         hashes = [os.urandom(16) for _ in range(pages)]
-        put_s = _put_all(backend, pool, hashes, args.redis_call_pages)
-        get_s = _get_all(backend, pool, hashes, args.redis_call_pages)
+        put_s = micro_pages.put_all(backend, pool, hashes, args.redis_call_pages)
+        get_s = micro_pages.get_all(backend, pool, hashes, args.redis_call_pages)
         keys = [backend.key(h) for h in hashes]
         naive_s = _naive_get_all(naive, keys, pool, args.redis_call_pages)
         backend.clear()
@@ -184,11 +144,11 @@ def _sweep(url: str, pool: np.ndarray, pages: int, args: argparse.Namespace) -> 
     out: dict[str, float] = {}
     try:
         writer.clear()
-        _put_all(writer, pool, hashes, args.redis_call_pages)
+        micro_pages.put_all(writer, pool, hashes, args.redis_call_pages)
         for threads, batch in ((1, 8), (2, 8), (4, 8), (8, 8), (4, 2), (4, 32)):
             reader = _backend(url, threads, batch)
             try:
-                seconds = _get_all(reader, pool, hashes, args.redis_call_pages)
+                seconds = micro_pages.get_all(reader, pool, hashes, args.redis_call_pages)
             finally:
                 reader.close()
             out[f"threads={threads},batch={batch}"] = round(total / seconds / 1e9, 3)
@@ -200,17 +160,10 @@ def _sweep(url: str, pool: np.ndarray, pages: int, args: argparse.Namespace) -> 
 
 def measure(args: argparse.Namespace) -> dict:
     """Run the redis section; see the module docstring for what each number means."""
-    pages = max(1, args.redis_total_mb * _MB // DEFAULT_LAYOUT.page_bytes)
-    segment = SharedSegment.create(2 * pages * DEFAULT_LAYOUT.page_bytes, tag="bench")
-    try:
-        pool = segment.as_array().reshape(2 * pages, DEFAULT_LAYOUT.page_bytes)
-        _fill(pool, pages)
-        with _server(args.redis_url) as url:
-            runs = [_one_round(url, pool, pages, args) for _ in range(args.redis_repeats)]
-            sweep = {} if args.redis_no_sweep else _sweep(url, pool, pages, args)
-        del pool
-    finally:
-        segment.close()
+    pages = micro_pages.pages_for(args.redis_total_mb)
+    with micro_pages.bench_pool(pages) as pool, _server(args.redis_url) as url:
+        runs = [_one_round(url, pool, pages, args) for _ in range(args.redis_repeats)]
+        sweep = {} if args.redis_no_sweep else _sweep(url, pool, pages, args)
     keys = list(runs[0])
     medians = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
     return {
@@ -237,10 +190,8 @@ def _server(url: str | None) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="micro_redis", description="remote tier throughput")
-    add_arguments(parser)
-    print(json.dumps(measure(parser.parse_args(argv)), indent=2))
-    return 0
+    description = "remote tier throughput"
+    return micro_pages.section_main("micro_redis", description, add_arguments, measure, argv)
 
 
 if __name__ == "__main__":

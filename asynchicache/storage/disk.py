@@ -50,10 +50,11 @@ from pathlib import Path
 import numpy as np
 
 from asynchicache.storage.base import BackendStats, Cleared, ClearScope, PageRef
+from asynchicache.storage.counters import add_counts
 from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk_adopt import FolderAdoption
 from asynchicache.storage.disk_clear import drop_pins, plan_clear
-from asynchicache.storage.disk_config import DiskConfig, IoBatch, check_pool
+from asynchicache.storage.disk_config import DiskConfig, IoBatch
 from asynchicache.storage.disk_names import (
     PAGE_SUFFIX,
     TMP_PREFIX,
@@ -85,6 +86,7 @@ from asynchicache.storage.pins import (
     folder_pinned_bytes,
     pin_id_of,
 )
+from asynchicache.storage.pools import check_pool
 
 __all__ = [
     "PAGE_SUFFIX",
@@ -392,12 +394,7 @@ class DiskBackend:
         self._index.record_stamps(done)
 
     def _count(self, **deltas: int) -> None:
-        with self._stats_lock:
-            for name, delta in deltas.items():
-                if hasattr(self._stats, name):
-                    setattr(self._stats, name, getattr(self._stats, name) + delta)
-                else:
-                    self._stats.extra[name] = self._stats.extra.get(name, 0.0) + delta
+        add_counts(self._stats, self._stats_lock, deltas)
 
     def _discard(self, page_hash: bytes, path: Path, reason: str) -> None:
         log.warning("disk page %s: %s; removing it", page_hash.hex(), reason)

@@ -63,13 +63,19 @@ class FolderReport:
         return sum(n.bytes for n in self.namespaces)
 
 
+def _namespace_report(ns_dir: Path) -> NamespaceReport:
+    """A namespace folder's report with its use and pins filled in (pages counted later)."""
+    ns = NamespaceReport(ns_dir.name, in_use=in_use(ns_dir))
+    pins = load_pins(ns_dir / PINS_DIR, time.time())
+    ns.pins, ns.pinned_pages = len(pins), len({h for p in pins for h in p.pages})
+    return ns
+
+
 def folder_stats(root: Path) -> FolderReport:
     """Pages and bytes per namespace (file sizes only: fast)."""
     report = FolderReport(str(root))
     for ns_dir in namespace_dirs(root):
-        ns = NamespaceReport(ns_dir.name, in_use=in_use(ns_dir))
-        pins = load_pins(ns_dir / PINS_DIR, time.time())
-        ns.pins, ns.pinned_pages = len(pins), len({h for p in pins for h in p.pages})
+        ns = _namespace_report(ns_dir)
         for path in page_files(ns_dir):
             if path.name.startswith(TMP_PREFIX):
                 report.temp_files += 1
@@ -86,9 +92,7 @@ def verify_folder(root: Path, remove: bool = True) -> FolderReport:
     """Re-read every page file, check header and checksum; report (and remove) bad ones."""
     report = FolderReport(str(root))
     for ns_dir in namespace_dirs(root):
-        ns = NamespaceReport(ns_dir.name, in_use=in_use(ns_dir))
-        pins = load_pins(ns_dir / PINS_DIR, time.time())
-        ns.pins, ns.pinned_pages = len(pins), len({h for p in pins for h in p.pages})
+        ns = _namespace_report(ns_dir)
         for path in page_files(ns_dir):
             if path.name.startswith(TMP_PREFIX):
                 report.temp_files += 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,17 +51,6 @@ class DiskConfig:
         """Bytes of one page's file (header + payload): what the capacity counts."""
         tokens = self.layout.shape[2]  # [layers, 2, page_size, kv_heads, head_dim]
         return header_len_for(len(self.namespace), tokens, self.layout) + self.layout.page_bytes
-
-
-def check_pool(pool: np.ndarray, page_bytes: int, slots: Sequence[int]) -> None:
-    """`pool` must be the L2 pool as `[slots, page_bytes]` uint8 and every slot in range."""
-    if pool.dtype != np.uint8 or pool.ndim != 2 or pool.shape[1] != page_bytes:
-        raise ValueError(f"pool must be uint8 [slots, {page_bytes}], got {pool.dtype} {pool.shape}")
-    if not pool.flags.c_contiguous:
-        raise ValueError("pool must be C-contiguous")
-    bad = [s for s in slots if not 0 <= s < pool.shape[0]]
-    if bad:
-        raise ValueError(f"slots out of range [0, {pool.shape[0]}): {bad[:8]}")
 
 
 @dataclass(frozen=True)

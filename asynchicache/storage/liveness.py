@@ -45,14 +45,16 @@ class ProcessIdentity:
         if self.pid == os.getpid():
             return True
         if self.start_ticks is None:
-            return _signalable(self.pid)
+            return pid_alive(self.pid)
         fields = _stat_fields(self.pid)
         if fields is None or len(fields) <= 19:
             return False
         return fields[0] not in ("Z", "X", "x") and int(fields[19]) == self.start_ticks
 
 
-def _signalable(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with `pid` exists: signal 0 reaches it (a zombie, or a process we
+    may not signal, counts as alive). `ProcessIdentity` tells zombies and reuse apart."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -30,8 +30,8 @@ from asynchicache.storage.disk_names import namespace_folders, unlink_size
 from asynchicache.storage.folder_ledger import FolderLedger
 from asynchicache.storage.namespace_meta import META_NAME, FolderNamespace, read_namespace
 from asynchicache.storage.pins import PINS_DIR, PinStore
-from asynchicache.storage.redis import remote_key_prefix
 from asynchicache.storage.redis_admin import clear_prefix
+from asynchicache.storage.redis_config import remote_key_prefix
 from asynchicache.storage.redis_topology import admin_client, parse_remote_url
 
 ALL_REMOTE_PREFIX = b"ackv:"

@@ -31,32 +31,31 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Sequence, Set
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
-from enum import StrEnum
+from dataclasses import replace
 
 import numpy as np
-import xxhash
 from redis.exceptions import ResponseError
 
-from asynchicache.storage.base import BackendStats, Cleared, ClearScope, PageLayout, PageRef
+from asynchicache.storage.base import BackendStats, Cleared, ClearScope, PageRef
 from asynchicache.storage.breaker import CircuitBreaker
-from asynchicache.storage.deadline import Deadline, passed
-from asynchicache.storage.disk import check_pool
+from asynchicache.storage.counters import add_counts
+from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.events import EventLog, Tier
 from asynchicache.storage.page_index import IndexedPage
+from asynchicache.storage.pools import check_pool
 from asynchicache.storage.redis_admin import clear_prefix, list_pages
+from asynchicache.storage.redis_config import RedisConfig, remote_key_prefix
 from asynchicache.storage.redis_link import OUTAGE, RemoteLink
+from asynchicache.storage.redis_pipeline import PageCall, PagePipeline, PageRead, PageStatus
 from asynchicache.storage.redis_topology import (
     RedisTopology,
     RemoteEndpoint,
     admin_client,
-    parse_remote_url,
 )
-from asynchicache.storage.remote_value import ValueFormat, ValueRejected
-from asynchicache.storage.resp import NodeAddress, RespConnection, RespError, command
+from asynchicache.storage.remote_value import ValueFormat
+from asynchicache.storage.resp import NodeAddress
 from asynchicache.storage.write_behind import StagedPages
 
 log = logging.getLogger(__name__)
@@ -66,86 +65,6 @@ _UNLINK_BATCH = 512
 
 def _entry(page: PageRef) -> IndexedPage:
     return IndexedPage(page.page_hash, 0, page.parent, page.tokens)
-
-
-def remote_key_prefix(namespace: bytes, layout: PageLayout) -> bytes:
-    """The key prefix of one namespace and page layout: the same in every process."""
-    ident = b"\x00".join(
-        (b"asynchicache-remote", namespace, layout.dtype.encode(), repr(layout.shape).encode())
-    )
-    return b"ackv:" + xxhash.xxh3_64_hexdigest(ident).encode() + b":"
-
-
-@dataclass(frozen=True)
-class RedisConfig:
-    """One namespace's remote store."""
-
-    url: str
-    namespace: bytes
-    layout: PageLayout
-    ttl_s: int | None = None  # None: no expiry (rely on the server's maxmemory-policy)
-    cluster: bool | None = None  # None: from the URL (redis+cluster://, ?cluster=true)
-    io_threads: int = 4
-    batch_pages: int = 4  # pages per pipelined round trip on one connection
-    connect_timeout_s: float = 0.5
-    socket_timeout_s: float = 2.0  # per send/recv of page traffic
-    page_timeout_s: float = 2.0  # one page's whole GET reply, however it trickles in
-    control_timeout_s: float = 0.5  # EXISTS and friends (the service's loop waits on these)
-    retry_initial_s: float = 0.5
-    retry_max_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        if not self.namespace:
-            raise ValueError("the remote tier needs a non-empty namespace")
-        if self.ttl_s is not None and self.ttl_s <= 0:
-            raise ValueError(f"--remote-ttl must be positive seconds, got {self.ttl_s}")
-        if self.io_threads <= 0 or self.batch_pages <= 0:
-            raise ValueError("remote io_threads and batch_pages must be positive")
-        timeouts = (self.connect_timeout_s, self.socket_timeout_s, self.control_timeout_s)
-        if min(*timeouts, self.page_timeout_s) <= 0:
-            raise ValueError("remote timeouts must be positive")
-        parse_remote_url(self.url, self.cluster)  # a bad URL fails here, naming the flag
-
-    @property
-    def endpoint(self) -> RemoteEndpoint:
-        return parse_remote_url(
-            self.url, self.cluster, self.connect_timeout_s, self.socket_timeout_s
-        )
-
-
-class _Status(StrEnum):
-    OK = "ok"
-    MISSING = "missing"
-    CORRUPT = "corrupt"
-    LATE = "late"
-    FAILED = "failed"  # transport error or an error reply: not the value's fault
-
-
-@dataclass(frozen=True)
-class _PageRead:
-    index: int
-    status: _Status
-    tokens: tuple[int, ...] = ()
-    reason: str = ""
-    parent: bytes = b""
-
-
-@dataclass(frozen=True)
-class _Call:
-    """What the pages of one get/put share."""
-
-    hashes: list[bytes]
-    keys: list[bytes]
-    slots: list[int]
-    pool: np.ndarray  # [rows, page_bytes] uint8: where pages are read into / sent from
-    deadline: Deadline | None  # no page starts after it passed
-
-    def late(self) -> bool:
-        return passed(self.deadline)
-
-
-class _JobLate(Exception):
-    """The job's deadline passed in the middle of a pipelined batch."""
 
 
 class RedisBackend:
@@ -170,6 +89,7 @@ class RedisBackend:
             self._count,
             f"key prefix {self.prefix.decode()}",
         )
+        self._pipeline = PagePipeline(self._link, self._format, config.page_timeout_s, self._count)
 
     # -- StorageBackend -------------------------------------------------
 
@@ -218,9 +138,9 @@ class RedisBackend:
             self._count(misses=len(hashes))
             return staged
         keys = [self.key(h) for h in hashes]
-        call = _Call(list(hashes), keys, list(range(len(hashes))), staged.pool, deadline)
-        reads = self._fan_out(topo, call, self._read_batch)
-        ok = next((r.index for r in reads if r.status is not _Status.OK), len(reads))
+        call = PageCall(list(hashes), keys, list(range(len(hashes))), staged.pool, deadline)
+        reads = self._fan_out(topo, call, self._pipeline.read_batch)
+        ok = next((r.index for r in reads if r.status is not PageStatus.OK), len(reads))
         self._after_reads(reads, call.keys)
         self._count(
             hits=ok, misses=len(hashes) - ok, pages_read=ok, bytes_read=ok * self.page_bytes
@@ -246,7 +166,7 @@ class RedisBackend:
             self._count(store_failures=len(unique))
             return 0
         todo = [i for i, here in enumerate(present) if not here]
-        call = _Call(
+        call = PageCall(
             [unique[i].page_hash for i in todo],
             [keys[i] for i in todo],
             [unique[i].slot for i in todo],
@@ -255,11 +175,11 @@ class RedisBackend:
         )
         todo_pages = [unique[i] for i in todo]
         writes = self._fan_out(
-            topo, call, lambda c, n, idx: self._write_batch(c, n, idx, todo_pages)
+            topo, call, lambda c, n, idx: self._pipeline.write_batch(c, n, idx, todo_pages)
         )
         stored = {unique[i].page_hash for i, here in enumerate(present) if here}
-        stored |= {unique[todo[w.index]].page_hash for w in writes if w.status is _Status.OK}
-        written = sum(w.status is _Status.OK for w in writes)
+        stored |= {unique[todo[w.index]].page_hash for w in writes if w.status is PageStatus.OK}
+        written = sum(w.status is PageStatus.OK for w in writes)
         self._count(
             pages_written=written,
             bytes_written=written * self.page_bytes,
@@ -340,99 +260,8 @@ class RedisBackend:
     def endpoint(self) -> RemoteEndpoint:
         return self._endpoint
 
-    # -- reads --------------------------------------------------------------
-
-    def _read_batch(self, call: _Call, node: NodeAddress, idx: list[int]) -> list[_PageRead]:
-        """GET pages `idx` (all on `node`) pipelined on one connection, into `call.pool`."""
-        if call.late():
-            self._count(late_skipped=len(idx))
-            return [_PageRead(i, _Status.LATE) for i in idx]
-        request = b"".join(command(b"GET", call.keys[i]) for i in idx)
-
-        def work(conn: RespConnection, done: list[_PageRead]) -> None:
-            conn.send([request])
-            for i in idx:
-                if call.late():  # the rest of the replies stay unread: the connection goes
-                    raise _JobLate
-                done.append(self._read_page(conn, i, call))
-
-        return self._on_connection(node, idx, work, call.deadline)
-
-    def _on_connection(
-        self,
-        node: NodeAddress,
-        idx: list[int],
-        work: Callable[[RespConnection, list[_PageRead]], None],
-        deadline: Deadline | None = None,
-    ) -> list[_PageRead]:
-        """Run `work(conn, done)` on a pooled connection; pages it did not finish are FAILED
-        (LATE when the job's deadline stopped them: that is no outage).
-
-        A reused connection that breaks before any reply (the server or a proxy closed it
-        while it sat idle) is retried once on a new one; anything else trips the breaker.
-        """
-        done: list[_PageRead] = []
-        rest = _Status.FAILED
-        for fresh in (False, True):
-            reused = False
-            try:
-                topo = self._link.topology
-                if topo is None:
-                    raise ConnectionError("remote tier not connected")
-                with topo.connection(node, fresh) as conn:
-                    reused = conn.uses > 1
-                    work(conn, done)
-                break
-            except _JobLate:
-                rest = _Status.LATE
-                break
-            except OUTAGE as exc:
-                if passed(deadline):  # our own time limit, not the server's fault
-                    rest = _Status.LATE
-                    break
-                if reused and not done and not isinstance(exc, TimeoutError):
-                    self._count(stale_retries=1)
-                    continue
-                self._outage(exc)
-                break
-        if rest is _Status.LATE:
-            self._count(late_aborted=len(idx) - len(done))
-        return done + [_PageRead(i, rest) for i in idx[len(done) :]]
-
-    def _read_page(self, conn: RespConnection, i: int, call: _Call) -> _PageRead:
-        """One GET reply, within the page's time limit: header checked, payload into its
-        row of `call.pool`, then its checksum."""
-        dst = memoryview(call.pool[call.slots[i]])
-        limit = time.monotonic() + self.config.page_timeout_s
-        left = call.deadline.left_s() if call.deadline is not None else None
-        # A hair past the deadline, so that a limit reached there always reads as "late".
-        until = limit if left is None else min(limit, time.monotonic() + left + 0.001)
-        conn.set_time_limit(until)
-        try:
-            header = self._format.read_page(conn, call.hashes[i], dst)
-        except RespError as exc:
-            return self._error_reply(i, exc)
-        except ValueRejected as exc:
-            return _PageRead(i, _Status.CORRUPT, reason=str(exc))
-        finally:
-            conn.set_time_limit(None)
-        if header is None:
-            return _PageRead(i, _Status.MISSING)
-        return _PageRead(i, _Status.OK, header.tokens, parent=header.parent)
-
-    def _error_reply(self, i: int, exc: RespError) -> _PageRead:
-        if exc.kind in ("MOVED", "ASK"):
-            self._count(moved=1)
-            self._link.refresh_topology()
-        else:
-            self._count(server_errors=1)
-            log.debug("redis GET error reply: %s", exc)
-        # WRONGTYPE: something that is not our value sits under our key; replace it.
-        status = _Status.CORRUPT if exc.kind == "WRONGTYPE" else _Status.FAILED
-        return _PageRead(i, status, reason=str(exc))
-
-    def _after_reads(self, reads: list[_PageRead], keys: list[bytes]) -> None:
-        bad = [r for r in reads if r.status is _Status.CORRUPT]
+    def _after_reads(self, reads: list[PageRead], keys: list[bytes]) -> None:
+        bad = [r for r in reads if r.status is PageStatus.CORRUPT]
         if not bad:
             return
         log.warning(
@@ -443,38 +272,6 @@ class RedisBackend:
         self._count(corrupt_detected=len(bad))
         self._unlink([keys[r.index] for r in bad])
         self._events.removed([self._page_of(keys[r.index]) for r in bad])
-
-    # -- writes -------------------------------------------------------------
-
-    def _write_batch(
-        self, call: _Call, node: NodeAddress, idx: list[int], pages: list[PageRef]
-    ) -> list[_PageRead]:
-        """SET pages `idx` pipelined on one connection, each sent straight from its slot."""
-        if call.late():
-            return [_PageRead(i, _Status.LATE) for i in idx]
-        buffers: list[bytes | memoryview] = []
-        for i in idx:
-            payload = memoryview(call.pool[call.slots[i]])
-            page = pages[i]
-            buffers += self._format.set_command(
-                call.keys[i], call.hashes[i], page.tokens, payload, page.parent
-            )
-
-        def work(conn: RespConnection, done: list[_PageRead]) -> None:
-            conn.send(buffers)  # SET is idempotent: a retry on a new connection is safe
-            for i in idx:
-                try:
-                    conn.read_status()
-                    done.append(_PageRead(i, _Status.OK))
-                except RespError as exc:  # e.g. OOM: maxmemory reached, noeviction
-                    self._count(server_errors=1)
-                    done.append(_PageRead(i, _Status.FAILED, reason=str(exc)))
-
-        results = self._on_connection(node, idx, work)
-        failed = [r for r in results if r.reason]
-        if failed:
-            log.warning("remote: %d pages not stored: %s", len(failed), failed[0].reason)
-        return results
 
     # -- small commands (redis-py) -----------------------------------------
 
@@ -517,7 +314,7 @@ class RedisBackend:
 
     # -- fan-out, faults, probing --------------------------------------------
 
-    def _fan_out(self, topo: RedisTopology, call: _Call, batch_fn) -> list[_PageRead]:
+    def _fan_out(self, topo: RedisTopology, call: PageCall, batch_fn) -> list[PageRead]:
         """Run `batch_fn(call, node, indices)` per node and batch in parallel; results by index."""
         by_node: dict[NodeAddress, list[int]] = {}
         try:
@@ -525,7 +322,7 @@ class RedisBackend:
                 by_node.setdefault(topo.node_of(key), []).append(i)
         except OUTAGE as exc:
             self._outage(exc)
-            return [_PageRead(i, _Status.FAILED) for i in range(len(call.keys))]
+            return [PageRead(i, PageStatus.FAILED) for i in range(len(call.keys))]
         step = self.config.batch_pages
         futures = [
             self._io.submit(batch_fn, call, node, idx[k : k + step])
@@ -543,9 +340,4 @@ class RedisBackend:
         self._link.outage(exc)
 
     def _count(self, **deltas: int) -> None:
-        with self._stats_lock:
-            for name, delta in deltas.items():
-                if hasattr(self._stats, name):
-                    setattr(self._stats, name, getattr(self._stats, name) + delta)
-                else:
-                    self._stats.extra[name] = self._stats.extra.get(name, 0.0) + delta
+        add_counts(self._stats, self._stats_lock, deltas)

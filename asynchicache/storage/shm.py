@@ -20,20 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from asynchicache.storage.liveness import pid_alive
+
 log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 SEGMENT_PREFIX = "asynchicache-"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def owner_pid(name: str) -> int | None:
@@ -49,7 +41,7 @@ def remove_stale_segments(shm_dir: Path = SHM_DIR) -> list[str]:
     removed = []
     for path in shm_dir.glob(SEGMENT_PREFIX + "*"):
         pid = owner_pid(path.name)
-        if pid is None or _pid_alive(pid):
+        if pid is None or pid_alive(pid):
             continue
         try:
             path.unlink()

@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from fault_helpers import LiveServer, Matrix, knob, make_prompts, references, tokenizer
+from fault_helpers import Matrix, knob
+from live_server import LiveServer
+from traffic import make_prompts, references, tokenizer
 
 from asynchicache.engine.tokenizer import Tokenizer
 

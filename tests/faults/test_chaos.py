@@ -37,23 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_helpers import (
-    REPO,
-    FaultRecord,
-    LiveServer,
-    Load,
-    LoadResult,
-    ask_all,
-    knob,
-    make_prompts,
-    record,
-    references,
-)
+from fault_helpers import FaultRecord, knob, record
+from live_server import REPO, LiveServer
+from redis_server import RedisServer, redis_server_binary
+from traffic import Load, LoadResult, ask_all, make_prompts, references
 
 from asynchicache.engine.tokenizer import Tokenizer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
-from remote_helpers import RedisServer, redis_server_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

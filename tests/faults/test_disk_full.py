@@ -15,19 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fault_helpers import (
-    FaultRecord,
-    LiveServer,
-    Load,
-    knob,
-    make_prompts,
-    metric,
-    page_files,
-    record,
-    references,
-    temp_files,
-    verify_disk,
-)
+from fault_helpers import FaultRecord, knob, page_files, record, temp_files, verify_disk
+from live_server import LiveServer, metric
+from traffic import Load, make_prompts, references
 
 from asynchicache.engine.tokenizer import Tokenizer
 

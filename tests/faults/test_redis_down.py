@@ -7,17 +7,16 @@ again without a restart of anything.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from fault_helpers import FaultRecord, LiveServer, Load, knob, make_prompts, record, references
+from fault_helpers import FaultRecord, knob, record
+from live_server import LiveServer
+from redis_server import RedisServer, redis_server_binary
+from traffic import Load, make_prompts, references
 
 from asynchicache.engine.tokenizer import Tokenizer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
-from remote_helpers import RedisServer, redis_server_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

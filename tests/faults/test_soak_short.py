@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fault_helpers import REPO, FaultRecord, LiveServer, record, scale
+from fault_helpers import FaultRecord, record, scale
+from live_server import REPO, LiveServer
 
 from asynchicache.bench.procwatch import ServerWatch, listening_pid
 from asynchicache.bench.soak import SoakConfig, render, run_soak

@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 import pytest
-from fault_helpers import LiveServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from live_server import LiveServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -264,12 +264,18 @@ def _choices(r: httpx.Response) -> dict[int, int]:
     return ends
 
 
+def _post_ok(http: httpx.Client, path: str, body: dict[str, Any]) -> httpx.Response:
+    """A valid request: 200 and a well-formed answer (see `_check`)."""
+    r = http.post(path, json=body)
+    assert r.status_code == 200, f"{body!r} -> {r.status_code}: {r.text[:500]}"
+    _check(r, path, body)
+    return r
+
+
 @FUZZ
 @given(valid_completion())
 def test_valid_completion_combinations(http: httpx.Client, body: dict[str, Any]) -> None:
-    r = http.post("/v1/completions", json=body)
-    assert r.status_code == 200, f"{body!r} -> {r.status_code}: {r.text[:500]}"
-    _check(r, "/v1/completions", body)
+    r = _post_ok(http, "/v1/completions", body)
     prompts = len(body["prompt"]) if isinstance(body["prompt"][0], str | list) else 1
     prompts = 1 if isinstance(body["prompt"], str) else prompts
     assert _choices(r) == dict.fromkeys(range(prompts * body["n"]), 1), body
@@ -278,9 +284,7 @@ def test_valid_completion_combinations(http: httpx.Client, body: dict[str, Any])
 @FUZZ
 @given(valid_chat())
 def test_valid_chat_combinations(http: httpx.Client, body: dict[str, Any]) -> None:
-    r = http.post("/v1/chat/completions", json=body)
-    assert r.status_code == 200, f"{body!r} -> {r.status_code}: {r.text[:500]}"
-    _check(r, "/v1/chat/completions", body)
+    r = _post_ok(http, "/v1/chat/completions", body)
     assert _choices(r) == dict.fromkeys(range(body["n"]), 1), body
 
 

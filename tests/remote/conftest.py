@@ -8,16 +8,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from remote_helpers import (
-    NAMESPACE,
-    SMALL,
-    Backends,
-    Pool,
-    RedisClusterNodes,
-    RedisServer,
-    redis_server_binary,
-    valkey_server_binary,
-)
+from pools import NAMESPACE, SMALL
+from redis_server import RedisClusterNodes, RedisServer, redis_server_binary, valkey_server_binary
+from remote_helpers import Backends
 
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.redis import RedisBackend, RedisConfig
@@ -68,19 +61,6 @@ def redis_cluster(redis_binary: str) -> Iterator[RedisClusterNodes]:
     finally:
         cluster.stop()
         shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture
-def make_pool() -> Iterator[Callable[..., Pool]]:
-    pools: list[Pool] = []
-
-    def make(slots: int, layout: PageLayout = SMALL) -> Pool:
-        pools.append(Pool(slots, layout))
-        return pools[-1]
-
-    yield make
-    for p in pools:
-        p.close()
 
 
 @pytest.fixture

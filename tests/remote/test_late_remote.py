@@ -16,7 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_helpers import NAMESPACE, SMALL, Backends, Pool, RedisServer, Service, new_hashes, refs
+from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
+from redis_server import RedisServer
+from remote_helpers import Backends
+from service_process import ServiceProcess
+from storage_clients import wait_idle
 
 from asynchicache.storage.base import Settled
 from asynchicache.storage.client import ClientConfig, StorageClient
@@ -41,16 +45,6 @@ def _remote_up(client: StorageClient) -> None:
     raise AssertionError("the service's remote tier did not come up")
 
 
-def _idle(client: StorageClient) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        stats = client.stats(5.0)
-        if stats is not None and stats.service.get("running", 1) == 0:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the service never became idle")
-
-
 def test_a_late_redis_reply_never_lands_in_a_reused_slot(
     redis_server: RedisServer,
     remote_backends: Backends,
@@ -58,12 +52,11 @@ def test_a_late_redis_reply_never_lands_in_a_reused_slot(
     tmp_path: Path,
     sock_dir: Path,
 ) -> None:
-    pool = make_pool(16)
-    pool.fill(range(8), seed=8)
+    pool = make_pool(16, fill=8, seed=8)
     hashes = new_hashes(8)
     assert remote_backends(redis_server.url).put(refs(hashes, range(8)), pool.array) == 8
     addr = f"ipc://{sock_dir}/svc.sock"
-    service = Service(tmp_path / "kv", addr, redis_server.url)
+    service = ServiceProcess(tmp_path / "kv", addr, "--remote-url", redis_server.url).start()
     client = StorageClient(
         ClientConfig(addr, NAMESPACE, pool.segment.name, SMALL, ticket_timeout_s=1.0)
     )
@@ -82,7 +75,7 @@ def test_a_late_redis_reply_never_lands_in_a_reused_slot(
             time.sleep(max(0.0, t0 + 1.4 - time.monotonic()))  # within the 2 s socket timeout
         finally:
             redis_server.resume()
-        _idle(client)
+        wait_idle(client)
         touched = [s for s in range(8, 16) if not (pool.array[s] == MARK).all()]
         assert touched == [], f"slots {touched} were written after the load was given up"
         stats = client.stats()

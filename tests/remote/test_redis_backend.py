@@ -8,16 +8,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import redis
-from remote_helpers import (
-    DEFAULT,
-    NAMESPACE,
-    SMALL,
-    Backends,
-    Pool,
-    RedisServer,
-    new_hashes,
-    refs,
-)
+from pools import DEFAULT, NAMESPACE, SMALL, Pool, new_hashes, refs
+from redis_server import RedisServer
+from remote_helpers import Backends
 
 from asynchicache.storage.header import HEADER_ALIGN
 from asynchicache.storage.redis import RedisConfig, remote_key_prefix
@@ -31,8 +24,7 @@ def _raw(server: RedisServer) -> redis.Redis:
 def test_round_trip_default_pages_byte_identical(
     redis_server: RedisServer, remote_backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(24, DEFAULT)
-    pool.fill(range(12), seed=1)
+    pool = make_pool(24, DEFAULT, fill=12, seed=1)
     backend = remote_backends(redis_server.url, DEFAULT, batch_pages=4, io_threads=3)
     hashes = new_hashes(12)
     pages = refs(hashes, range(12), page_tokens=16)
@@ -53,8 +45,7 @@ def test_round_trip_default_pages_byte_identical(
 def test_chain_stops_at_first_missing_page(
     redis_server: RedisServer, remote_backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(16)
-    pool.fill(range(8))
+    pool = make_pool(16, fill=8)
     backend = remote_backends(redis_server.url, batch_pages=2)
     hashes = new_hashes(8)
     assert backend.put(refs(hashes, range(8)), pool.array) == 8
@@ -68,8 +59,7 @@ def test_chain_stops_at_first_missing_page(
 def test_put_skips_pages_already_stored(
     redis_server: RedisServer, remote_backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(8)
-    pool.fill(range(8))
+    pool = make_pool(8, fill=8)
     backend = remote_backends(redis_server.url)
     hashes = new_hashes(6)
     assert backend.put(refs(hashes[:4], range(4)), pool.array) == 4
@@ -82,8 +72,7 @@ def test_put_skips_pages_already_stored(
 def test_namespaces_are_isolated(
     redis_server: RedisServer, remote_backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(8)
-    pool.fill(range(4))
+    pool = make_pool(8, fill=4)
     a = remote_backends(redis_server.url, namespace=b"model-a")
     b = remote_backends(redis_server.url, namespace=b"model-b")
     assert a.prefix != b.prefix
@@ -109,8 +98,7 @@ def test_corrupted_value_is_a_miss_and_deleted(
     offset: int,
     what: str,
 ) -> None:
-    pool = make_pool(8)
-    pool.fill(range(4))
+    pool = make_pool(8, fill=4)
     backend = remote_backends(redis_server.url)
     hashes = new_hashes(4)
     assert backend.put(refs(hashes, range(4)), pool.array) == 4
@@ -131,8 +119,7 @@ def test_foreign_or_damaged_values_are_misses(
     make_pool: Callable[..., Pool],
     damage: str,
 ) -> None:
-    pool = make_pool(4)
-    pool.fill(range(2))
+    pool = make_pool(4, fill=2)
     ours = remote_backends(redis_server.url)
     other = remote_backends(redis_server.url, namespace=b"other")
     hashes = new_hashes(2)
@@ -159,8 +146,7 @@ def test_foreign_or_damaged_values_are_misses(
 def test_ttl_expires_values_and_rewrites_renew_it(
     redis_server: RedisServer, remote_backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(4)
-    pool.fill(range(2))
+    pool = make_pool(4, fill=2)
     backend = remote_backends(redis_server.url, ttl_s=1)
     hashes = new_hashes(2)
     assert backend.put(refs(hashes[:1], [0]), pool.array) == 1
@@ -183,8 +169,7 @@ def test_password_in_url(
     make_pool: Callable[..., Pool],
 ) -> None:
     server = redis_servers("--requirepass", "s3cret")
-    pool = make_pool(4)
-    pool.fill(range(2))
+    pool = make_pool(4, fill=2)
     url = f"redis://:s3cret@127.0.0.1:{server.port}/3"
     backend = remote_backends(url)
     hashes = new_hashes(2)

@@ -15,10 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
-from remote_helpers import NAMESPACE, SMALL, Backends, Pool, RedisServer
+from pools import NAMESPACE, SMALL, Pool, chain
+from redis_server import RedisServer
+from remote_helpers import Backends
 
-from asynchicache.cache.keys import Namespace, chain_hashes
-from asynchicache.storage.base import ClearScope, PageRef
+from asynchicache.cache.keys import Namespace
+from asynchicache.storage.base import ClearScope
 from asynchicache.storage.disk import DiskConfig
 from asynchicache.storage.disk_names import namespace_dir_name
 from asynchicache.storage.events import EventLog, PagesRemoved, PagesStored
@@ -29,17 +31,6 @@ OTHER = b"other-model\x1ffloat32\x1f4\x1f1\x1f"
 PAGE = SMALL.shape[2]  # tokens per page
 
 
-def chain(root: bytes, first_token: int, pages: int, slot0: int = 0) -> list[PageRef]:
-    """A real chain of pages from `root` (hashes chained as the engine chains them)."""
-    tokens = list(range(first_token, first_token + pages * PAGE))
-    hashes = chain_hashes(root, tokens, PAGE)
-    parents = [root, *hashes[:-1]]
-    return [
-        PageRef(h, tuple(tokens[i * PAGE : (i + 1) * PAGE]), slot0 + i, parents[i])
-        for i, h in enumerate(hashes)
-    ]
-
-
 def command_calls(server: RedisServer) -> dict[str, int]:
     stats = redis.Redis(port=server.port).info("commandstats")
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
@@ -48,8 +39,7 @@ def command_calls(server: RedisServer) -> dict[str, int]:
 def test_clear_scans_and_unlinks_one_namespace_only(
     kv_server: RedisServer, remote_backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(1200)
-    pool.fill(range(1200))
+    pool = make_pool(1200, fill=1200)
     root = Namespace("m", "float32", PAGE).digest()
     ours = remote_backends(kv_server.url)
     theirs = remote_backends(kv_server.url, namespace=OTHER)
@@ -75,8 +65,7 @@ def test_clear_scans_and_unlinks_one_namespace_only(
 def test_pinned_pages_survive_unless_included(
     kv_server: RedisServer, remote_backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(16)
-    pool.fill(range(16))
+    pool = make_pool(16, fill=16)
     backend = remote_backends(kv_server.url)
     pages = chain(Namespace("m", "float32", PAGE).digest(), 0, 10)
     backend.put(pages, pool.array)
@@ -91,8 +80,7 @@ def test_pinned_pages_survive_unless_included(
 def test_a_salt_clear_removes_that_salts_chains_alone(
     kv_server: RedisServer, remote_backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(40)
-    pool.fill(range(40))
+    pool = make_pool(40, fill=40)
     ns = Namespace("m", "float32", PAGE)
     salt_a, salt_b = ns.with_salt("tenant-a").digest(), ns.with_salt("tenant-b").digest()
     backend = remote_backends(kv_server.url)
@@ -111,8 +99,7 @@ def test_a_salt_clear_removes_that_salts_chains_alone(
 def test_stores_and_removals_are_events(
     kv_server: RedisServer, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(8)
-    pool.fill(range(8))
+    pool = make_pool(8, fill=8)
     log = EventLog()
     log.enable(lambda: None)
     backend = RedisBackend(RedisConfig(kv_server.url, NAMESPACE, SMALL), log)
@@ -147,8 +134,7 @@ def test_offline_clear_of_one_namespace_in_both_tiers(
     kv_server: RedisServer, make_pool: Callable[..., Pool], tmp_path: Path
 ) -> None:
     root = tmp_path / "kv"
-    pool = make_pool(16)
-    pool.fill(range(16))
+    pool = make_pool(16, fill=16)
     remote = RemoteTierConfig(kv_server.url)
     made = {}
     for ns in (NAMESPACE, OTHER):

@@ -8,14 +8,15 @@ from collections.abc import Callable
 
 import numpy as np
 import redis
-from remote_helpers import DEFAULT, Backends, Pool, RedisClusterNodes, new_hashes, refs
+from pools import DEFAULT, Pool, new_hashes, refs
+from redis_server import RedisClusterNodes
+from remote_helpers import Backends
 
 
 def test_cluster_stores_and_loads_across_slots(
     redis_cluster: RedisClusterNodes, remote_backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(48, DEFAULT)
-    pool.fill(range(24), seed=3)
+    pool = make_pool(48, DEFAULT, fill=24, seed=3)
     backend = remote_backends(redis_cluster.url, DEFAULT, batch_pages=4)
     hashes = new_hashes(24)
     assert backend.put(refs(hashes, range(24), page_tokens=16), pool.array) == 24
@@ -40,8 +41,7 @@ def test_cluster_stores_and_loads_across_slots(
 def test_cluster_flag_on_a_plain_url(
     redis_cluster: RedisClusterNodes, remote_backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(8)
-    pool.fill(range(4))
+    pool = make_pool(8, fill=4)
     port = redis_cluster.nodes[1].port
     backend = remote_backends(f"redis://127.0.0.1:{port}", cluster=True)  # another seed node
     hashes = new_hashes(4)
@@ -54,8 +54,7 @@ def test_resharded_slots_are_followed(
     redis_cluster: RedisClusterNodes, remote_backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
     """Keys moved to another node: a stale slot map costs misses (MOVED), not errors."""
-    pool = make_pool(64)
-    pool.fill(range(32))
+    pool = make_pool(64, fill=32)
     backend = remote_backends(redis_cluster.url)
     hashes = new_hashes(32)
     assert backend.put(refs(hashes, range(32)), pool.array) == 32

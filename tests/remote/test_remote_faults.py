@@ -7,7 +7,10 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from remote_helpers import Backends, Pool, RedisServer, free_port, new_hashes, refs
+from pools import Pool, new_hashes, refs
+from ports import free_port
+from redis_server import RedisServer
+from remote_helpers import Backends
 
 
 def _timed(fn: Callable[[], int]) -> tuple[int, float]:
@@ -22,8 +25,7 @@ def test_killed_mid_run_then_restarted(
     make_pool: Callable[..., Pool],
 ) -> None:
     server = redis_servers()
-    pool = make_pool(16)
-    pool.fill(range(8))
+    pool = make_pool(16, fill=8)
     backend = remote_backends(server.url, socket_timeout_s=1.0)
     hashes = new_hashes(8)
     assert backend.put(refs(hashes, range(8)), pool.array) == 8
@@ -58,8 +60,7 @@ def test_unreachable_at_start_then_appears(
     make_pool: Callable[..., Pool],
 ) -> None:
     port = free_port()
-    pool = make_pool(4)
-    pool.fill(range(2))
+    pool = make_pool(4, fill=2)
     backend = remote_backends(f"redis://127.0.0.1:{port}/0", wait=False)
     hashes = new_hashes(2)
     assert not backend.wait_available(0.3)
@@ -75,8 +76,7 @@ def test_unreachable_at_start_then_appears(
 def test_hung_server_costs_one_timeout_then_nothing(
     redis_server: RedisServer, remote_backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(8)
-    pool.fill(range(4))
+    pool = make_pool(8, fill=4)
     backend = remote_backends(
         redis_server.url, socket_timeout_s=0.3, control_timeout_s=0.2, connect_timeout_s=0.2
     )
@@ -102,8 +102,7 @@ def test_concurrent_callers_survive_kill_and_restart(
 ) -> None:
     """Four threads store and load while Redis is killed and restarted: no exception escapes."""
     server = redis_servers()
-    pool = make_pool(64)
-    pool.fill(range(32))
+    pool = make_pool(64, fill=32)
     backend = remote_backends(server.url, socket_timeout_s=1.0)
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -147,8 +146,7 @@ def test_idle_connections_closed_by_the_server_are_replaced(
     redis_server: RedisServer, remote_backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
     """Redis's `timeout` (or a proxy) closes idle clients: that is not an outage."""
-    pool = make_pool(16)
-    pool.fill(range(8))
+    pool = make_pool(16, fill=8)
     backend = remote_backends(redis_server.url, io_threads=2, batch_pages=2)
     hashes = new_hashes(8)
     assert backend.put(refs(hashes, range(8)), pool.array) == 8

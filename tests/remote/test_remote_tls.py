@@ -8,7 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from remote_helpers import Backends, Pool, RedisServer, free_port, new_hashes, refs
+from pools import Pool, new_hashes, refs
+from ports import free_port
+from redis_server import RedisServer
+from remote_helpers import Backends
 
 
 def _self_signed(folder: Path) -> tuple[Path, Path]:
@@ -33,8 +36,7 @@ def test_tls_round_trip_with_a_verified_certificate(
     tls = ["--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key)]
     tls += ["--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]
     server = redis_servers(*tls)
-    pool = make_pool(8)
-    pool.fill(range(4))
+    pool = make_pool(8, fill=4)
     backend = remote_backends(f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={cert}")
     hashes = new_hashes(4)
     assert backend.put(refs(hashes, range(4)), pool.array) == 4

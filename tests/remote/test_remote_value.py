@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from remote_helpers import NAMESPACE, SMALL
+from pools import NAMESPACE, SMALL
 
 from asynchicache.storage.header import decode_header
 from asynchicache.storage.remote_value import ValueFormat, ValueRejected

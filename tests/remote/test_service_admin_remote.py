@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from remote_helpers import NAMESPACE, SMALL, Pool, RedisServer, Service
+from pools import NAMESPACE, SMALL, Pool, chain
+from redis_server import RedisServer
+from service_process import ServiceProcess
 
-from asynchicache.cache.keys import Namespace, chain_hashes
+from asynchicache.cache.keys import Namespace
 from asynchicache.storage.admin_messages import ClearedPages
-from asynchicache.storage.base import PageRef
 from asynchicache.storage.client import ClientConfig, StorageClient
 from asynchicache.storage.events import PagesRemoved, PagesStored, TierCleared
 
@@ -31,16 +32,6 @@ def sock_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def chain(root: bytes, first: int, pages: int, slot0: int = 0) -> list[PageRef]:
-    tokens = list(range(first, first + pages * PAGE))
-    hashes = chain_hashes(root, tokens, PAGE)
-    parents = [root, *hashes[:-1]]
-    return [
-        PageRef(h, tuple(tokens[i * PAGE : (i + 1) * PAGE]), slot0 + i, parents[i])
-        for i, h in enumerate(hashes)
-    ]
-
-
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -53,9 +44,8 @@ def test_clear_and_events_of_both_tiers(
     kv_server: RedisServer, make_pool: Callable[..., Pool], sock_dir: Path, tmp_path: Path
 ) -> None:
     addr = f"ipc://{sock_dir}/svc.sock"
-    service = Service(tmp_path / "kv", addr, kv_server.url)
-    pool = make_pool(32)
-    pool.fill(range(32))
+    service = ServiceProcess(tmp_path / "kv", addr, "--remote-url", kv_server.url).start()
+    pool = make_pool(32, fill=32)
     client = StorageClient(ClientConfig(addr, NAMESPACE, pool.segment.name, SMALL, events=True))
     try:
         assert client.wait_ready(30)

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_helpers import NAMESPACE, Pool, RedisServer, Service, new_hashes, refs
+from pools import NAMESPACE, Pool, new_hashes, refs
+from redis_server import RedisServer
+from service_process import ServiceProcess
 
 from asynchicache.storage.base import BackendStats, Completion
 from asynchicache.storage.client import ClientConfig, StorageClient
@@ -54,8 +56,8 @@ def test_second_service_loads_from_redis(
 ) -> None:
     a_addr, b_addr = f"ipc://{sock_dir}/a.sock", f"ipc://{sock_dir}/b.sock"
     services = [
-        Service(tmp_path / "disk-a", a_addr, redis_server.url),
-        Service(tmp_path / "disk-b", b_addr, redis_server.url),
+        ServiceProcess(tmp_path / "disk-a", a_addr, "--remote-url", redis_server.url).start(),
+        ServiceProcess(tmp_path / "disk-b", b_addr, "--remote-url", redis_server.url).start(),
     ]
     pool_a, pool_b = make_pool(16), make_pool(16)
     clients: list[StorageClient] = []
@@ -102,7 +104,7 @@ def test_service_survives_redis_restart(
 ) -> None:
     server = redis_servers()
     addr = f"ipc://{sock_dir}/s.sock"
-    service = Service(tmp_path / "disk", addr, server.url)
+    service = ServiceProcess(tmp_path / "disk", addr, "--remote-url", server.url).start()
     pool = make_pool(16)
     client = None
     try:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_helpers import NAMESPACE, SMALL, Pool, RedisServer, new_hashes, refs
+from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
+from redis_server import RedisServer
 
 from asynchicache.storage.disk import DiskBackend, DiskConfig
 from asynchicache.storage.redis import RedisBackend, RedisConfig
@@ -41,8 +42,7 @@ def tiers(tmp_path: Path) -> Iterator[Tiers]:
 def test_pages_only_in_redis_are_served_and_written_to_disk(
     redis_server: RedisServer, tiers: Tiers, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(24)
-    pool.fill(range(8))
+    pool = make_pool(24, fill=8)
     a = tiers(redis_server.url, "a")
     b = tiers(redis_server.url, "b")
     hashes = new_hashes(8)
@@ -70,8 +70,7 @@ def test_pages_only_in_redis_are_served_and_written_to_disk(
 def test_disk_prefix_then_redis_rest(
     redis_server: RedisServer, tiers: Tiers, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(16)
-    pool.fill(range(8))
+    pool = make_pool(16, fill=8)
     a = tiers(redis_server.url, "a")
     b = tiers(redis_server.url, "b")
     hashes = new_hashes(8)
@@ -88,8 +87,7 @@ def test_upload_uses_a_private_copy(
     redis_server: RedisServer, tiers: Tiers, make_pool: Callable[..., Pool]
 ) -> None:
     """The engine reuses a store's slots once it is answered; the upload must not see that."""
-    pool = make_pool(16)
-    pool.fill(range(8))
+    pool = make_pool(16, fill=8)
     original = pool.array[:8].copy()
     a = tiers(redis_server.url, "a")
     hashes = new_hashes(8)
@@ -104,8 +102,7 @@ def test_upload_uses_a_private_copy(
 def test_full_staging_uploads_inline(
     redis_server: RedisServer, tiers: Tiers, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(16)
-    pool.fill(range(8))
+    pool = make_pool(16, fill=8)
     a = tiers(redis_server.url, "a", staging_bytes=SMALL.page_bytes)  # one page fits
     hashes = new_hashes(8)
     assert a.put(refs(hashes, range(8)), pool.array) == 8
@@ -116,8 +113,7 @@ def test_full_staging_uploads_inline(
 def test_admission_limits_promotion(
     redis_server: RedisServer, tiers: Tiers, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(16)
-    pool.fill(range(8))
+    pool = make_pool(16, fill=8)
     a = tiers(redis_server.url, "a")
     hashes = new_hashes(8)
     assert a.put(refs(hashes, range(8)), pool.array) == 8
@@ -135,8 +131,7 @@ def test_redis_down_serves_from_disk_without_waiting(
     redis_servers: Callable[..., RedisServer], tiers: Tiers, make_pool: Callable[..., Pool]
 ) -> None:
     server = redis_servers()
-    pool = make_pool(16)
-    pool.fill(range(8))
+    pool = make_pool(16, fill=8)
     a = tiers(server.url, "a")
     hashes = new_hashes(8)
     assert a.put(refs(hashes[:4], range(4)), pool.array) == 4
@@ -158,8 +153,7 @@ def test_redis_down_serves_from_disk_without_waiting(
 
 
 def test_without_remote_it_is_the_disk(tiers: Tiers, make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(8)
-    pool.fill(range(4))
+    pool = make_pool(8, fill=4)
     t = tiers(None, "solo")
     hashes = new_hashes(4)
     assert t.put(refs(hashes, range(4)), pool.array) == 4

@@ -13,68 +13,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 import redis
-from remote_helpers import RedisServer, Serve
+from redis_server import RedisServer
+from serve_process import ServeProcess
+from settling import settled
+from traffic import by_tier, inventory, timed_chat
 
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
-COLORS = ("red", "green", "blue", "amber", "violet", "teal", "ochre")
-
-
-def inventory(seed: int, boxes: int = 80) -> list[dict[str, str]]:
-    """A chat prompt of about 1,600 tokens for 80 boxes; `seed` changes every line."""
-    lines = [
-        f"Box {i}: a {COLORS[(i + seed) % 7]} box holding {(i * 37 + seed * 11) % 101} marbles "
-        f"and {(i * 11 + seed) % 17} keys."
-        for i in range(boxes)
-    ]
-    doc = "Read the inventory below, then answer.\n" + "\n".join(lines)
-    return [{"role": "user", "content": f"{doc}\nHow many marbles are in box 3?"}]
-
-
-def timed_chat(server: Serve, messages: list[dict[str, str]]) -> tuple[float, str, object]:
-    """(time to first content token, greedy text, usage) of a streamed chat completion."""
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-    t0 = time.perf_counter()
-    ttft, text, usage = None, "", None
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=messages,  # type: ignore[arg-type]
-        max_tokens=12,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            ttft = ttft or time.perf_counter() - t0
-            text += chunk.choices[0].delta.content
-        if chunk.usage is not None:
-            usage = chunk.usage
-    assert ttft is not None and usage is not None
-    return ttft, text, usage
-
-
-def by_tier(usage: object) -> dict[str, int]:
-    return usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]  # type: ignore[attr-defined]
-
-
 def wait_uploads_settle(server: RedisServer, at_least: int, timeout_s: float = 60.0) -> int:
     """Wait until the key count reaches `at_least` and stops changing (uploads are async)."""
     raw = redis.Redis(port=server.port)
-    deadline = time.monotonic() + timeout_s
-    last, since = -1, time.monotonic()
-    while time.monotonic() < deadline:
-        n = raw.dbsize()
-        if n != last:
-            last, since = n, time.monotonic()
-        elif n >= at_least and time.monotonic() - since > 1.0:
-            return n
-        time.sleep(0.1)
-    raise AssertionError(f"Redis holds {last} keys, expected at least {at_least} to settle")
+    return settled(lambda: int(raw.dbsize()), at_least, "keys in Redis", 1.0, timeout_s)
 
 
 @pytest.fixture(scope="module")
@@ -90,16 +42,17 @@ def shared_redis(
 @pytest.fixture(scope="module")
 def instances(
     shared_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Serve, Serve]]:
+) -> Iterator[tuple[ServeProcess, ServeProcess]]:
     root = tmp_path_factory.mktemp("two")
-    started: list[Serve] = []
+    started: list[ServeProcess] = []
     try:
         for name in ("a", "b"):
-            serve = Serve(root / f"kv-{name}", root / f"{name}.log", shared_redis.url)
+            flags = ["--disk-cache-dir", str(root / f"kv-{name}"), "--device-cache-tokens", "4096"]
+            serve = ServeProcess(root / f"{name}.log", *flags, "--remote-url", shared_redis.url)
             started.append(serve)
             serve.start()
             # A first short request pays one-time costs, so cold times measure prefill only.
-            timed_chat(serve, [{"role": "user", "content": "Hello!"}])
+            timed_chat(serve.url, [{"role": "user", "content": "Hello!"}])
         yield started[0], started[1]
     finally:
         codes = [s.stop() for s in started]
@@ -107,14 +60,14 @@ def instances(
 
 
 def test_second_instance_serves_the_first_ones_prompt_from_redis(
-    instances: tuple[Serve, Serve], shared_redis: RedisServer
+    instances: tuple[ServeProcess, ServeProcess], shared_redis: RedisServer
 ) -> None:
     a, b = instances
-    cold_b, _, cold_usage = timed_chat(b, inventory(seed=1))  # B's own cold time
+    cold_b, _, cold_usage = timed_chat(b.url, inventory(seed=1))  # B's own cold time
     assert cold_usage.prompt_tokens >= 1500  # type: ignore[attr-defined]
-    _, text_a, _ = timed_chat(a, inventory(seed=0))
+    _, text_a, _ = timed_chat(a.url, inventory(seed=0))
     wait_uploads_settle(shared_redis, at_least=2 * 1400 // 16)
-    ttft_b, text_b, usage = timed_chat(b, inventory(seed=0))
+    ttft_b, text_b, usage = timed_chat(b.url, inventory(seed=0))
     tiers = by_tier(usage)
     print(f"\nB cold TTFT {cold_b:.3f}s, B from L4 TTFT {ttft_b:.3f}s, tiers {tiers}")
     assert text_b == text_a
@@ -124,7 +77,7 @@ def test_second_instance_serves_the_first_ones_prompt_from_redis(
 
 
 def test_redis_killed_and_restarted_under_load(
-    instances: tuple[Serve, Serve], shared_redis: RedisServer, tmp_path: Path
+    instances: tuple[ServeProcess, ServeProcess], shared_redis: RedisServer, tmp_path: Path
 ) -> None:
     _, b = instances
     stop = threading.Event()
@@ -177,5 +130,5 @@ def test_redis_killed_and_restarted_under_load(
     assert not failures, failures[:5]
     assert during >= 4 and after >= 4, (during, after)
     # The tier came back: a new prompt's pages reach the restarted Redis.
-    timed_chat(b, inventory(seed=7))
+    timed_chat(b.url, inventory(seed=7))
     wait_uploads_settle(shared_redis, at_least=1400 // 16)

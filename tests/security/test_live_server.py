@@ -20,7 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.routing import APIRoute
-from fault_helpers import LiveServer, Prompt, complete, make_prompts, tokenizer
+from live_server import LiveServer
+from traffic import Prompt, complete, make_prompts, tokenizer
 
 from asynchicache.bench.procwatch import descendants
 from asynchicache.server.api import PUBLIC_PATHS, create_app

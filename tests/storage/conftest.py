@@ -8,23 +8,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from storage_helpers import SMALL, Pool, ServiceProcess
-
-from asynchicache.storage.base import PageLayout
-
-
-@pytest.fixture
-def make_pool() -> Iterator[Callable[..., Pool]]:
-    """Pools are real shared-memory segments, closed (and unlinked) after the test."""
-    pools: list[Pool] = []
-
-    def make(slots: int, layout: PageLayout = SMALL) -> Pool:
-        pools.append(Pool(slots, layout))
-        return pools[-1]
-
-    yield make
-    for p in pools:
-        p.close()
+from service_process import ServiceProcess
+from storage_clients import Clients, client_factory
 
 
 @pytest.fixture
@@ -47,3 +32,9 @@ def services() -> Iterator[Callable[..., ServiceProcess]]:
     yield start
     for svc in started:
         svc.stop()
+
+
+@pytest.fixture
+def clients() -> Iterator[Clients]:
+    """`clients(address, pool, ready_s=None, **config)`: storage clients, closed after the test."""
+    yield from client_factory()

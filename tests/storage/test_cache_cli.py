@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from storage_helpers import NAMESPACE, SMALL, Pool, new_hashes, refs
+from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 
 from asynchicache.storage.disk import DiskBackend, DiskConfig
 
@@ -71,8 +71,7 @@ def test_clear_one_namespace_or_one_salt_keeping_pins(
     from asynchicache.storage.disk_names import namespace_dir_name
 
     root = tmp_path / "kv"
-    pool = make_pool(16)
-    pool.fill(range(16))
+    pool = make_pool(16, fill=16)
     ns = Namespace("m", "float32", SMALL.shape[2])
 
     def chain(digest: bytes, first: int) -> list[PageRef]:

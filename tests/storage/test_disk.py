@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from storage_helpers import ALIGNED, NAMESPACE, SMALL, Pool, new_hashes, refs
+from pools import ALIGNED, NAMESPACE, SMALL, Pool, new_hashes, refs
 
 from asynchicache.storage import disk as disk_module
 from asynchicache.storage import disk_write, fileio
@@ -45,8 +45,7 @@ def backends(tmp_path: Path) -> Iterator[Backends]:
 
 @pytest.mark.parametrize("layout", [SMALL, ALIGNED], ids=["buffered", "direct"])
 def test_put_get_round_trip(backends: Backends, make_pool: Callable[..., Pool], layout) -> None:
-    pool = make_pool(16, layout)
-    pool.fill(range(8))
+    pool = make_pool(16, layout, fill=8)
     disk = backends(layout)
     hashes = new_hashes(8)
     assert disk.put(refs(hashes, range(8)), pool.array) == 8
@@ -89,8 +88,7 @@ def test_page_file_names_its_parent(backends: Backends, make_pool: Callable[...,
 def test_restart_keeps_every_page(
     backends: Backends, make_pool: Callable[..., Pool], layout
 ) -> None:
-    pool = make_pool(40, layout)
-    pool.fill(range(20), seed=3)
+    pool = make_pool(40, layout, fill=20, seed=3)
     first = backends(layout)
     hashes = new_hashes(20)
     first.put(refs(hashes, range(20)), pool.array)
@@ -149,8 +147,7 @@ DAMAGE = {
 def test_damaged_page_is_a_counted_miss(
     backends: Backends, make_pool: Callable[..., Pool], layout: PageLayout, damage: str
 ) -> None:
-    pool = make_pool(8, layout)
-    pool.fill(range(4))
+    pool = make_pool(8, layout, fill=4)
     disk = backends(layout)
     hashes = new_hashes(4)
     disk.put(refs(hashes, range(4)), pool.array)
@@ -169,8 +166,7 @@ def test_damaged_page_is_a_counted_miss(
 def test_page_of_another_namespace_is_a_counted_miss(
     backends: Backends, make_pool: Callable[..., Pool], tmp_path: Path
 ) -> None:
-    pool = make_pool(4)
-    pool.fill(range(2))
+    pool = make_pool(4, fill=2)
     ours = backends()
     theirs = backends(namespace=b"other-model")
     h_ours, h_theirs = new_hashes(2)
@@ -256,8 +252,7 @@ def test_a_page_larger_than_capacity_is_not_stored(
 def test_reads_work_while_a_large_index_is_still_being_built(
     backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(300)
-    pool.fill(range(300))
+    pool = make_pool(300, fill=300)
     disk = backends()
     hashes = new_hashes(300)
     disk.put(refs(hashes, range(300)), pool.array)
@@ -332,8 +327,7 @@ def test_full_disk_fails_stores_cleanly_and_loads_keep_working(
     backends: Backends, make_pool: Callable[..., Pool], small_fs: Path
 ) -> None:
     layout = PageLayout("float32", (2, 2, 16, 2, 16))  # 8 KiB pages: ~120 fit in 1 MiB
-    pool = make_pool(400, layout)
-    pool.fill(range(200))
+    pool = make_pool(400, layout, fill=200)
     disk = backends(layout, capacity=1 << 30, root=small_fs)  # our limit is not what stops it
     hashes = new_hashes(200)
     stored = disk.put(refs(hashes, range(200)), pool.array)
@@ -364,8 +358,7 @@ def test_falls_back_to_buffered_io_where_o_direct_is_refused(
 
     monkeypatch.setattr(disk_write, "open_read", refuse(fileio.open_read))
     monkeypatch.setattr(disk_write, "create_private", refuse(fileio.create_private))
-    pool = make_pool(8, ALIGNED)
-    pool.fill(range(4))
+    pool = make_pool(8, ALIGNED, fill=4)
     disk = backends(ALIGNED)
     hashes = new_hashes(4)
     assert disk.put(refs(hashes, range(4)), pool.array) == 4

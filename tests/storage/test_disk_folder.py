@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from storage_helpers import NAMESPACE, SMALL, Pool, new_hashes, refs
+from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 
 from asynchicache.storage.disk import DiskBackend, DiskConfig, namespace_dir_name
 from asynchicache.storage.disk_admin import folder_stats
@@ -57,8 +57,7 @@ def _file_bytes() -> int:
 def test_an_unused_namespace_is_evicted_first_and_oldest_first(
     root: Path, open_disk: Open, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(8)
-    pool.fill(range(8))
+    pool = make_pool(8, fill=8)
     size = _file_bytes()
     old = open_disk(OLD)
     old_hashes = new_hashes(6)

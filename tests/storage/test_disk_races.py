@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from storage_helpers import DEFAULT, NAMESPACE, Pool, refs
+from pools import DEFAULT, NAMESPACE, Pool, refs
 
 from asynchicache.storage.disk import TMP_PREFIX, DiskBackend, DiskConfig
 
@@ -34,8 +34,7 @@ def test_a_put_does_not_re_index_a_page_another_put_evicted(
 ) -> None:
     """Defect 4 of issue 11: put A skips H (indexed), put B's reserve evicts and unlinks H,
     A's commit must not put H back in the index nor count it as stored."""
-    pool = make_pool(66, DEFAULT)
-    pool.fill(range(66), seed=4)
+    pool = make_pool(66, DEFAULT, fill=66, seed=4)
     k = 64  # A's new pages: a write long enough for B to run inside it
     conclusive = 0
     for round_ in range(3):

@@ -11,35 +11,21 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pytest
-from storage_helpers import NAMESPACE, SMALL, Pool, ServiceProcess, new_hashes, refs
+from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
+from service_process import ServiceProcess
+from storage_clients import Clients, wait_idle
 
 from asynchicache.storage.base import Completion, Settled
-from asynchicache.storage.client import ClientConfig, StorageClient
+from asynchicache.storage.client import StorageClient
 from asynchicache.storage.disk import DiskBackend, DiskConfig
 
-Clients = Callable[..., StorageClient]
 # Enough 1 KiB pages that one service thread needs well over the ticket timeout for them.
 MANY = 20_000
 REUSED = 0x5A  # what the engine writes into a slot it reused
-
-
-@pytest.fixture
-def clients() -> Iterator[Clients]:
-    made: list[StorageClient] = []
-
-    def make(address: str, pool: Pool, **kw: float) -> StorageClient:
-        cfg = ClientConfig(address, NAMESPACE, pool.segment.name, pool.layout, **kw)
-        made.append(StorageClient(cfg))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.close()
 
 
 def _slow_service(services, disk_dir: Path, sock_dir: Path) -> tuple[ServiceProcess, str]:
@@ -61,17 +47,6 @@ def _settle(client: StorageClient, done: Completion, timeout_s: float = 60.0) ->
     return seen
 
 
-def _wait_idle(client: StorageClient, timeout_s: float = 60.0) -> None:
-    """Until the service runs no job (its late work, if any, is over)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        stats = client.stats(5.0)
-        if stats is not None and stats.service.get("running", 1) == 0:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the service never became idle")
-
-
 def _prefill(disk_dir: Path, pool: Pool, hashes: list[bytes]) -> None:
     disk = DiskBackend(DiskConfig(disk_dir, NAMESPACE, SMALL, 1 << 34))
     try:
@@ -85,12 +60,10 @@ def test_a_store_queued_while_the_service_was_frozen_persists_only_its_own_bytes
 ) -> None:
     """A store waits in the socket while the service is frozen; the client gives up; the
     engine reuses the slots; whatever the service persists later is the store's own bytes."""
-    pool = make_pool(MANY)
-    pool.fill(range(MANY), seed=11)
+    pool = make_pool(MANY, fill=MANY, seed=11)
     original = pool.array.copy()
     svc, addr = _slow_service(services, tmp_path / "kv", sock_dir)
-    client = clients(addr, pool, ticket_timeout_s=1.0)
-    assert client.wait_ready(30)
+    client = clients(addr, pool, ticket_timeout_s=1.0, ready_s=30)
     hashes = new_hashes(MANY)
     svc.signal(signal.SIGSTOP)
     try:
@@ -101,7 +74,7 @@ def test_a_store_queued_while_the_service_was_frozen_persists_only_its_own_bytes
     [done] = client.wait([ticket], 30)
     _settle(client, done)
     pool.array[:] = REUSED  # the engine reuses every slot of the store
-    _wait_idle(client)
+    wait_idle(client)
     disk = DiskBackend(DiskConfig(tmp_path / "kv", NAMESPACE, SMALL, 1 << 34))
     check = make_pool(1)
     try:
@@ -119,13 +92,11 @@ def _read(disk: DiskBackend, page_hash: bytes, check: Pool) -> bytes:
 def test_a_load_queued_while_the_service_was_frozen_never_writes_a_reused_slot(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(2 * MANY)
-    pool.fill(range(MANY), seed=12)
+    pool = make_pool(2 * MANY, fill=MANY, seed=12)
     hashes = new_hashes(MANY)
     _prefill(tmp_path / "kv", pool, hashes)
     svc, addr = _slow_service(services, tmp_path / "kv", sock_dir)
-    client = clients(addr, pool, ticket_timeout_s=1.0)
-    assert client.wait_ready(30)
+    client = clients(addr, pool, ticket_timeout_s=1.0, ready_s=30)
     slots = list(range(MANY, 2 * MANY))
     svc.signal(signal.SIGSTOP)
     try:
@@ -136,6 +107,6 @@ def test_a_load_queued_while_the_service_was_frozen_never_writes_a_reused_slot(
     [done] = client.wait([ticket], 30)
     _settle(client, done)
     pool.array[MANY:] = REUSED  # the engine reuses the load's slots for other pages
-    _wait_idle(client)
+    wait_idle(client)
     touched = int(np.count_nonzero((pool.array[MANY:] != REUSED).any(axis=1)))
     assert touched == 0, f"{touched} reused slots were overwritten by the late load"

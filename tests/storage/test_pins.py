@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from storage_helpers import NAMESPACE, SMALL, Pool, new_hashes, refs
+from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 
 from asynchicache.storage.disk import DiskBackend, DiskConfig
 from asynchicache.storage.pins import PINS_DIR, PinLimitError
@@ -45,8 +45,7 @@ def churn(disk: DiskBackend, pool: Pool, rounds: int = 4) -> None:
 def test_a_pinned_chain_outlives_a_workload_that_evicts_everything_else(
     backends: Backends, make_pool: Callable[..., Pool], pinned: bool
 ) -> None:
-    pool = make_pool(10)
-    pool.fill(range(10))
+    pool = make_pool(10, fill=10)
     disk = backends(pages=10)
     system = new_hashes(3)
     disk.put(refs(system, range(3)), pool.array)
@@ -62,8 +61,7 @@ def test_a_pinned_chain_outlives_a_workload_that_evicts_everything_else(
 def test_pins_survive_a_restart_and_bind_every_backend_on_the_folder(
     backends: Backends, make_pool: Callable[..., Pool]
 ) -> None:
-    pool = make_pool(10)
-    pool.fill(range(10))
+    pool = make_pool(10, fill=10)
     first = backends()
     system = new_hashes(4)
     first.put(refs(system, range(4)), pool.array)
@@ -81,8 +79,7 @@ def test_pins_survive_a_restart_and_bind_every_backend_on_the_folder(
 
 
 def test_a_pin_expires_after_its_ttl(backends: Backends, make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(10)
-    pool.fill(range(10))
+    pool = make_pool(10, fill=10)
     disk = backends()
     system = new_hashes(2)
     disk.put(refs(system, range(2)), pool.array)

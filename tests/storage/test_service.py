@@ -5,13 +5,14 @@ from __future__ import annotations
 import signal
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pytest
 import zmq
-from storage_helpers import DEFAULT, NAMESPACE, SMALL, Pool, ServiceProcess, new_hashes, refs
+from pools import DEFAULT, NAMESPACE, SMALL, Pool, new_hashes, refs
+from service_process import ServiceProcess
+from storage_clients import Clients
 
 from asynchicache.storage.admin_messages import ClearedPages
 from asynchicache.storage.base import PageLayout, TicketKind
@@ -19,22 +20,6 @@ from asynchicache.storage.client import ClientConfig, StorageClient
 from asynchicache.storage.disk_admin import verify_folder
 from asynchicache.storage.messages import ErrorReply, Stats, decode, encode
 from asynchicache.storage.service import ServiceConfig
-
-Clients = Callable[..., StorageClient]
-
-
-@pytest.fixture
-def clients() -> Iterator[Clients]:
-    made: list[StorageClient] = []
-
-    def make(address: str, pool: Pool, **kw: float) -> StorageClient:
-        cfg = ClientConfig(address, NAMESPACE, pool.segment.name, pool.layout, **kw)
-        made.append(StorageClient(cfg))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.close()
 
 
 def _address(sock_dir: Path, name: str = "svc") -> str:
@@ -57,12 +42,10 @@ def _load(client: StorageClient, hashes: list[bytes], slots: list[int]) -> int:
 def test_restart_keeps_every_page_and_the_client_reconnects(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(64)
-    pool.fill(range(32))
+    pool = make_pool(64, fill=32)
     addr = _address(sock_dir)
     first = services(tmp_path / "kv", addr)
-    client = clients(addr, pool)
-    assert client.wait_ready(20)
+    client = clients(addr, pool, ready_s=20)
     hashes = new_hashes(32)
     _store(client, hashes, range(32))
     assert first.stop() == 0  # clean SIGTERM shutdown
@@ -76,12 +59,10 @@ def test_restart_keeps_every_page_and_the_client_reconnects(
 def test_kill_9_in_a_write_burst_leaves_only_whole_files(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(240, DEFAULT)
-    pool.fill(range(240), seed=9)
+    pool = make_pool(240, DEFAULT, fill=240, seed=9)
     addr = _address(sock_dir)
     svc = services(tmp_path / "kv", addr)
-    client = clients(addr, pool)
-    assert client.wait_ready(20)
+    client = clients(addr, pool, ready_s=20)
     hashes = new_hashes(240)
     tickets = {
         client.submit_store(refs(hashes[i : i + 8], range(i, i + 8))): i for i in range(0, 240, 8)
@@ -115,12 +96,10 @@ def _expected(i: int) -> np.ndarray:
 def test_damaged_pages_are_misses_through_the_service(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(16)
-    pool.fill(range(8))
+    pool = make_pool(16, fill=8)
     addr = _address(sock_dir)
     services(tmp_path / "kv", addr)
-    client = clients(addr, pool)
-    assert client.wait_ready(20)
+    client = clients(addr, pool, ready_s=20)
     hashes = new_hashes(8)
     _store(client, hashes, range(8))
     kv = sorted((tmp_path / "kv").rglob(hashes[5].hex() + ".kv"))[0]
@@ -165,12 +144,10 @@ def test_two_services_on_one_folder_do_not_corrupt_each_other(
 def test_poll_never_blocks_while_a_large_load_is_in_flight(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(320, DEFAULT)
-    pool.fill(range(160), seed=1)
+    pool = make_pool(320, DEFAULT, fill=160, seed=1)
     addr = _address(sock_dir)
     services(tmp_path / "kv", addr)
-    client = clients(addr, pool)
-    assert client.wait_ready(20)
+    client = clients(addr, pool, ready_s=20)
     hashes = new_hashes(160)
     _store(client, hashes, range(160))  # 118 MB
     ticket = client.submit_load(hashes, list(range(160, 320)))
@@ -198,12 +175,10 @@ def test_poll_never_blocks_while_a_large_load_is_in_flight(
 def test_dead_service_fails_pending_tickets_and_recovers_after_restart(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(128, DEFAULT)
-    pool.fill(range(64))
+    pool = make_pool(128, DEFAULT, fill=64)
     addr = _address(sock_dir)
     svc = services(tmp_path / "kv", addr)
-    client = clients(addr, pool, ticket_timeout_s=5.0)
-    assert client.wait_ready(20)
+    client = clients(addr, pool, ticket_timeout_s=5.0, ready_s=20)
     hashes = new_hashes(64)
     _store(client, hashes, range(64))
     ticket = client.submit_load(hashes, list(range(64, 128)))
@@ -227,12 +202,10 @@ def test_dead_service_fails_pending_tickets_and_recovers_after_restart(
 def test_hung_service_tickets_time_out_then_work_again(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(8)
-    pool.fill(range(4))
+    pool = make_pool(8, fill=4)
     addr = _address(sock_dir)
     svc = services(tmp_path / "kv", addr)
-    client = clients(addr, pool, ticket_timeout_s=0.5)
-    assert client.wait_ready(20)
+    client = clients(addr, pool, ticket_timeout_s=0.5, ready_s=20)
     hashes = new_hashes(4)
     _store(client, hashes, range(4))
     svc.signal(signal.SIGSTOP)
@@ -252,8 +225,7 @@ def test_hung_service_tickets_time_out_then_work_again(
 def test_service_survives_vanished_clients_bad_requests_and_failing_work(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(64, DEFAULT)
-    pool.fill(range(32))
+    pool = make_pool(64, DEFAULT, fill=32)
     addr = _address(sock_dir)
     services(tmp_path / "kv", addr)
     # A client that submits a big store and disappears before the reply.
@@ -274,8 +246,7 @@ def test_service_survives_vanished_clients_bad_requests_and_failing_work(
     raw.close(linger=0)
     ctx.term()
     # A request that makes the worker fail (slot out of range) is answered, counted, survived.
-    client = clients(addr, pool)
-    assert client.wait_ready(20)
+    client = clients(addr, pool, ready_s=20)
     bad = client.submit_load(new_hashes(1), [10_000])
     hashes = new_hashes(4)
     _store(client, hashes, range(4))
@@ -293,8 +264,7 @@ def test_service_survives_vanished_clients_bad_requests_and_failing_work(
 
 
 def test_in_thread_mode_and_cancel(tmp_path: Path, sock_dir: Path, make_pool) -> None:
-    pool = make_pool(256, DEFAULT)
-    pool.fill(range(128))
+    pool = make_pool(256, DEFAULT, fill=128)
     service = ServiceConfig(tmp_path / "kv", _address(sock_dir), workers=1)
     client = StorageClient.in_thread(
         service, ClientConfig("", NAMESPACE, pool.segment.name, DEFAULT)
@@ -320,13 +290,11 @@ def test_in_thread_mode_and_cancel(tmp_path: Path, sock_dir: Path, make_pool) ->
 def test_unregistered_requests_are_resent_after_registering(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services, clients: Clients
 ) -> None:
-    pool = make_pool(8, SMALL)
-    pool.fill(range(4))
+    pool = make_pool(8, SMALL, fill=4)
     addr = _address(sock_dir)
     # A short client TTL: the service forgets a silent client; its next request is resent.
     services(tmp_path / "kv", addr, "--client-ttl", "0.5")
-    client = clients(addr, pool, heartbeat_s=60.0)
-    assert client.wait_ready(20)
+    client = clients(addr, pool, heartbeat_s=60.0, ready_s=20)
     time.sleep(2.0)  # the service sweeps once a second
     hashes = new_hashes(4)
     _store(client, hashes, range(4))
@@ -342,8 +310,7 @@ def test_connect_first_register_the_pool_later(
     tmp_path: Path, sock_dir: Path, make_pool: Callable[..., Pool], services
 ) -> None:
     """The engine's order: connect at start, register the L2 pool once it exists."""
-    pool = make_pool(8)
-    pool.fill(range(4))
+    pool = make_pool(8, fill=4)
     addr = _address(sock_dir)
     services(tmp_path / "kv", addr)
     client = StorageClient.connect(addr, timeout_s=5.0)

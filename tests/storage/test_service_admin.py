@@ -2,48 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from storage_helpers import NAMESPACE, SMALL, Pool
+from pools import NAMESPACE, SMALL, Pool, chain
+from storage_clients import Clients
 
-from asynchicache.cache.keys import Namespace, chain_hashes
+from asynchicache.cache.keys import Namespace
 from asynchicache.config import GIB
 from asynchicache.storage.admin_messages import ClearedPages
 from asynchicache.storage.base import PageRef
-from asynchicache.storage.client import ClientConfig, StorageClient
+from asynchicache.storage.client import StorageClient
 from asynchicache.storage.disk import DiskConfig
 
 FILE = DiskConfig(Path("/unused"), NAMESPACE, SMALL, 1).page_file_bytes
 PAGE = SMALL.shape[2]
 NS = Namespace("m", "float32", PAGE)
-Clients = Callable[..., StorageClient]
 
 
 @pytest.fixture
-def clients() -> Iterator[Clients]:
-    made: list[StorageClient] = []
-
-    def make(address: str, pool: Pool) -> StorageClient:
-        cfg = ClientConfig(address, NAMESPACE, pool.segment.name, pool.layout)
-        made.append(StorageClient(cfg))
-        assert made[-1].wait_ready(30)
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.close()
-
-
-def chain(root: bytes, first: int, pages: int, slot0: int = 0) -> list[PageRef]:
-    tokens = list(range(first, first + pages * PAGE))
-    hashes = chain_hashes(root, tokens, PAGE)
-    parents = [root, *hashes[:-1]]
-    return [
-        PageRef(h, tuple(tokens[i * PAGE : (i + 1) * PAGE]), slot0 + i, parents[i])
-        for i, h in enumerate(hashes)
-    ]
+def clients(clients: Clients) -> Clients:
+    """Clients that are connected when returned."""
+    return functools.partial(clients, ready_s=30)
 
 
 def store(client: StorageClient, pages: list[PageRef]) -> None:
@@ -94,8 +76,7 @@ def test_clear_one_salt_keeps_the_rest_and_pinned_pages_unless_asked(
 ) -> None:
     addr = f"ipc://{sock_dir}/svc.sock"
     services(tmp_path / "kv", addr)
-    pool = make_pool(32)
-    pool.fill(range(32))
+    pool = make_pool(32, fill=32)
     client = clients(addr, pool)
     salt = NS.with_salt("tenant-a").digest()
     tenant, kept_pinned, others = (

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
-from storage_helpers import NAMESPACE, SMALL, Pool, ServiceProcess, new_hashes, refs
+from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
+from service_process import ServiceProcess
+from storage_clients import Clients, wait_idle
 
 from asynchicache.storage.base import Completion, Settled
 from asynchicache.storage.client import ClientConfig, StorageClient
@@ -33,30 +35,14 @@ from asynchicache.storage.messages import (
 )
 from asynchicache.storage.service import ServiceConfig
 
-Clients = Callable[..., StorageClient]
 MANY = 20_000  # 1 KiB pages: one I/O thread needs seconds for them
 MARK = 0x5A
 
 
 @pytest.fixture
-def clients() -> Iterator[Clients]:
-    made: list[StorageClient] = []
-
-    def make(address: str, pool: Pool, **kw: float) -> StorageClient:
-        cfg = ClientConfig(address, NAMESPACE, pool.segment.name, pool.layout, **kw)
-        made.append(StorageClient(cfg))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.close()
-
-
-@pytest.fixture
 def stored(tmp_path: Path, make_pool: Callable[..., Pool]) -> tuple[Pool, list[bytes]]:
     """A pool of 2 x MANY slots whose first MANY pages are on disk under tmp_path/kv."""
-    pool = make_pool(2 * MANY)
-    pool.fill(range(MANY), seed=5)
+    pool = make_pool(2 * MANY, fill=MANY, seed=5)
     hashes = new_hashes(MANY)
     disk = DiskBackend(DiskConfig(tmp_path / "kv", NAMESPACE, SMALL, 1 << 34))
     try:
@@ -90,23 +76,12 @@ def _wait_running(client: StorageClient) -> None:
     raise AssertionError("the job never started")
 
 
-def _wait_idle(client: StorageClient) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        stats = client.stats(5.0)
-        if stats is not None and stats.service.get("running", 1) == 0:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the service never became idle")
-
-
 def test_a_ticket_given_up_while_its_job_runs_is_unsettled_until_the_late_reply(
     tmp_path: Path, sock_dir: Path, stored, services, clients: Clients
 ) -> None:
     pool, hashes = stored
     svc, addr = _slow_service(services, tmp_path, sock_dir)
-    client = clients(addr, pool, ticket_timeout_s=1.0)
-    assert client.wait_ready(30)
+    client = clients(addr, pool, ticket_timeout_s=1.0, ready_s=30)
     ticket = client.submit_load(hashes, list(range(MANY, 2 * MANY)))
     _wait_running(client)
     svc.signal(signal.SIGSTOP)  # frozen in the middle of the job
@@ -122,7 +97,7 @@ def test_a_ticket_given_up_while_its_job_runs_is_unsettled_until_the_late_reply(
     assert settled.reason in ("late reply", "cancel acknowledged")
     assert client.quarantined == 0
     pool.array[MANY:] = MARK  # reused only now
-    _wait_idle(client)
+    wait_idle(client)
     assert [e for e in _events(client, 0.3) if e.ticket == ticket] == []  # exactly one
     assert (pool.array[MANY:] == MARK).all()
     assert client.counters["quarantined"] == 1 and client.counters["timed_out"] == 1
@@ -133,8 +108,7 @@ def test_cancel_stops_a_running_job_at_its_next_page(
 ) -> None:
     pool, hashes = stored
     _, addr = _slow_service(services, tmp_path, sock_dir)
-    client = clients(addr, pool, ticket_timeout_s=60.0)
-    assert client.wait_ready(30)
+    client = clients(addr, pool, ticket_timeout_s=60.0, ready_s=30)
     ticket = client.submit_load(hashes, list(range(MANY, 2 * MANY)))
     _wait_running(client)
     client.cancel(ticket)
@@ -201,8 +175,7 @@ def test_a_ticket_cancelled_before_it_arrives_is_refused(
 ) -> None:
     """The wire contract, on a raw socket: a Cancel for a ticket the service has not seen
     is settled at once, and that ticket, arriving later, never touches its slots."""
-    pool = make_pool(8)
-    pool.fill(range(4), seed=3)
+    pool = make_pool(8, fill=4, seed=3)
     hashes = new_hashes(4)
     disk = DiskBackend(DiskConfig(tmp_path / "kv", NAMESPACE, SMALL, 1 << 30))
     assert disk.put(refs(hashes, range(4)), pool.array) == 4

@@ -4,38 +4,30 @@ leaves its index), and together they keep the folder under its one capacity."""
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from storage_helpers import NAMESPACE, Pool, new_hashes, refs
+from pools import NAMESPACE, Pool, new_hashes, refs
+from storage_clients import Clients
 
 from asynchicache.config import GIB
 from asynchicache.storage.base import PageLayout, TicketKind
-from asynchicache.storage.client import ClientConfig, StorageClient
+from asynchicache.storage.client import StorageClient
 from asynchicache.storage.disk import DiskConfig
 from asynchicache.storage.disk_admin import verify_folder
 
 LAYOUT = PageLayout("float32", (2, 2, 16, 2, 16))  # 8 KiB pages
 FILE = DiskConfig(Path("/unused"), NAMESPACE, LAYOUT, 1).page_file_bytes
-Clients = Callable[..., StorageClient]
 
 
 @pytest.fixture
-def clients() -> Iterator[Clients]:
-    made: list[StorageClient] = []
-
-    def make(address: str, pool: Pool) -> StorageClient:
-        cfg = ClientConfig(address, NAMESPACE, pool.segment.name, pool.layout, ticket_timeout_s=60)
-        made.append(StorageClient(cfg))
-        assert made[-1].wait_ready(30)
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.close()
+def clients(clients: Clients) -> Clients:
+    """Clients that are connected when returned."""
+    return functools.partial(clients, ready_s=30, ticket_timeout_s=60)
 
 
 def two_services(tmp_path: Path, sock_dir: Path, services, pages: int) -> tuple[str, str]:

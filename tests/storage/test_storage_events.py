@@ -4,18 +4,20 @@ the contents reply, and lost events are detected."""
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from storage_helpers import NAMESPACE, SMALL, Pool, new_hashes
+from pools import NAMESPACE, SMALL, Pool, chain, new_hashes
+from storage_clients import Clients
 
-from asynchicache.cache.keys import Namespace, chain_hashes
+from asynchicache.cache.keys import Namespace
 from asynchicache.config import GIB
 from asynchicache.storage.admin_messages import StorageEvents
 from asynchicache.storage.base import PageRef
-from asynchicache.storage.client import ClientConfig, StorageClient
+from asynchicache.storage.client import StorageClient
 from asynchicache.storage.disk import DiskConfig
 from asynchicache.storage.event_feed import EventFeed
 from asynchicache.storage.events import (
@@ -29,32 +31,6 @@ from asynchicache.storage.events import (
 FILE = DiskConfig(Path("/unused"), NAMESPACE, SMALL, 1).page_file_bytes
 PAGE = SMALL.shape[2]
 NS = Namespace("m", "float32", PAGE)
-Clients = Callable[..., StorageClient]
-
-
-@pytest.fixture
-def clients() -> Iterator[Clients]:
-    made: list[StorageClient] = []
-
-    def make(address: str, pool: Pool, events: bool = True) -> StorageClient:
-        cfg = ClientConfig(address, NAMESPACE, pool.segment.name, pool.layout, events=events)
-        made.append(StorageClient(cfg))
-        assert made[-1].wait_ready(30)
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.close()
-
-
-def chain(root: bytes, first: int, pages: int, slot0: int = 0) -> list[PageRef]:
-    tokens = list(range(first, first + pages * PAGE))
-    hashes = chain_hashes(root, tokens, PAGE)
-    parents = [root, *hashes[:-1]]
-    return [
-        PageRef(h, tuple(tokens[i * PAGE : (i + 1) * PAGE]), slot0 + i, parents[i])
-        for i, h in enumerate(hashes)
-    ]
 
 
 class Mirror:
@@ -72,6 +48,12 @@ class Mirror:
             self.tiers[event.tier] -= set(event.page_hashes)
         elif isinstance(event, TierCleared):
             self.tiers[event.tier].clear()
+
+
+@pytest.fixture
+def clients(clients: Clients) -> Clients:
+    """Clients that are connected (and subscribed to events) when returned."""
+    return functools.partial(clients, ready_s=30, events=True)
 
 
 def follow(client: StorageClient, mirror: Mirror, after: int = 0) -> int:
@@ -106,8 +88,7 @@ def test_a_subscriber_rebuilds_what_the_service_holds(
 ) -> None:
     addr = f"ipc://{sock_dir}/svc.sock"
     services(tmp_path / "kv", addr, "--disk-cache-gb", str(40 * FILE / GIB))
-    pool = make_pool(64)
-    pool.fill(range(64))
+    pool = make_pool(64, fill=64)
     client = clients(addr, pool)
     mirror = Mirror()
     salt = NS.with_salt("tenant").digest()
@@ -160,8 +141,7 @@ def test_a_restarted_service_is_a_gap(
 ) -> None:
     addr = f"ipc://{sock_dir}/svc.sock"
     first = services(tmp_path / "kv", addr)
-    pool = make_pool(16)
-    pool.fill(range(16))
+    pool = make_pool(16, fill=16)
     client = clients(addr, pool)
     run(client, chain(NS.digest(), 0, 4))
     assert first.stop() == 0

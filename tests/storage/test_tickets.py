@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from storage_helpers import Pool, new_hashes, refs
+from pools import Pool, new_hashes, refs
 
 from asynchicache.storage.base import Completion, Settled, TicketKind
 from asynchicache.storage.deadline import Deadline
@@ -145,8 +145,7 @@ def test_deadline() -> None:
 
 
 def test_stage_copies_up_to_the_deadline(make_pool: Callable[..., Pool]) -> None:
-    pool = make_pool(8)
-    pool.fill(range(8), seed=2)
+    pool = make_pool(8, fill=8, seed=2)
     pages = refs(new_hashes(4), [3, 1, 2, 0])
     staged = stage(pages, pool.array)
     try:

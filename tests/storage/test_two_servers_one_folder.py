@@ -4,32 +4,19 @@ together keep the folder under the one `--disk-cache-gb` both were given."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from storage_helpers import ServeProcess
+from serve_process import ServeProcess
+from settling import settled
+from traffic import inventory
 
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
 CAPACITY_GIB = 0.1  # 144 default-model page files: one long prompt fits, two do not
-COLORS = ("red", "green", "blue", "amber", "violet", "teal", "ochre")
-
-
-def inventory(seed: int, boxes: int = 80) -> list[dict[str, str]]:
-    """A chat prompt of about 1,600 tokens (100 pages); `seed` changes every line."""
-    lines = [
-        f"Box {i}: a {COLORS[(i + seed) % 7]} box holding {(i * 37 + seed * 11) % 101} marbles "
-        f"and {(i * 11 + seed) % 17} keys."
-        for i in range(boxes)
-    ]
-    doc = "Read the inventory below, then answer.\n" + "\n".join(lines)
-    return [{"role": "user", "content": f"{doc}\nHow many marbles are in box 3?"}]
-
-
 def chat(server: ServeProcess, seed: int) -> tuple[str, dict[str, int]]:
     body = {"model": MODEL, "messages": inventory(seed), "max_tokens": 8, "temperature": 0}
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=300)
@@ -43,18 +30,9 @@ def page_files(root: Path) -> list[Path]:
     return list(root.rglob("*.kv"))
 
 
-def settled(root: Path, at_least: int, timeout_s: float = 120.0) -> int:
+def settled_pages(root: Path, at_least: int, timeout_s: float = 120.0) -> int:
     """Wait until the folder holds `at_least` page files and stops changing (stores are async)."""
-    deadline = time.monotonic() + timeout_s
-    last, since = -1, time.monotonic()
-    while time.monotonic() < deadline:
-        n = len(page_files(root))
-        if n != last:
-            last, since = n, time.monotonic()
-        elif n >= at_least and time.monotonic() - since > 1.5:
-            return n
-        time.sleep(0.1)
-    raise AssertionError(f"the folder holds {last} pages, expected at least {at_least} to settle")
+    return settled(lambda: len(page_files(root)), at_least, "page files", 1.5, timeout_s)
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +54,9 @@ def test_b_serves_the_prompt_a_stored_from_the_shared_folder(
     servers: tuple[ServeProcess, ServeProcess],
 ) -> None:
     a, b = servers
-    root = Path(a.argv[a.argv.index("--disk-cache-dir") + 1])
+    root = Path(a.flags[a.flags.index("--disk-cache-dir") + 1])
     text_a, _ = chat(a, seed=0)
-    settled(root, at_least=90)
+    settled_pages(root, at_least=90)
     text_b, tiers = chat(b, seed=0)
     print(f"\nB's tiers for A's prompt: {tiers}")
     assert text_b == text_a
@@ -89,12 +67,12 @@ def test_both_writing_keep_the_folder_under_its_size(
     servers: tuple[ServeProcess, ServeProcess],
 ) -> None:
     a, b = servers
-    root = Path(a.argv[a.argv.index("--disk-cache-dir") + 1])
+    root = Path(a.flags[a.flags.index("--disk-cache-dir") + 1])
     capacity = int(CAPACITY_GIB * 2**30)
     for seed in range(1, 5):  # four new prompts each: ~6x the folder's size in all
         for server in (a, b):
             chat(server, seed=10 * seed + (server is b))
-    settled(root, at_least=100)
+    settled_pages(root, at_least=100)
     used = sum(p.stat().st_size for p in page_files(root))
     print(f"\nfolder: {used / 1e6:.1f} MB of {capacity / 1e6:.1f} MB")
     assert used <= capacity
