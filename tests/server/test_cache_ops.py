@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
@@ -26,10 +24,8 @@ from cache_ops_helpers import (
     stats,
     wait_idle,
 )
+from redis_server import RedisServer, redis_server_binary
 from server_helpers import ServerProcess, children_of, free_port, process_title
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
-from remote_helpers import RedisServer, redis_server_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

@@ -20,11 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 from server_helpers import ThreadServer
+from service_process import ServiceProcess
 
 from asynchicache.server.frontend import Frontend
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "storage"))
-from storage_helpers import ServiceProcess
 
 HERE = Path(__file__).resolve().parent
 
