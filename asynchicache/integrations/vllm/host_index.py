@@ -17,12 +17,11 @@ Invariants (`check_integrity` makes them executable):
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum, auto
-
-from asynchicache.cache.pools import PageAllocator
 
 
 class SlotUse(Enum):
@@ -38,11 +37,36 @@ class _Slot:
     readers: int = 0
 
 
+class _FreeSlots:
+    """Free slot numbers, lowest handed out first (the segment's first slots are
+    prefaulted at start; a compact pool also keeps a request's slots in runs).
+    Double frees are caught by `HostIndex`'s slot states, not here."""
+
+    def __init__(self, num_slots: int) -> None:
+        self._heap = list(range(num_slots))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._heap)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._heap):
+            raise ValueError(f"asked for {n} slots, {len(self._heap)} free")
+        return [heapq.heappop(self._heap) for _ in range(n)]
+
+    def free(self, slots: Sequence[int]) -> None:
+        for slot in slots:
+            heapq.heappush(self._heap, slot)
+
+    def free_pages(self) -> list[int]:
+        return list(self._heap)
+
+
 class HostIndex:
     """Slots of one L2 segment: allocation, publication, pins and LRU eviction."""
 
     def __init__(self, num_slots: int) -> None:
-        self._alloc = PageAllocator(num_slots)
+        self._alloc = _FreeSlots(num_slots)
         self._slots = [_Slot() for _ in range(num_slots)]
         self._by_hash: dict[bytes, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # READY slots, oldest first
