@@ -126,6 +126,30 @@ def test_save_writes_pages_in_our_layout_and_load_restores_blocks(name: str) -> 
         assert not view[[1, 2, 3, 4]].any()  # nothing else was written
 
 
+@pytest.mark.parametrize("name", BUILDERS)
+def test_pages_of_a_block_in_part(name: str) -> None:
+    """Saves from a page inside a block, and a load that fills the first pages of its last
+    block: exactly those token ranges move; the rest of the block is left as it was."""
+    _, fmt = BUILDERS[name]
+    tensors, truths = _layers(name, 5)
+    copier = BlockCopier(tensors, fmt, ratio=1, page_size=P)
+    pool = torch.zeros(6, *copier.page_shape)
+    copier.save([3, 0], pool, [5, 4], first_page=1)  # block 3's 2nd page, block 0's 1st
+    for layer, (k, v) in enumerate(truths):
+        torch.testing.assert_close(pool[5, layer, 0], k[3, P:], rtol=0, atol=0)
+        torch.testing.assert_close(pool[4, layer, 1], v[0, :P], rtol=0, atol=0)
+    assert not pool[[0, 1, 2, 3]].any()
+    before = [canonical_view(t, fmt).clone() for t in tensors]
+    copier.load(pool, [5, 4, 5], [1, 2])  # block 1 whole, block 2's first page only
+    for layer, t in enumerate(tensors):
+        view, old = canonical_view(t, fmt), before[layer]
+        k, v = truths[layer]
+        torch.testing.assert_close(view[1, 0], torch.cat([k[3, P:], k[0, :P]]), rtol=0, atol=0)
+        torch.testing.assert_close(view[2, :, :P], torch.stack([k[3, P:], v[3, P:]]))
+        torch.testing.assert_close(view[2, :, P:], old[2, :, P:], rtol=0, atol=0)
+        torch.testing.assert_close(view[[0, 3, 4, 5]], old[[0, 3, 4, 5]], rtol=0, atol=0)
+
+
 def test_kernel_blocks_split_a_manager_block() -> None:
     """A tensor with ratio x the manager blocks: block b is kernel blocks b*r .. b*r+r-1."""
     k, v = truth(3)  # B kernel blocks of N tokens = B/2 manager blocks of 2N tokens
@@ -137,13 +161,26 @@ def test_kernel_blocks_split_a_manager_block() -> None:
     copier.save([2], pool, [3, 2, 1, 0])
     torch.testing.assert_close(pool[3, 0, 0], k[4, :P])
     torch.testing.assert_close(pool[0, 0, 1], v[5, P:])
+    # The first 3 pages of manager block 1 (kernel blocks 2 and 3): kernel block 3's
+    # second half is left as it was.
+    view = canonical_view(tensor, BlockFormat.TOKEN_INTERLEAVED)
+    old = view[3, :, P:].clone()
+    copier.load(pool, [3, 2, 1], [1])
+    torch.testing.assert_close(view[2, 0], k[4], rtol=0, atol=0)
+    torch.testing.assert_close(view[3, 1, :P], v[5, :P], rtol=0, atol=0)
+    torch.testing.assert_close(view[3, :, P:], old, rtol=0, atol=0)
 
 
 def test_mismatched_pool_or_slot_count_is_refused() -> None:
     tensors, _ = _layers("CPU_ATTN", 4)
     copier = BlockCopier(tensors, BlockFormat.HEAD_MAJOR_SPLIT, 1, P)
-    with pytest.raises(ValueError, match="need 2 slots"):
-        copier.save([1], torch.zeros(4, *copier.page_shape), [0])
+    pool = torch.zeros(4, *copier.page_shape)
+    with pytest.raises(ValueError, match="2 blocks of 2 pages cannot hold 1 slots"):
+        copier.save([1, 2], pool, [0])  # the second block would be left out
+    with pytest.raises(ValueError, match="cannot hold 3 slots from page 0"):
+        copier.load(pool, [0, 1, 2], [1])
+    with pytest.raises(ValueError, match="from page 2"):
+        copier.save([1], pool, [0], first_page=2)
     with pytest.raises(ValueError, match="L2 pool pages"):
         copier.load(torch.zeros(4, L, 2, 2 * P, H, D), [0, 1], [1])
     with pytest.raises(ValueError, match="must divide"):

@@ -154,12 +154,20 @@ class BlockCopier:
             ids = (ids[:, None] * self.ratio + torch.arange(self.ratio)).reshape(-1)
         return ids.to(self.device)
 
-    def _check(self, block_ids: Sequence[int], slots: Sequence[int], pool: torch.Tensor) -> None:
-        if len(slots) != len(block_ids) * self.pages_per_block:
+    def _check(
+        self, block_ids: Sequence[int], slots: Sequence[int], pool: torch.Tensor, first: int = 0
+    ) -> None:
+        """`slots` are pages `first ..` of the blocks, in token order; every block but the
+        last is covered to its end and the last one at least in part."""
+        ppb = self.pages_per_block
+        end, n = first + len(slots), len(block_ids)
+        if n and not (0 <= first < ppb and (n - 1) * ppb < end <= n * ppb):
             raise ValueError(
-                f"{len(block_ids)} blocks need {len(block_ids) * self.pages_per_block} "
-                f"slots, got {len(slots)}"
+                f"{n} blocks of {ppb} pages cannot hold {len(slots)} slots "
+                f"from page {first}"
             )
+        if not block_ids and slots:
+            raise ValueError(f"{len(slots)} slots and no blocks")
         if tuple(pool.shape[1:]) != self.page_shape or pool.dtype != self.dtype:
             raise ValueError(
                 f"L2 pool pages are {tuple(pool.shape[1:])} {pool.dtype}, vLLM's blocks "
@@ -194,9 +202,13 @@ class BlockCopier:
         shape[self._block_dim] = n
         return self._scratch("rows", shape, self.device)
 
-    def save(self, block_ids: Sequence[int], pool: torch.Tensor, slots: Sequence[int]) -> int:
-        """vLLM blocks -> L2 slots; returns the bytes copied."""
-        self._check(block_ids, slots, pool)
+    def save(
+        self, block_ids: Sequence[int], pool: torch.Tensor, slots: Sequence[int],
+        first_page: int = 0,
+    ) -> int:
+        """vLLM blocks -> L2 slots: pages `first_page ..` of `block_ids` (in token order)
+        into `slots`; returns the bytes copied."""
+        self._check(block_ids, slots, pool, first_page)
         if not block_ids:
             return 0
         ids = self.kernel_ids(block_ids)
@@ -211,14 +223,27 @@ class BlockCopier:
             torch.index_select(tensor, self._block_dim, ids, out=rows)
             staging[:, :, layer].copy_(blocks.unflatten(2, (k, p)).transpose(1, 2))
         index = torch.as_tensor(list(slots), dtype=torch.long)
-        pool.index_copy_(0, index, staging.view(n * k, self.num_layers, two, p, h, d))
-        return staging.numel() * staging.element_size()
+        pages = staging.view(n * k, self.num_layers, two, p, h, d)
+        pages = pages[first_page : first_page + len(slots)]
+        pool.index_copy_(0, index, pages)
+        return pages.numel() * pages.element_size()
 
     def load(self, pool: torch.Tensor, slots: Sequence[int], block_ids: Sequence[int]) -> int:
-        """L2 slots -> vLLM blocks; returns the bytes copied."""
+        """L2 slots -> vLLM blocks: `slots` are the first pages of `block_ids` in token
+        order (the last block may be filled in part: the rest of it is left as it is,
+        vLLM computes it); returns the bytes copied."""
         self._check(block_ids, slots, pool)
-        if not block_ids:
-            return 0
+        full = len(slots) // self.pages_per_block
+        split = full * self.pages_per_block
+        moved = self._load_blocks(pool, slots[:split], block_ids[:full]) if full else 0
+        if split < len(slots):
+            moved += self._load_tail(pool, slots[split:], block_ids[full])
+        return moved
+
+    def _load_blocks(
+        self, pool: torch.Tensor, slots: Sequence[int], block_ids: Sequence[int]
+    ) -> int:
+        """Whole blocks: one batched gather from L2 and one scatter per layer."""
         ids = self.kernel_ids(block_ids)
         n, k = len(ids), self.pages_per_kernel_block
         _, two, p, h, d = self.page_shape
@@ -234,3 +259,20 @@ class BlockCopier:
             blocks.unflatten(2, (k, p)).copy_(src)
             tensor.index_copy_(self._block_dim, ids, rows)
         return pages.numel() * pages.element_size()
+
+    def _load_tail(self, pool: torch.Tensor, slots: Sequence[int], block_id: int) -> int:
+        """The first `len(slots)` pages of one block, written in place (token ranges of
+        its kernel blocks), leaving the rest of the block untouched."""
+        _, two, p, h, d = self.page_shape
+        k = self.pages_per_kernel_block
+        # [pages, layers, 2, P, H, D]
+        src = pool.index_select(0, torch.as_tensor(list(slots), dtype=torch.long))
+        kernel = self.kernel_ids([block_id]).tolist()
+        for start in range(0, len(slots), k):
+            chunk = src[start : start + k]
+            c = chunk.shape[0]
+            for layer, view in enumerate(self.views):
+                # [c, 2, P, H, D] -> [2, c * P, H, D], a token range of the kernel block
+                part = chunk[:, layer].transpose(0, 1).reshape(two, c * p, h, d)
+                view[kernel[start // k], :, : c * p].copy_(part)
+        return src.numel() * src.element_size()

@@ -99,7 +99,7 @@ class WorkerSide:
             try:
                 pool = self._pool(meta.segment)
                 assert self.copier is not None and pool.tensor is not None
-                moved = self.copier.save(job.block_ids, pool.tensor, job.slots)
+                moved = self.copier.save(job.block_ids, pool.tensor, job.slots, job.first_page)
                 self.stats.add("bytes_save", moved)
                 self._report.saves_done.append(job.job)
             except Exception:  # the pages are just not cached
