@@ -3,10 +3,11 @@
     asynchicache bench vllm [--model HF_DIR] [--prompt-tokens 1500] [--rounds 3]
         [--python .venv-vllm/bin/python] [--block-size N] [--out FILE.json]
 
-Starts the servers itself, all with identical vLLM flags (eager, float32, the
-same max-model-len and KV cache size), sends one warm-up request to each
-after every start, then runs `--rounds` interleaved rounds of four arms on a
-~1,500-token chat prompt (streamed; TTFT = until the first content token):
+Starts the servers itself, one at a time, all with identical vLLM flags
+(eager, float32, the same max-model-len and KV cache size), sends one warm-up
+request to each after every start, then runs `--rounds` interleaved rounds of
+four arms on a ~1,500-token chat prompt (streamed; TTFT = until the first
+content token):
 
   vllm_cold        vLLM alone, a prompt it has never seen
   ours_restart     vLLM + AsynchicacheConnector, the prompt computed by the
@@ -151,32 +152,31 @@ def run(config: BenchConfig) -> dict:
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     hits: dict[str, list[float]] = {arm: [] for arm in ARMS}
     load_before = os.getloadavg()[0]
+
+    def timed(arm_name: str, arm: Arm, msgs: list[dict[str, str]]) -> None:
+        times[arm_name].append(arm.timed(msgs))
+        hits[arm_name].append(arm.hit_tokens[-1])
+
     try:
-        for arm in arms.values():
-            arm.start()
+        # One server at a time (a vLLM takes ~2 GB), each started and warmed up
+        # before it is timed, so every arm sees a fresh process.
         for r in range(config.rounds):
             seed = 1000 * (r + 1)
             computed = messages(seed, config.prompt_tokens)
-            for name in ("ours", "example"):  # computed once, then both restarted
-                ttft(_server(arms[name]), computed)
-                arms[name].start()
-            for arm_name, arm, msgs in (
-                ("vllm_cold", arms["vllm"], messages(seed + 1, config.prompt_tokens)),
-                ("ours_restart", arms["ours"], computed),
-                ("example_restart", arms["example"], computed),
-                ("ours_cold", arms["ours"], messages(seed + 2, config.prompt_tokens)),
-            ):
-                times[arm_name].append(arm.timed(msgs))
-                hits[arm_name].append(arm.hit_tokens[-1])
+            arms["vllm"].start()
+            timed("vllm_cold", arms["vllm"], messages(seed + 1, config.prompt_tokens))
+            arms["vllm"].stop()
+            for name in ("ours", "example"):  # computed by one process, timed in the next
+                ttft(arms[name].start(), computed)
+                arms[name].start()  # stops the first: vLLM and (ours) its cache service
+                timed(f"{name}_restart", arms[name], computed)
+                if name == "ours":
+                    timed("ours_cold", arms[name], messages(seed + 2, config.prompt_tokens))
+                arms[name].stop()
     finally:
         for arm in arms.values():
             arm.stop()
     return _report(config, times, hits, load_before)
-
-
-def _server(arm: Arm) -> VllmServer:
-    assert arm.server is not None
-    return arm.server
 
 
 def _report(config: BenchConfig, times: dict[str, list[float]],

@@ -2,9 +2,10 @@
 
 The KV "truth" is K and V as `[blocks, tokens, kv_heads, head_dim]` per layer;
 each test writes it into a tensor the way the backend's kernel reads it (the
-CPU backend's head-major split, vLLM 0.32's token-interleaved CUDA layout with
-NHD and HND strides, the older kv-first CUDA layout) and checks that our
-canonical view and the block <-> page copies see exactly the truth.
+CPU backend's head-major layout with K transposed, vLLM 0.32's token-interleaved
+CUDA layout with NHD and HND strides, the older kv-first CUDA layout) and checks
+that our canonical views and the block <-> page copies see exactly the truth.
+(tests/vllm/test_cpu_kernel_layout.py checks the CPU builder against vLLM's kernel.)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from asynchicache.integrations.vllm.layouts import (
     BlockCopier,
     BlockFormat,
     BlockGeometry,
-    canonical_view,
+    canonical_kv,
     detect_format,
 )
 
@@ -30,12 +31,17 @@ def truth(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def cpu_head_major(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """CPU_ATTN: [B, H, N, 2D]; per (block, head) the K rows, then the V rows."""
+    """CPU_ATTN: [B, H, N, 2D]; per (block, head) K transposed [D, N], then V [N, D]."""
     t = torch.empty(B, H, N, 2 * D)
-    rows = t.view(B, H, 2 * N, D)  # the view cpu_attn.py's forward takes
-    rows[:, :, :N] = k.permute(0, 2, 1, 3)
-    rows[:, :, N:] = v.permute(0, 2, 1, 3)
+    flat = t.view(B, H, 2 * N * D)
+    flat[:, :, : N * D] = k.permute(0, 2, 3, 1).reshape(B, H, D * N)  # [B, H, D, N]
+    flat[:, :, N * D :] = v.permute(0, 2, 1, 3).reshape(B, H, N * D)  # [B, H, N, D]
     return t
+
+
+def canonical_view(tensor: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """K and V stacked, `[blocks, 2, N, H, D]` (a copy, for comparisons)."""
+    return torch.stack(canonical_kv(tensor, fmt), dim=1)
 
 
 def cuda_interleaved_nhd(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -73,13 +79,11 @@ def test_detect_and_canonical_view_see_the_truth(name: str) -> None:
     k, v = truth(0)
     tensor = build(k, v)
     assert detect_format(backend_of(name), tensor.shape, GEOMETRY) is fmt
-    view = canonical_view(tensor, fmt)
-    assert view.shape == (B, 2, N, H, D)
-    assert view.data_ptr() == tensor.data_ptr() or view.untyped_storage().data_ptr() == (
-        tensor.untyped_storage().data_ptr()
-    )
-    torch.testing.assert_close(view[:, 0], k, rtol=0, atol=0)
-    torch.testing.assert_close(view[:, 1], v, rtol=0, atol=0)
+    view_k, view_v = canonical_kv(tensor, fmt)
+    for view, want in ((view_k, k), (view_v, v)):
+        assert view.shape == (B, N, H, D)
+        assert view.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+        torch.testing.assert_close(view, want, rtol=0, atol=0)
 
 
 def test_unknown_backend_and_shape_are_named() -> None:
@@ -126,6 +130,30 @@ def test_save_writes_pages_in_our_layout_and_load_restores_blocks(name: str) -> 
         assert not view[[1, 2, 3, 4]].any()  # nothing else was written
 
 
+@pytest.mark.parametrize("name", BUILDERS)
+def test_pages_of_a_block_in_part(name: str) -> None:
+    """Saves from a page inside a block, and a load that fills the first pages of its last
+    block: exactly those token ranges move; the rest of the block is left as it was."""
+    _, fmt = BUILDERS[name]
+    tensors, truths = _layers(name, 5)
+    copier = BlockCopier(tensors, fmt, ratio=1, page_size=P)
+    pool = torch.zeros(6, *copier.page_shape)
+    copier.save([3, 0], pool, [5, 4], first_page=1)  # block 3's 2nd page, block 0's 1st
+    for layer, (k, v) in enumerate(truths):
+        torch.testing.assert_close(pool[5, layer, 0], k[3, P:], rtol=0, atol=0)
+        torch.testing.assert_close(pool[4, layer, 1], v[0, :P], rtol=0, atol=0)
+    assert not pool[[0, 1, 2, 3]].any()
+    before = [canonical_view(t, fmt).clone() for t in tensors]
+    copier.load(pool, [5, 4, 5], [1, 2])  # block 1 whole, block 2's first page only
+    for layer, t in enumerate(tensors):
+        view, old = canonical_view(t, fmt), before[layer]
+        k, v = truths[layer]
+        torch.testing.assert_close(view[1, 0], torch.cat([k[3, P:], k[0, :P]]), rtol=0, atol=0)
+        torch.testing.assert_close(view[2, :, :P], torch.stack([k[3, P:], v[3, P:]]))
+        torch.testing.assert_close(view[2, :, P:], old[2, :, P:], rtol=0, atol=0)
+        torch.testing.assert_close(view[[0, 3, 4, 5]], old[[0, 3, 4, 5]], rtol=0, atol=0)
+
+
 def test_kernel_blocks_split_a_manager_block() -> None:
     """A tensor with ratio x the manager blocks: block b is kernel blocks b*r .. b*r+r-1."""
     k, v = truth(3)  # B kernel blocks of N tokens = B/2 manager blocks of 2N tokens
@@ -137,13 +165,26 @@ def test_kernel_blocks_split_a_manager_block() -> None:
     copier.save([2], pool, [3, 2, 1, 0])
     torch.testing.assert_close(pool[3, 0, 0], k[4, :P])
     torch.testing.assert_close(pool[0, 0, 1], v[5, P:])
+    # The first 3 pages of manager block 1 (kernel blocks 2 and 3): kernel block 3's
+    # second half is left as it was.
+    old = canonical_view(tensor, BlockFormat.TOKEN_INTERLEAVED)[3, :, P:]
+    copier.load(pool, [3, 2, 1], [1])
+    view = canonical_view(tensor, BlockFormat.TOKEN_INTERLEAVED)
+    torch.testing.assert_close(view[2, 0], k[4], rtol=0, atol=0)
+    torch.testing.assert_close(view[3, 1, :P], v[5, :P], rtol=0, atol=0)
+    torch.testing.assert_close(view[3, :, P:], old, rtol=0, atol=0)
 
 
 def test_mismatched_pool_or_slot_count_is_refused() -> None:
     tensors, _ = _layers("CPU_ATTN", 4)
     copier = BlockCopier(tensors, BlockFormat.HEAD_MAJOR_SPLIT, 1, P)
-    with pytest.raises(ValueError, match="need 2 slots"):
-        copier.save([1], torch.zeros(4, *copier.page_shape), [0])
+    pool = torch.zeros(4, *copier.page_shape)
+    with pytest.raises(ValueError, match="2 blocks of 2 pages cannot hold 1 slots"):
+        copier.save([1, 2], pool, [0])  # the second block would be left out
+    with pytest.raises(ValueError, match="cannot hold 3 slots from page 0"):
+        copier.load(pool, [0, 1, 2], [1])
+    with pytest.raises(ValueError, match="from page 2"):
+        copier.save([1], pool, [0], first_page=2)
     with pytest.raises(ValueError, match="L2 pool pages"):
         copier.load(torch.zeros(4, L, 2, 2 * P, H, D), [0, 1], [1])
     with pytest.raises(ValueError, match="must divide"):

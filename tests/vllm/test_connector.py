@@ -40,9 +40,9 @@ from asynchicache.integrations.vllm.service_process import service_pid
 # for a test whose fixture starts servers.
 pytestmark = pytest.mark.timeout(900)
 
-N = 700  # prompt tokens: 5 full blocks of 128 can be loaded (640 tokens)
-LOADED = 640
-FILLERS = 7  # 7 x 40 pages of other prompts push a prompt out of the 244-page L2
+N = 700  # prompt tokens: 43 full pages of 16 can be loaded (688 tokens; vLLM's
+LOADED = 688  # blocks hold 128: the hit ends inside its sixth block, loaded in part)
+FILLERS = 7  # 7 x 43 pages of other prompts push a prompt out of the 244-page L2
 
 
 @dataclass

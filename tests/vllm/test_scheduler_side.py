@@ -91,7 +91,8 @@ def answer(side: SchedulerSide, req: FakeRequest, computed: int = 0) -> tuple[in
     return tokens, load_async
 
 
-def compute_and_save(side: SchedulerSide, req: FakeRequest, blocks: list[int]) -> torch.Tensor:
+def compute_and_save(side: SchedulerSide, req: FakeRequest, blocks: list[int],
+                     finish: bool = True) -> torch.Tensor:
     """vLLM computes the whole prompt in one step; the 'worker' writes its pages into L2.
     Returns the page bytes written, `[pages, layers, 2, PAGE, heads, dim]`."""
     side.on_new_request(req)  # type: ignore[arg-type]
@@ -106,14 +107,17 @@ def compute_and_save(side: SchedulerSide, req: FakeRequest, blocks: list[int]) -
     )
     meta = side.build_connector_meta(out)  # type: ignore[arg-type]
     (job,) = meta.saves
-    full = (len(req.all_token_ids)) // BLOCK
-    assert list(job.block_ids) == blocks[:full] and len(job.slots) == full * 2
+    pages = len(req.all_token_ids) // PAGE  # every full page, the last block's in part
+    touched = -(-pages // (BLOCK // PAGE))
+    assert list(job.block_ids) == blocks[:touched] and len(job.slots) == pages
+    assert job.first_page == 0
     pool = side.pool.tensor
     assert pool is not None
     values = torch.randn(len(job.slots), *pool.shape[1:])
     pool[list(job.slots)] = values
     side.on_worker_meta(AsynchicacheWorkerMeta(saves_done=[job.job]))
-    side.request_finished(req)  # type: ignore[arg-type]
+    if finish:
+        side.request_finished(req)  # type: ignore[arg-type]
     return values
 
 
@@ -132,29 +136,31 @@ def stored(side: SchedulerSide, pages: int) -> None:
 def test_saved_pages_come_back_from_disk_into_a_new_instances_l2(
     side: SchedulerSide, config: ConnectorConfig
 ) -> None:
-    tokens = list(range(1000, 1000 + 5 * BLOCK + 7))  # 5 full blocks, a partial one
+    # 5 full blocks, then a block with one full page and 7 tokens
+    tokens = list(range(1000, 1000 + 5 * BLOCK + PAGE + 7))
     written = compute_and_save(side, FakeRequest("r1", tokens), [10, 11, 12, 13, 14, 15])
-    stored(side, 10)
+    stored(side, 11)
     side.shutdown()  # L2 and the service go: only the disk keeps the pages
     fresh = SchedulerSide(spec(), config)
     try:
         req = FakeRequest("r2", tokens)
-        assert answer(fresh, req) == (5 * BLOCK, True)
+        # Every full page: the hit ends inside vLLM's last block.
+        assert answer(fresh, req) == (5 * BLOCK + PAGE, True)
         lk = fresh._lookups["r2"]
-        assert lk.split(10).disk == 10
+        assert lk.split(11).disk == 11
         pool = fresh.pool.tensor
         assert pool is not None
         torch.testing.assert_close(pool[lk.slots], written, rtol=0, atol=0)
-        fresh.update_state_after_alloc(req, FakeBlocks([3, 4, 5, 6, 7, 8]), 5 * BLOCK)
+        fresh.update_state_after_alloc(req, FakeBlocks([3, 4, 5, 6, 7, 8]), 5 * BLOCK + PAGE)
         meta = fresh.build_connector_meta(SimpleNamespace(
             scheduled_new_reqs=[], num_scheduled_tokens={},
             scheduled_cached_reqs=SimpleNamespace(req_ids=[], resumed_req_ids=set(),
                                                   num_computed_tokens=[])))
         (load,) = meta.loads
-        assert list(load.block_ids) == [3, 4, 5, 6, 7] and list(load.slots) == lk.slots
+        assert list(load.block_ids) == [3, 4, 5, 6, 7, 8] and list(load.slots) == lk.slots
         # vLLM already holding the first two blocks: only the rest is offered.
         other = FakeRequest("r3", tokens)
-        assert answer(fresh, other, computed=2 * BLOCK) == (3 * BLOCK, True)
+        assert answer(fresh, other, computed=2 * BLOCK) == (3 * BLOCK + PAGE, True)
         fresh.on_worker_meta(AsynchicacheWorkerMeta(loads_done=[load.job]))
         fresh.request_finished(req)  # type: ignore[arg-type]
         fresh.request_finished(other)  # type: ignore[arg-type]
@@ -162,6 +168,31 @@ def test_saved_pages_come_back_from_disk_into_a_new_instances_l2(
         fresh.index.check_integrity()
     finally:
         fresh.shutdown()
+
+
+def test_later_steps_save_the_pages_they_complete(side: SchedulerSide) -> None:
+    """Output tokens fill pages inside a block: each step saves the pages it completed,
+    from inside the block, and a prompt that repeats them hits them all in L2."""
+    tokens = list(range(400, 400 + BLOCK + PAGE + 3))  # 3 full pages, 3 tokens more
+    req = FakeRequest("grow", tokens)
+    compute_and_save(side, req, [7, 8], finish=False)
+    side.kv_cache_manager.blocks["grow"] = [7, 8, 9]  # type: ignore[union-attr]
+    req.all_token_ids = tokens + list(range(9000, 9000 + 2 * PAGE))  # decoded (one step here)
+    meta = side.build_connector_meta(SimpleNamespace(  # type: ignore[arg-type]
+        scheduled_new_reqs=[], num_scheduled_tokens={"grow": 2 * PAGE},
+        scheduled_cached_reqs=SimpleNamespace(req_ids=["grow"], resumed_req_ids=set(),
+                                              num_computed_tokens=[len(tokens)])))
+    (job,) = meta.saves  # pages 3 (block 8's second) and 4 (block 9's first)
+    assert (job.block_ids, job.first_page, len(job.slots)) == ((8, 9), 1, 2)
+    side.on_worker_meta(AsynchicacheWorkerMeta(saves_done=[job.job]))
+    side.request_finished(req)  # type: ignore[arg-type]
+    again = FakeRequest("again", [*req.all_token_ids, 5])
+    assert answer(side, again) == (5 * PAGE, True)
+    assert side._lookups["again"].split(5).host == 5
+    side.request_finished(again)  # type: ignore[arg-type]
+    stored(side, 5)
+    assert side.index.counts()["pinned"] == 0
+    side.index.check_integrity()
 
 
 def test_salted_chains_do_not_meet(side: SchedulerSide) -> None:

@@ -6,16 +6,20 @@ vLLM hands `register_kv_caches` one tensor per attention layer; what its
 dimensions mean depends on the attention backend (vLLM 0.32):
 
 * CPU_ATTN: `[blocks, kv_heads, block_size, 2 * head_dim]`; the memory of one
-  (block, head) is a `[2 * block_size, head_dim]` matrix, the block's K rows
-  first, then its V rows ("head-major split").
+  (block, head) is K transposed, `[head_dim, block_size]`, then V,
+  `[block_size, head_dim]` ("head-major, K transposed"): where its kernel
+  `cpu_attn_reshape_and_cache` (ISAs vec and vec16) writes token t's K[d] and
+  V[d] (tests/vllm/test_cpu_kernel_layout.py checks it against the kernel). So
+  K of a 16-token page is spread over the whole block: only a view that knows
+  this copies a part of a block right.
 * FLASH_ATTN, TRITON_ATTN, FLEX_ATTENTION: the same 4D shape, but each token's
   row is `[K | V]` along the last dimension ("token-interleaved"); the strides
   follow VLLM_KV_CACHE_LAYOUT (LBNHC is the classic NHD memory order).
 * Older vLLM's FlashAttention: `[2, blocks, block_size, kv_heads, head_dim]`
   ("kv-first"), recognised from the 5D shape.
 
-Every format is turned into one canonical strided view per layer,
-`[blocks, 2, block_size, kv_heads, head_dim]`, over the same memory (no copy),
+Every format is turned into two canonical strided views per layer, K and V,
+each `[blocks, block_size, kv_heads, head_dim]`, over the same memory (no copy),
 and every copy is a batched gather/scatter over all blocks of a job, one pass
 per layer: never a Python loop over pages. vLLM may split a manager block into
 `ratio` kernel blocks (the tensor then has `ratio` times the blocks); block
@@ -34,7 +38,7 @@ import torch
 
 
 class BlockFormat(StrEnum):
-    HEAD_MAJOR_SPLIT = "head_major_split"
+    HEAD_MAJOR_SPLIT = "head_major_kt"  # K transposed, then V, per (block, head)
     TOKEN_INTERLEAVED = "token_interleaved"
     KV_FIRST = "kv_first"
 
@@ -47,6 +51,10 @@ BACKEND_FORMATS: MappingProxyType[str, BlockFormat] = MappingProxyType({
     "TRITON_ATTN": BlockFormat.TOKEN_INTERLEAVED,
     "FLEX_ATTENTION": BlockFormat.TOKEN_INTERLEAVED,
 })
+
+# CPU_ATTN's kernels whose block layout HEAD_MAJOR_SPLIT describes (others, e.g. amx for
+# bfloat16, pack K differently: refused at start rather than copied wrong).
+CPU_ISAS: frozenset[str] = frozenset({"vec", "vec16"})
 
 
 @dataclass(frozen=True)
@@ -78,26 +86,27 @@ def detect_format(backend: str, shape: Sequence[int], geometry: BlockGeometry) -
     )
 
 
-def canonical_view(tensor: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
-    """`[blocks, 2, block_size, kv_heads, head_dim]`, sharing `tensor`'s memory."""
+def canonical_kv(tensor: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V, each `[blocks, block_size, kv_heads, head_dim]`, sharing `tensor`'s memory."""
     if fmt is BlockFormat.KV_FIRST:
-        return tensor.permute(1, 0, 2, 3, 4)
+        return tensor[0], tensor[1]
     blocks, heads, tokens, width = tensor.shape
     head_dim = width // 2
     if fmt is BlockFormat.TOKEN_INTERLEAVED:
-        # [B, H, N, 2, D] -> [B, 2, N, H, D]
-        return tensor.unflatten(3, (2, head_dim)).permute(0, 3, 2, 1, 4)
+        # [B, H, N, 2, D] -> [B, N, H, D] each
+        kv = tensor.unflatten(3, (2, head_dim)).permute(0, 2, 1, 3, 4)
+        return kv[:, :, :, 0], kv[:, :, :, 1]
     if tensor.stride(3) != 1 or tensor.stride(2) != width:
         raise ValueError(
             f"a head-major KV block must be dense per head; strides {tensor.stride()}"
         )
     s_block, s_head = tensor.stride(0), tensor.stride(1)
-    # Per (block, head): [2, N, D] (K rows, then V rows) -> [B, 2, N, H, D]
-    split = tensor.as_strided(
-        (blocks, heads, 2, tokens, head_dim),
-        (s_block, s_head, tokens * head_dim, head_dim, 1),
-    )
-    return split.permute(0, 2, 3, 1, 4)
+    shape = (blocks, tokens, heads, head_dim)
+    # Per (block, head): K^T [D, N] (token t's K[d] at d * N + t), then V [N, D].
+    k = tensor.as_strided(shape, (s_block, 1, s_head, tokens))
+    v = tensor.as_strided(shape, (s_block, head_dim, s_head, 1),
+                          tensor.storage_offset() + tokens * head_dim)
+    return k, v
 
 
 class BlockCopier:
@@ -119,10 +128,10 @@ class BlockCopier:
             raise ValueError("no attention layers to copy")
         self.tensors = list(tensors)
         self.fmt = fmt
-        self.views = [canonical_view(t, fmt) for t in self.tensors]
-        first = self.views[0]
+        self.views = [canonical_kv(t, fmt) for t in self.tensors]
+        first = self.views[0][0]
         self.ratio = ratio
-        self.kernel_block_size = first.shape[2]
+        self.kernel_block_size = first.shape[1]
         if self.kernel_block_size % page_size:
             raise ValueError(
                 f"page_size {page_size} must divide vLLM's (kernel) block size "
@@ -132,13 +141,13 @@ class BlockCopier:
         self.pages_per_kernel_block = self.kernel_block_size // page_size
         self.pages_per_block = self.pages_per_kernel_block * ratio
         self.num_layers = len(self.views)
-        self.num_kv_heads = first.shape[3]
-        self.head_dim = first.shape[4]
+        self.num_kv_heads = first.shape[2]
+        self.head_dim = first.shape[3]
         self.dtype = first.dtype
         self.device = first.device
         self._block_dim = 1 if fmt is BlockFormat.KV_FIRST else 0
         self._scratch_bufs: dict[tuple[str, str], torch.Tensor] = {}
-        for v in self.views:
+        for v in (view for pair in self.views for view in pair):
             if v.shape[1:] != first.shape[1:] or v.dtype != first.dtype:
                 raise ValueError("all attention layers must share one KV shape and dtype")
 
@@ -154,12 +163,20 @@ class BlockCopier:
             ids = (ids[:, None] * self.ratio + torch.arange(self.ratio)).reshape(-1)
         return ids.to(self.device)
 
-    def _check(self, block_ids: Sequence[int], slots: Sequence[int], pool: torch.Tensor) -> None:
-        if len(slots) != len(block_ids) * self.pages_per_block:
+    def _check(
+        self, block_ids: Sequence[int], slots: Sequence[int], pool: torch.Tensor, first: int = 0
+    ) -> None:
+        """`slots` are pages `first ..` of the blocks, in token order; every block but the
+        last is covered to its end and the last one at least in part."""
+        ppb = self.pages_per_block
+        end, n = first + len(slots), len(block_ids)
+        if n and not (0 <= first < ppb and (n - 1) * ppb < end <= n * ppb):
             raise ValueError(
-                f"{len(block_ids)} blocks need {len(block_ids) * self.pages_per_block} "
-                f"slots, got {len(slots)}"
+                f"{n} blocks of {ppb} pages cannot hold {len(slots)} slots "
+                f"from page {first}"
             )
+        if not block_ids and slots:
+            raise ValueError(f"{len(slots)} slots and no blocks")
         if tuple(pool.shape[1:]) != self.page_shape or pool.dtype != self.dtype:
             raise ValueError(
                 f"L2 pool pages are {tuple(pool.shape[1:])} {pool.dtype}, vLLM's blocks "
@@ -194,9 +211,13 @@ class BlockCopier:
         shape[self._block_dim] = n
         return self._scratch("rows", shape, self.device)
 
-    def save(self, block_ids: Sequence[int], pool: torch.Tensor, slots: Sequence[int]) -> int:
-        """vLLM blocks -> L2 slots; returns the bytes copied."""
-        self._check(block_ids, slots, pool)
+    def save(
+        self, block_ids: Sequence[int], pool: torch.Tensor, slots: Sequence[int],
+        first_page: int = 0,
+    ) -> int:
+        """vLLM blocks -> L2 slots: pages `first_page ..` of `block_ids` (in token order)
+        into `slots`; returns the bytes copied."""
+        self._check(block_ids, slots, pool, first_page)
         if not block_ids:
             return 0
         ids = self.kernel_ids(block_ids)
@@ -206,19 +227,33 @@ class BlockCopier:
         staging = self._scratch("staging", (n, k, self.num_layers, two, p, h, d),
                                 torch.device("cpu"))
         rows = self._rows(n)
-        blocks = canonical_view(rows, self.fmt)  # [n, 2, N, H, D] over `rows`
+        blocks = canonical_kv(rows, self.fmt)  # K, V [n, N, H, D] over `rows`
         for layer, tensor in enumerate(self.tensors):
             torch.index_select(tensor, self._block_dim, ids, out=rows)
-            staging[:, :, layer].copy_(blocks.unflatten(2, (k, p)).transpose(1, 2))
+            for kv, part in enumerate(blocks):
+                staging[:, :, layer, kv].copy_(part.unflatten(1, (k, p)))
         index = torch.as_tensor(list(slots), dtype=torch.long)
-        pool.index_copy_(0, index, staging.view(n * k, self.num_layers, two, p, h, d))
-        return staging.numel() * staging.element_size()
+        pages = staging.view(n * k, self.num_layers, two, p, h, d)
+        pages = pages[first_page : first_page + len(slots)]
+        pool.index_copy_(0, index, pages)
+        return pages.numel() * pages.element_size()
 
     def load(self, pool: torch.Tensor, slots: Sequence[int], block_ids: Sequence[int]) -> int:
-        """L2 slots -> vLLM blocks; returns the bytes copied."""
+        """L2 slots -> vLLM blocks: `slots` are the first pages of `block_ids` in token
+        order (the last block may be filled in part: the rest of it is left as it is,
+        vLLM computes it); returns the bytes copied."""
         self._check(block_ids, slots, pool)
-        if not block_ids:
-            return 0
+        full = len(slots) // self.pages_per_block
+        split = full * self.pages_per_block
+        moved = self._load_blocks(pool, slots[:split], block_ids[:full]) if full else 0
+        if split < len(slots):
+            moved += self._load_tail(pool, slots[split:], block_ids[full])
+        return moved
+
+    def _load_blocks(
+        self, pool: torch.Tensor, slots: Sequence[int], block_ids: Sequence[int]
+    ) -> int:
+        """Whole blocks: one batched gather from L2 and one scatter per layer."""
         ids = self.kernel_ids(block_ids)
         n, k = len(ids), self.pages_per_kernel_block
         _, two, p, h, d = self.page_shape
@@ -228,9 +263,27 @@ class BlockCopier:
         torch.index_select(pool, 0, index, out=pages)
         pages_by_block = pages.view(n, k, self.num_layers, two, p, h, d)
         rows = self._rows(n)
-        blocks = canonical_view(rows, self.fmt)  # [n, 2, N, H, D] over `rows`
+        blocks = canonical_kv(rows, self.fmt)  # K, V [n, N, H, D] over `rows`
         for layer, tensor in enumerate(self.tensors):
-            src = pages_by_block[:, :, layer].transpose(1, 2)  # [n, 2, k, P, H, D]
-            blocks.unflatten(2, (k, p)).copy_(src)
+            for kv, part in enumerate(blocks):
+                part.unflatten(1, (k, p)).copy_(pages_by_block[:, :, layer, kv])
             tensor.index_copy_(self._block_dim, ids, rows)
         return pages.numel() * pages.element_size()
+
+    def _load_tail(self, pool: torch.Tensor, slots: Sequence[int], block_id: int) -> int:
+        """The first `len(slots)` pages of one block, written in place (token ranges of
+        its kernel blocks), leaving the rest of the block untouched."""
+        _, _, p, h, d = self.page_shape
+        k = self.pages_per_kernel_block
+        # [pages, layers, 2, P, H, D]
+        src = pool.index_select(0, torch.as_tensor(list(slots), dtype=torch.long))
+        kernel = self.kernel_ids([block_id]).tolist()
+        for start in range(0, len(slots), k):
+            chunk = src[start : start + k]
+            c = chunk.shape[0]
+            for layer, pair in enumerate(self.views):
+                for kv, view in enumerate(pair):
+                    # [c, P, H, D] -> [c * P, H, D], a token range of the kernel block
+                    part = chunk[:, layer, kv].reshape(c * p, h, d)
+                    view[kernel[start // k], : c * p].copy_(part)
+        return src.numel() * src.element_size()

@@ -64,7 +64,7 @@ class Lookup:
     key: int
     req_id: str
     first_page: int  # pages vLLM holds already (its own prefix cache, block-aligned)
-    want_pages: int  # pages past `first_page` that could be hit (whole blocks, not the last token)
+    want_pages: int  # pages past `first_page` that could be hit (never the last token)
     started: float
     phase: Phase = Phase.ASKING
     host_slots: list[int] = field(default_factory=list)  # pinned L2 hits, in chain order

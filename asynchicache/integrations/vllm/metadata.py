@@ -20,12 +20,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 @dataclass(frozen=True)
 class CopyJob:
-    """Copy `block_ids` (vLLM blocks of request `req_id`) to or from `slots`."""
+    """Copy pages of `block_ids` (vLLM blocks of request `req_id`) to or from `slots`:
+    one slot per page in token order, from page `first_page` of the first block; the
+    last block may be covered in part (pages hold `page_size` tokens, blocks several
+    pages)."""
 
     job: int
     req_id: str
     block_ids: tuple[int, ...]
     slots: tuple[int, ...]
+    first_page: int = 0
 
 
 @dataclass

@@ -20,8 +20,9 @@ from asynchicache.cache.keys import KV_LAYOUT_VERSION, Namespace
 
 ENGINE = "vllm"
 # vLLM's arithmetic is named by its version, device and backend in the engine marker;
-# this counts changes of how *we* turn its blocks into pages.
-NUMERICS_VERSION = 1
+# this counts changes of how *we* turn its blocks into pages (2: CPU_ATTN's K is read
+# transposed, as its kernel stores it; pages of version 1 held it scrambled).
+NUMERICS_VERSION = 2
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 _FULL_HASH_BYTES = 1 << 30  # larger files are hashed by samples
 _SAMPLE_BYTES = 1 << 20

@@ -4,15 +4,17 @@ It runs in vLLM's engine-core process and never waits: the cache service is
 reached through `ServiceLink`'s thread, and every answer is collected by a
 non-blocking `_poll()` at the start of each entry point.
 
-* Lookups (`get_num_new_matched_tokens`): the prompt's full pages (whole vLLM
-  blocks, never the last token) are named by our chained hashes; L2 hits are
-  pinned, the service is asked how far the chain goes on, and the pages are
-  read into L2 slots; until then the answer is None (vLLM asks again next
-  step). Only pages verified in L2 are offered (see `lookup.py`).
+* Lookups (`get_num_new_matched_tokens`): the prompt's full pages (never the
+  last token) are named by our chained hashes; L2 hits are pinned, the
+  service is asked how far the chain goes on, and the pages are read into L2
+  slots; until then the answer is None (vLLM asks again next step). Only
+  pages verified in L2 are offered (see `lookup.py`). A hit is counted in our
+  pages, not in vLLM's blocks: its last block may be loaded in part (vLLM
+  computes the rest of it), so a restart recomputes less than a page.
 * Loads: once vLLM allocated blocks (`update_state_after_alloc`), a load job
   (L2 slots -> blocks) goes to the worker with the next metadata.
-* Saves: every full block a step computes (prompt or output) is copied by the
-  worker into fresh L2 slots right after the forward pass; when the worker
+* Saves: every full page a step computes (prompt or output) is copied by the
+  worker into a fresh L2 slot right after the forward pass; when the worker
   reports it done, the slots are published in L2 and stored by the service.
   vLLM's blocks are therefore never held past the step that filled them.
 * The L2 segment belongs to this process; the worker maps it by name.
@@ -97,7 +99,7 @@ class SchedulerSide:
         self._waiting: dict[int, Lookup] = {}  # ASKING or LOADING, by key
         self._jobs: dict[int, Job] = {}
         self._loads: list[CopyJob] = []  # for the worker, with the next metadata
-        self._covered: dict[str, int] = {}  # leading blocks known stored or being saved
+        self._covered: dict[str, int] = {}  # leading pages known stored or being saved
         self._yielded = False  # a waiting lookup slept in this scheduler step
         log.info("asynchicache connector: %d L2 slots of %d tokens in %s, service %s",
                  slots, config.page_size, self.pool.name, config.service_address)
@@ -139,7 +141,7 @@ class SchedulerSide:
     def _start(self, request: Request, first_page: int) -> Lookup:
         tokens = request.all_token_ids
         hashes = self._chain(request).extend(tokens)
-        max_pages = (len(tokens) - 1) // self.block_size * self.pages_per_block
+        max_pages = (len(tokens) - 1) // self.page_size  # vLLM computes the last token
         want = max(0, max_pages - first_page)
         lk = Lookup(next(self._ids), request.request_id, first_page, want, time.monotonic())
         self._lookups[request.request_id] = lk
@@ -165,11 +167,8 @@ class SchedulerSide:
         return chain
 
     def _on_exists(self, lk: Lookup, pages: int) -> None:
-        ppb = self.pages_per_block
-        end = lk.next_page + pages
-        target = lk.first_page + (end - lk.first_page) // ppb * ppb
-        n = target - lk.next_page
-        slots = self.index.allocate(n) if n > 0 else None
+        target = lk.next_page + pages
+        slots = self.index.allocate(pages) if pages > 0 else None
         if slots is None:
             self._answer(lk)
             return
@@ -204,10 +203,9 @@ class SchedulerSide:
             self._answer(lk)
 
     def _answer(self, lk: Lookup) -> None:
-        """Settle the hit: whole blocks of verified, pinned L2 pages; unpin the rest."""
+        """Settle the hit: the verified, pinned L2 pages; unpin the rest."""
         self._waiting.pop(lk.key, None)
-        ppb = self.pages_per_block
-        pages = len(lk.slots) // ppb * ppb
+        pages = len(lk.slots)
         if pages * self.page_size < self.config.min_load_tokens:
             pages = 0
         split = lk.split(pages)
@@ -251,7 +249,7 @@ class SchedulerSide:
             return
         pages = min(num_external_tokens // self.page_size, lk.answer_pages)
         first_block = lk.first_page // self.pages_per_block
-        n_blocks = pages // self.pages_per_block
+        n_blocks = -(-pages // self.pages_per_block)  # the last one may be loaded in part
         block_ids = blocks.get_block_ids()[0][first_block : first_block + n_blocks]
         slots = lk.slots[:pages]
         self.index.unpin(lk.slots[pages:])
@@ -272,45 +270,46 @@ class SchedulerSide:
         meta = AsynchicacheMetadata(self.pool.name, self._loads, [], self.config.load_async)
         self._loads = []
         for new in out.scheduled_new_reqs:
-            self._covered[new.req_id] = new.num_computed_tokens // self.block_size
+            self._covered[new.req_id] = new.num_computed_tokens // self.page_size
             done = new.num_computed_tokens + out.num_scheduled_tokens.get(new.req_id, 0)
             self._plan_save(new.req_id, done, meta)
         cached = out.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             computed = cached.num_computed_tokens[i]
             if req_id in cached.resumed_req_ids:
-                self._covered[req_id] = computed // self.block_size
+                self._covered[req_id] = computed // self.page_size
             self._plan_save(req_id, computed + out.num_scheduled_tokens.get(req_id, 0), meta)
         return meta
 
     def _plan_save(self, req_id: str, computed: int, meta: AsynchicacheMetadata) -> None:
+        """Save jobs for the full pages computed since the last step that L2 lacks."""
         request = self._requests.get(req_id)
-        target = computed // self.block_size
+        target = computed // self.page_size
         covered = self._covered.get(req_id, target)
         if request is None or target <= covered or self.kv_cache_manager is None:
             return
-        tokens = request.all_token_ids
+        self._covered[req_id] = target
         chain = self._chain(request)
-        hashes = chain.extend(tokens)
+        hashes = chain.extend(request.all_token_ids)
+        missing = [p for p in range(covered, target) if self.index.slot_of(hashes[p]) is None]
         block_ids = self.kv_cache_manager.get_block_ids(req_id)[0]
-        blocks, refs = [], []
-        ppb, size = self.pages_per_block, self.page_size
-        for b in range(covered, target):
-            pages = range(b * ppb, (b + 1) * ppb)
-            if all(self.index.slot_of(hashes[p]) is not None for p in pages):
-                continue  # already in L2 (and so stored or being stored)
-            slots = self.index.allocate(ppb)
+        for run in _runs(missing):
+            slots = self.index.allocate(len(run))
             if slots is None:
                 self.stats.add("saves_skipped")
-                break
-            blocks.append(block_ids[b])
-            refs += [PageRef(hashes[p], tuple(tokens[p * size : (p + 1) * size]), s,
-                             chain.parent(p)) for p, s in zip(pages, slots, strict=True)]
-        self._covered[req_id] = target
-        if blocks:
-            job = next(self._ids)
-            self._jobs[job] = Job(JobKind.SAVE_COPY, req_id, [r.slot for r in refs], refs)
-            meta.saves.append(CopyJob(job, req_id, tuple(blocks), tuple(r.slot for r in refs)))
+                return
+            meta.saves.append(self._save_job(request, chain, run, slots, block_ids))
+
+    def _save_job(self, request: Request, chain: RequestChain, pages: range,
+                  slots: list[int], block_ids: list[int]) -> CopyJob:
+        tokens, size, ppb = request.all_token_ids, self.page_size, self.pages_per_block
+        refs = [PageRef(chain.hashes[p], tuple(tokens[p * size : (p + 1) * size]), s,
+                        chain.parent(p)) for p, s in zip(pages, slots, strict=True)]
+        job = next(self._ids)
+        self._jobs[job] = Job(JobKind.SAVE_COPY, request.request_id, slots, refs)
+        first, last = pages[0] // ppb, (pages[-1] // ppb) + 1
+        return CopyJob(job, request.request_id, tuple(block_ids[first:last]), tuple(slots),
+                       pages[0] - first * ppb)
 
     # -- worker and service reports -------------------------------------------
 
@@ -387,3 +386,14 @@ class SchedulerSide:
     def shutdown(self) -> None:
         self.link.close()
         self.pool.close()
+
+
+def _runs(pages: list[int]) -> list[range]:
+    """Ascending page numbers as runs of consecutive ones."""
+    out: list[range] = []
+    for p in pages:
+        if out and out[-1].stop == p:
+            out[-1] = range(out[-1].start, p + 1)
+        else:
+            out.append(range(p, p + 1))
+    return out

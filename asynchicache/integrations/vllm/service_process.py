@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from asynchicache.integrations.vllm.config import ConnectorConfig
-from asynchicache.storage import service
+from asynchicache.storage import service, service_cli
 from asynchicache.storage.service import default_runtime_dir
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     # Who serves the address, and for whom (tools, tests, the owner's clean stop).
     os.write(fd, f"{os.getpid()} {args.parent_pid}\n".encode())
     threading.Thread(target=_watch_owner, args=(args.parent_pid,), daemon=True).start()
-    return service.main(rest)
+    return service_cli.main(rest)
 
 
 if __name__ == "__main__":

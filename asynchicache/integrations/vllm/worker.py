@@ -25,9 +25,10 @@ import torch
 from asynchicache.cache.pools import HostPool, KVLayout
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.layouts import (
+    CPU_ISAS,
     BlockCopier,
     BlockGeometry,
-    canonical_view,
+    canonical_kv,
     detect_format,
 )
 from asynchicache.integrations.vllm.metadata import AsynchicacheMetadata, AsynchicacheWorkerMeta
@@ -58,7 +59,7 @@ class WorkerSide:
         geometry = BlockGeometry(self.spec.num_blocks, self.spec.block_size,
                                  self.spec.num_kv_heads, self.spec.head_dim)
         fmt = detect_format(backend, tensors[0].shape, geometry)
-        kernel_blocks = canonical_view(tensors[0], fmt).shape[0]
+        kernel_blocks = canonical_kv(tensors[0], fmt)[0].shape[0]
         if kernel_blocks % self.spec.num_blocks:
             raise ValueError(f"{kernel_blocks} kernel blocks do not split "
                              f"{self.spec.num_blocks} blocks evenly")
@@ -99,7 +100,7 @@ class WorkerSide:
             try:
                 pool = self._pool(meta.segment)
                 assert self.copier is not None and pool.tensor is not None
-                moved = self.copier.save(job.block_ids, pool.tensor, job.slots)
+                moved = self.copier.save(job.block_ids, pool.tensor, job.slots, job.first_page)
                 self.stats.add("bytes_save", moved)
                 self._report.saves_done.append(job.job)
             except Exception:  # the pages are just not cached
@@ -127,7 +128,8 @@ class WorkerSide:
 
 
 def attention_backend(vllm_config: VllmConfig, layer_names: tuple[str, ...]) -> str:
-    """The name of the attention backend vLLM picked for these layers (e.g. CPU_ATTN)."""
+    """The name of the attention backend vLLM picked for these layers (e.g. CPU_ATTN);
+    raises for a CPU kernel whose block layout we do not know."""
     from vllm.config import get_layers_from_vllm_config
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
@@ -135,4 +137,18 @@ def attention_backend(vllm_config: VllmConfig, layer_names: tuple[str, ...]) -> 
     names = {layer.get_attn_backend().get_name() for layer in layers.values()}
     if len(names) != 1:
         raise ValueError(f"AsynchicacheConnector needs one attention backend, got {names}")
-    return names.pop()
+    name = names.pop()
+    if name == "CPU_ATTN":
+        isa = _cpu_attention_isa(vllm_config)
+        if isa not in CPU_ISAS:
+            raise ValueError(f"CPU attention kernel {isa!r} is not supported by "
+                             f"AsynchicacheConnector; known: {', '.join(sorted(CPU_ISAS))}")
+    return name
+
+
+def _cpu_attention_isa(vllm_config: VllmConfig) -> str:
+    """The kernel CPU_ATTN picks (as its metadata builder does)."""
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    model, cache = vllm_config.model_config, vllm_config.cache_config
+    return _get_attn_isa(model.dtype, cache.block_size, model.get_head_size(), cache.cache_dtype)
