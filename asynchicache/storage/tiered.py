@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from asynchicache.storage.admission import DiskAdmission
 from asynchicache.storage.base import (
     BackendStats,
     Cleared,
@@ -82,12 +83,9 @@ class TieredConfig:
             raise ValueError("staging_bytes must be positive")
 
     def admits(self, pages: int) -> bool:
-        """Whether a chain of `pages` pages read from L4 may be written to disk."""
-        if self.admit_hits == 0 and self.admit_tokens == 0:
-            return True
-        return (0 < self.admit_hits <= 1) or (
-            self.admit_tokens > 0 and pages * self.page_tokens >= self.admit_tokens
-        )
+        """Whether a chain of `pages` pages read from L4 may be written to disk (one hit)."""
+        rule = DiskAdmission(self.admit_hits, self.admit_tokens)
+        return rule.admits(hits=1, tokens=pages * self.page_tokens)
 
 
 @dataclass(frozen=True)
