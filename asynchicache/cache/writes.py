@@ -20,6 +20,7 @@ from asynchicache.cache.parts import CacheParts
 from asynchicache.cache.radix import RadixNode
 from asynchicache.cache.transfer import TransferDone
 from asynchicache.config import WritePolicy
+from asynchicache.storage.admission import DiskAdmission
 from asynchicache.storage.base import Completion, PageRef, TicketKind
 
 log = logging.getLogger(__name__)
@@ -165,15 +166,8 @@ class Writer:
         """L2 -> storage admission: hot pages or long prompts (both limits 0: everything)."""
         if self.parts.storage is None:
             return False
-        min_hits, min_tokens = (
-            self.parts.config.disk_admit_hits,
-            self.parts.config.disk_admit_tokens,
-        )
-        if min_hits == 0 and min_tokens == 0:
-            return True
-        return (min_hits > 0 and hits >= min_hits) or (
-            min_tokens > 0 and prompt_tokens >= min_tokens
-        )
+        cfg = self.parts.config
+        return DiskAdmission(cfg.disk_admit_hits, cfg.disk_admit_tokens).admits(hits, prompt_tokens)
 
     def on_write(self, job: WriteJob, done: TransferDone) -> None:
         p = self.parts

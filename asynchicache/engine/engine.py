@@ -90,12 +90,11 @@ class Engine:
 
     def _register_pool(self, storage: StorageTier | None) -> None:
         """Tell the cache service which shared-memory pool our L2 slot numbers index."""
-        register = getattr(storage, "register_pool", None)
         pool = self.cache.host_pool
-        if register is None or pool is None:
+        if storage is None or pool is None:
             return
-        dtype = self.config.dtype
-        register(self.namespace.encode(), pool.name, PageLayout(dtype, self.layout.page_shape))
+        layout = PageLayout(self.config.dtype, self.layout.page_shape)
+        storage.register_pool(self.namespace.encode(), pool.name, layout)
 
     # ---------------------------------------------------------------- requests
     def add_request(self, msg: GenerateRequest) -> TokenOutput | None:
@@ -289,8 +288,8 @@ class Engine:
 
         A short request/reply on the admin path only; {} when there is no service
         or it does not answer in time (it may be restarting)."""
-        ask = getattr(self.cache.storage, "stats", None)
-        reply = ask(timeout_s=STORAGE_STATS_TIMEOUT_S) if ask is not None else None
+        storage = self.cache.storage
+        reply = storage.stats(timeout_s=STORAGE_STATS_TIMEOUT_S) if storage is not None else None
         if reply is None:
             return {}
         return {

@@ -1,22 +1,17 @@
 """Messages between the HTTP server and the engine process (ZeroMQ + msgpack).
 
-Every message is a typed dataclass; `encode`/`decode` are the only codec and a
-round-trip test covers each type. Token ids cross the socket, never text: the
-HTTP process tokenizes and detokenizes.
+Every message is a typed dataclass, encoded and decoded by the one codec
+(asynchicache.codec); a round-trip test covers each type. Token ids cross the
+socket, never text: the HTTP process tokenizes and detokenizes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import types
-import typing
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
-import msgpack
+from asynchicache.codec import Codec
 
 # The most alternatives a client may ask per token (OpenAI's chat limit; vLLM's default).
 MAX_LOGPROBS = 20
@@ -218,9 +213,9 @@ class AdminReply:
     error: str | None = None
 
 
-MESSAGE_TYPES: dict[str, type] = {
-    cls.__name__: cls
-    for cls in (
+CODEC = Codec(
+    "engine",
+    (
         LogitBias,
         SamplingParams,
         GenerateRequest,
@@ -231,92 +226,8 @@ MESSAGE_TYPES: dict[str, type] = {
         StepOutputs,
         AdminRequest,
         AdminReply,
-    )
-}
-
-
-# Each message type's field annotations, resolved once (typing.get_type_hints evaluates
-# the string annotations anew on every call: most of a decode's time when it ran per message).
-FIELD_HINTS: Mapping[type, Mapping[str, Any]] = MappingProxyType({
-    cls: MappingProxyType(typing.get_type_hints(cls)) for cls in MESSAGE_TYPES.values()
-})
-
-
-def _to_plain(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        body = {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        return {"__t": type(obj).__name__, **body}
-    if isinstance(obj, list | tuple):
-        if all(type(x) is int for x in obj):  # token ids: no element needs converting
-            return list(obj)
-        return [_to_plain(x) for x in obj]
-    return obj
-
-
-def _from_plain(obj: Any) -> Any:
-    if isinstance(obj, dict) and "__t" in obj:
-        cls = MESSAGE_TYPES.get(obj["__t"])
-        if cls is None:
-            raise ValueError(f"unknown message type {obj['__t']!r}")
-        kwargs = {}
-        for f in dataclasses.fields(cls):
-            if f.name in obj:
-                value = _from_plain(obj[f.name])
-                kwargs[f.name] = tuple(value) if isinstance(value, list) else value
-        return cls(**kwargs)
-    if isinstance(obj, list):
-        if all(type(x) is int for x in obj):  # token ids
-            return obj
-        return [_from_plain(x) for x in obj]
-    return obj
-
-
-def encode(msg: Any) -> bytes:
-    return msgpack.packb(_to_plain(msg), use_bin_type=True)
-
-
-def decode(data: bytes) -> Any:
-    """Decode one message; raises ValueError on anything malformed or mistyped."""
-    try:
-        plain = msgpack.unpackb(data, raw=False)
-        msg = _from_plain(plain)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise ValueError(f"malformed engine message: {exc}") from exc
-    if not dataclasses.is_dataclass(msg):
-        raise ValueError("malformed engine message: not a typed message")
-    _check_types(msg)
-    return msg
-
-
-def _check_types(msg: Any) -> None:
-    """Every field holds what its annotation says (a mistyped field would fail deep in the
-    engine, taking it down, instead of here)."""
-    hints = FIELD_HINTS[type(msg)]
-    for f in dataclasses.fields(msg):
-        if not _conforms(getattr(msg, f.name), hints[f.name]):
-            raise ValueError(f"malformed engine message: {type(msg).__name__}.{f.name} mistyped")
-
-
-def _conforms(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if hint is Any:
-        return True
-    if origin in (types.UnionType, typing.Union):
-        return any(_conforms(value, h) for h in typing.get_args(hint))
-    if origin is tuple:
-        item = typing.get_args(hint)[0]
-        if item is int:  # token ids, thousands of them: one pass, no call per element
-            return isinstance(value, tuple) and all(type(v) is int for v in value)
-        return isinstance(value, tuple) and all(_conforms(v, item) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
-    if dataclasses.is_dataclass(hint):
-        if isinstance(value, hint):
-            _check_types(value)
-            return True
-        return False
-    if hint is float:  # msgpack keeps 0 an int
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
+    ),
+)
+MESSAGE_TYPES = CODEC.messages
+encode = CODEC.encode
+decode = CODEC.decode  # ValueError on anything malformed or mistyped

@@ -4,46 +4,47 @@ Public names; see base.py for the protocols, disk.py for the disk tier,
 redis.py for the remote tier, tiered.py for how the service chains them,
 service.py / client.py for the process boundary, tickets.py for the life of a
 ticket (and the quarantine of its slots), deadline.py for when a job stops.
+
+Names load on first use (PEP 562), so importing `asynchicache.storage.base`
+(as the cache layer does) loads neither redis-py nor ZeroMQ.
 """
 
-from asynchicache.storage.base import (
-    BackendStats,
-    Completion,
-    PageLayout,
-    PageRef,
-    Settled,
-    StorageBackend,
-    StorageTier,
-    TicketKind,
-)
-from asynchicache.storage.client import StorageClient
-from asynchicache.storage.client_config import ClientConfig
-from asynchicache.storage.deadline import Deadline
-from asynchicache.storage.disk import DiskBackend, DiskConfig
-from asynchicache.storage.redis import RedisBackend, RedisConfig
-from asynchicache.storage.service import CacheService, ServiceConfig, run_service
-from asynchicache.storage.tiered import RemoteTierConfig, TieredBackend, TieredConfig
+from __future__ import annotations
 
-__all__ = [
-    "BackendStats",
-    "CacheService",
-    "ClientConfig",
-    "Completion",
-    "Deadline",
-    "DiskBackend",
-    "DiskConfig",
-    "PageLayout",
-    "PageRef",
-    "RedisBackend",
-    "RedisConfig",
-    "RemoteTierConfig",
-    "ServiceConfig",
-    "Settled",
-    "StorageBackend",
-    "StorageClient",
-    "StorageTier",
-    "TicketKind",
-    "TieredBackend",
-    "TieredConfig",
-    "run_service",
-]
+import importlib
+from types import MappingProxyType
+
+_MODULE_OF = MappingProxyType(
+    {
+        "BackendStats": "base",
+        "Completion": "base",
+        "PageLayout": "base",
+        "PageRef": "base",
+        "Settled": "base",
+        "StorageBackend": "base",
+        "StorageTier": "base",
+        "TicketKind": "base",
+        "StorageClient": "client",
+        "ClientConfig": "client_config",
+        "Deadline": "deadline",
+        "DiskBackend": "disk",
+        "DiskConfig": "disk",
+        "RedisBackend": "redis",
+        "RedisConfig": "redis",
+        "CacheService": "service",
+        "ServiceConfig": "service",
+        "run_service": "service",
+        "RemoteTierConfig": "tiered",
+        "TieredBackend": "tiered",
+        "TieredConfig": "tiered",
+    }
+)
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> object:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -12,17 +12,34 @@ Two levels:
 Page identity is the chained page hash of `cache.keys` (16 bytes). Only full
 pages are stored. A page is stored with its token ids so that files and values
 are self-describing and verifiable.
+
+Also here, what every backend shares: `check_read` / `check_pool` (the L2 pool
+and slots a call names, checked before any byte moves) and `StatsCounter` (its
+`BackendStats`, counted into from several threads).
+
+This module imports no backend: the cache layer imports it without loading
+redis-py or ZeroMQ (tests/storage/test_storage_base.py).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from asynchicache.storage.deadline import Deadline
+    from asynchicache.storage.messages import StatsReply
+
+# A chain's page hashes (16 bytes each, in chain order) and the L2 slots their pages
+# move through, `slots[i]` for `hashes[i]`.
+Hashes = Sequence[bytes]
+Slots = Sequence[int]
 
 # Bytes per element of the dtypes a KV page may hold, by torch/numpy name
 # (numpy has no bfloat16 or float8, so the size cannot come from np.dtype).
@@ -94,7 +111,7 @@ class PageRef:
 
 @dataclass
 class BackendStats:
-    """Counters every backend keeps (also exported as metrics)."""
+    """Counters every backend keeps (also exported as metrics); see `StatsCounter`."""
 
     pages: int = 0
     bytes_used: int = 0
@@ -135,27 +152,75 @@ class Cleared:
 
 
 class StorageBackend(Protocol):
-    """A synchronous page store. `slots` index the L2 pool as `[slots, page_bytes]` uint8."""
+    """A synchronous page store (`DiskBackend`, `RedisBackend`, and `TieredBackend` chaining
+    them). `pool` is the L2 pool as `[slots, page_bytes]` uint8 (`check_pool`).
 
-    def exists(self, hashes: Sequence[bytes]) -> int:
+    A call stops starting pages once `deadline` has passed (or was cancelled): those pages
+    count as missed (read) or not stored (write). When it returns, nothing of it touches
+    `pool` any more. Clearing is each tier's own (`clear`, with that tier's arguments).
+    """
+
+    def exists(self, hashes: Hashes) -> int:
         """How many pages of the chain `hashes` are present, counting from the start."""
         ...
 
-    def get(self, hashes: Sequence[bytes], slots: Sequence[int], pool: np.ndarray) -> int:
+    def get(
+        self, hashes: Hashes, slots: Slots, pool: np.ndarray, deadline: Deadline | None = None
+    ) -> int:
         """Read pages into `pool[slots[i]]`; returns how many leading pages were verified."""
         ...
 
-    def put(self, pages: Sequence[PageRef], pool: np.ndarray) -> int:
+    def put(
+        self, pages: Sequence[PageRef], pool: np.ndarray, deadline: Deadline | None = None
+    ) -> int:
         """Write pages from `pool[page.slot]`; returns how many were stored."""
         ...
 
-    def delete(self, hashes: Sequence[bytes]) -> int: ...
-
-    def clear(self, scope: ClearScope = ...) -> Cleared: ...
+    def delete(self, hashes: Hashes) -> int: ...
 
     def stats(self) -> BackendStats: ...
 
     def close(self) -> None: ...
+
+
+def check_pool(pool: np.ndarray, page_bytes: int, slots: Slots) -> None:
+    """`pool` must be the L2 pool as `[slots, page_bytes]` uint8 and every slot in range."""
+    if pool.dtype != np.uint8 or pool.ndim != 2 or pool.shape[1] != page_bytes:
+        raise ValueError(f"pool must be uint8 [slots, {page_bytes}], got {pool.dtype} {pool.shape}")
+    if not pool.flags.c_contiguous:
+        raise ValueError("pool must be C-contiguous")
+    bad = [s for s in slots if not 0 <= s < pool.shape[0]]
+    if bad:
+        raise ValueError(f"slots out of range [0, {pool.shape[0]}): {bad[:8]}")
+
+
+def check_read(hashes: Hashes, slots: Slots, pool: np.ndarray, page_bytes: int) -> None:
+    """A `get`'s arguments: one slot per hash, each in `pool` (see `check_pool`)."""
+    if len(hashes) != len(slots):
+        raise ValueError(f"{len(hashes)} hashes but {len(slots)} slots")
+    check_pool(pool, page_bytes, slots)
+
+
+class StatsCounter:
+    """A backend's `BackendStats`, added to by its I/O threads and read as snapshots."""
+
+    def __init__(self, stats: BackendStats | None = None) -> None:
+        self._stats = stats or BackendStats()
+        self._lock = threading.Lock()
+
+    def add(self, **deltas: int) -> None:
+        """Add to a named field when it has one, else to `extra`."""
+        with self._lock:
+            for name, delta in deltas.items():
+                if hasattr(self._stats, name):
+                    setattr(self._stats, name, getattr(self._stats, name) + delta)
+                else:
+                    self._stats.extra[name] = self._stats.extra.get(name, 0.0) + delta
+
+    def snapshot(self) -> BackendStats:
+        """A copy the caller may change (backends add their gauges to it)."""
+        with self._lock:
+            return replace(self._stats, extra=dict(self._stats.extra))
 
 
 class TicketKind(StrEnum):
@@ -213,11 +278,11 @@ class TierLookup(Protocol):
 class StorageTier(Protocol):
     """The hierarchy's asynchronous view of L3/L4. Nothing here may block for I/O."""
 
-    def exists(self, hashes: Sequence[bytes]) -> int:
+    def exists(self, hashes: Hashes) -> int:
         """Leading pages available below L2 (index lookup, bounded time; 0 when unreachable)."""
         ...
 
-    def submit_load(self, hashes: Sequence[bytes], slots: Sequence[int]) -> int:
+    def submit_load(self, hashes: Hashes, slots: Slots) -> int:
         """Start reading pages into L2 `slots`; returns a ticket id at once."""
         ...
 
@@ -226,6 +291,16 @@ class StorageTier(Protocol):
         ...
 
     def cancel(self, ticket: int) -> None: ...
+
+    def register_pool(self, namespace: bytes, segment: str, layout: PageLayout) -> None:
+        """Name the L2 pool our slot numbers index (`Namespace.encode()`, the shared-memory
+        segment's name, one page's layout); the engine calls it once its pool exists."""
+        ...
+
+    def stats(self, timeout_s: float = 1.0) -> StatsReply | None:
+        """The tiers' and the service's counters; None when no answer came in `timeout_s`
+        (a short request on the admin path, never the scheduler's)."""
+        ...
 
     def poll(self) -> list[Completion | Settled]:
         """Tickets finished (and unsettled tickets settled) since the last call. Never blocks.

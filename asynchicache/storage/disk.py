@@ -44,13 +44,23 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, wait
 from concurrent.futures import ThreadPoolExecutor as _Pool
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from asynchicache.storage.base import BackendStats, Cleared, ClearScope, PageRef
-from asynchicache.storage.counters import add_counts
+from asynchicache.storage.base import (
+    BackendStats,
+    Cleared,
+    ClearScope,
+    Hashes,
+    PageRef,
+    Slots,
+    StatsCounter,
+    StorageBackend,
+    check_pool,
+    check_read,
+)
 from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk_adopt import FolderAdoption
 from asynchicache.storage.disk_clear import drop_pins, plan_clear
@@ -86,7 +96,6 @@ from asynchicache.storage.pins import (
     folder_pinned_bytes,
     pin_id_of,
 )
-from asynchicache.storage.pools import check_pool
 
 __all__ = [
     "PAGE_SUFFIX",
@@ -115,7 +124,7 @@ class PinResult:
     limit: PinLimit
 
 
-class DiskBackend:
+class DiskBackend(StorageBackend):
     """StorageBackend over a folder of page files (see the module docstring)."""
 
     def __init__(self, config: DiskConfig, events: EventLog | None = None) -> None:
@@ -134,8 +143,8 @@ class DiskBackend:
         self._space = DiskSpace(
             config.root, self._folder, config.capacity_bytes, self._index, self.pins, self._path
         )
-        self._stats = BackendStats(capacity_bytes=config.capacity_bytes)
-        self._stats_lock = threading.Lock()
+        self._stats = StatsCounter(BackendStats(capacity_bytes=config.capacity_bytes))
+        self._count = self._stats.add
         self._io = _Pool(config.io_threads, thread_name_prefix="disk-io")
         self._scratch = Scratch()
         self._adoption = FolderAdoption(
@@ -158,19 +167,13 @@ class DiskBackend:
         return n
 
     def get(
-        self,
-        hashes: Sequence[bytes],
-        slots: Sequence[int],
-        pool: np.ndarray,
-        deadline: Deadline | None = None,
+        self, hashes: Hashes, slots: Slots, pool: np.ndarray, deadline: Deadline | None = None
     ) -> int:
         """Read pages into their slots; pages not started by `deadline` are misses.
 
         Returns only once no read into `pool` is in flight, even when one failed.
         """
-        if len(hashes) != len(slots):
-            raise ValueError(f"{len(hashes)} hashes but {len(slots)} slots")
-        check_pool(pool, self.page_bytes, slots)
+        check_read(hashes, slots, pool, self.page_bytes)
         # Before the scan finished the index is partial: try the files anyway.
         n = len(hashes) if not self.ready else self.exists(hashes)
         batch = self._batch(pool, deadline)
@@ -243,8 +246,7 @@ class DiskBackend:
         return Cleared(sum(f > 0 for f in freed), plan.pinned_kept)
 
     def stats(self) -> BackendStats:
-        with self._stats_lock:
-            snap = replace(self._stats, extra=dict(self._stats.extra))
+        snap = self._stats.snapshot()
         snap.pages = len(self._index)
         snap.bytes_used = self._index.bytes_used
         snap.evictions = self._space.counters.evictions
@@ -392,9 +394,6 @@ class DiskBackend:
                 set_mtime(self._path(h), stamp_ns - i)
                 done.append((h, stamp_ns - i))
         self._index.record_stamps(done)
-
-    def _count(self, **deltas: int) -> None:
-        add_counts(self._stats, self._stats_lock, deltas)
 
     def _discard(self, page_hash: bytes, path: Path, reason: str) -> None:
         log.warning("disk page %s: %s; removing it", page_hash.hex(), reason)

@@ -69,7 +69,6 @@ class TierCleared:
 
 
 StorageEvent = PagesStored | PagesRemoved | TierCleared
-EVENT_TYPES = (PagesStored, PagesRemoved, TierCleared)
 
 
 def stored_runs(tier: str, pages: Sequence[IndexedPage]) -> list[PagesStored]:

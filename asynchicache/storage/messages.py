@@ -17,25 +17,18 @@ Store gets exactly one final reply, after which the service touches none of
 its slots.
 
 The admin messages (clear, pins, contents, events) are in storage.admin_messages;
-`encode`/`decode` are the only codec, for both. `decode` checks every field against its
-type hint, so a malformed or hostile frame is a clean `ValueError`, never a
-half-built message that fails later inside the service.
+both go through the one codec (asynchicache.codec), whose `decode` checks every field
+against its type hint, so a malformed or hostile frame is a clean `ValueError`, never
+a half-built message that fails later inside the service.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any
 
-import msgpack
-
+from asynchicache.codec import Codec
 from asynchicache.storage.admin_messages import (
     Clear,
-    ClearedPages,
     ClearReply,
     Contents,
     ContentsReply,
@@ -49,8 +42,6 @@ from asynchicache.storage.admin_messages import (
     check_hashes,
 )
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
-from asynchicache.storage.events import EVENT_TYPES
-from asynchicache.storage.pins import Pin
 
 
 @dataclass(frozen=True)
@@ -206,133 +197,35 @@ Reply = (
     | ErrorReply
 )
 
-MESSAGE_TYPES: MappingProxyType[str, type] = MappingProxyType(
-    {
-        cls.__name__: cls
-        for cls in (
-            Register,
-            RegisterReply,
-            Exists,
-            ExistsReply,
-            Load,
-            LoadReply,
-            Store,
-            StoreReply,
-            Cancel,
-            CancelReply,
-            Stats,
-            StatsReply,
-            Clear,
-            ClearReply,
-            PinChain,
-            PinReply,
-            Unpin,
-            UnpinReply,
-            Pins,
-            PinsReply,
-            Contents,
-            ContentsReply,
-            StorageEvents,
-            ErrorReply,
-        )
-    }
+CODEC = Codec(
+    "storage",
+    (
+        Register,
+        RegisterReply,
+        Exists,
+        ExistsReply,
+        Load,
+        LoadReply,
+        Store,
+        StoreReply,
+        Cancel,
+        CancelReply,
+        Stats,
+        StatsReply,
+        Clear,
+        ClearReply,
+        PinChain,
+        PinReply,
+        Unpin,
+        UnpinReply,
+        Pins,
+        PinsReply,
+        Contents,
+        ContentsReply,
+        StorageEvents,
+        ErrorReply,
+    ),
 )
-_NESTED = (PageLayout, PageRef, BackendStats, ClearedPages, Pin, *EVENT_TYPES)
-_HINTS = MappingProxyType(
-    {cls: typing.get_type_hints(cls) for cls in (*MESSAGE_TYPES.values(), *_NESTED)}
-)
-
-
-def encode(msg: Any) -> bytes:
-    if type(msg).__name__ not in MESSAGE_TYPES:
-        raise TypeError(f"not a storage message: {type(msg).__name__}")
-    return msgpack.packb(_to_plain(msg), use_bin_type=True)
-
-
-def decode(data: bytes) -> Any:
-    """Decode one message; raises ValueError (only) on anything malformed."""
-    try:
-        plain = msgpack.unpackb(data, raw=False, strict_map_key=True)
-        cls = MESSAGE_TYPES.get(plain.get("__t")) if isinstance(plain, dict) else None
-        if cls is None:
-            raise ValueError("not a typed storage message")
-        return _from_plain(plain, cls)
-    except ValueError as exc:
-        raise ValueError(f"malformed storage message: {exc}") from exc
-    except Exception as exc:  # msgpack raises a zoo of types on garbage; all mean "malformed"
-        raise ValueError(f"malformed storage message: {type(exc).__name__}: {exc}") from exc
-
-
-def _to_plain(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        body = {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        return {"__t": type(obj).__name__, **body}
-    if isinstance(obj, list | tuple):
-        return [_to_plain(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _to_plain(v) for k, v in obj.items()}
-    return obj
-
-
-def _from_plain(value: Any, hint: Any) -> Any:
-    """`value` checked against (and shaped as) type `hint`."""
-    origin = typing.get_origin(hint)
-    if origin in (types.UnionType, typing.Union):
-        return _from_union(value, typing.get_args(hint))
-    if origin is tuple:
-        (item, _) = typing.get_args(hint)
-        return tuple(_from_plain(x, item) for x in _expect(value, list))
-    if origin is dict:
-        key_t, val_t = typing.get_args(hint)
-        return {
-            _from_plain(k, key_t): _from_plain(v, val_t) for k, v in _expect(value, dict).items()
-        }
-    if hint in _HINTS:
-        return _from_dataclass(value, hint)
-    return _from_scalar(value, hint)
-
-
-def _from_union(value: Any, options: tuple[Any, ...]) -> Any:
-    if value is None and type(None) in options:
-        return None
-    classes = [o for o in options if o in _HINTS]
-    if classes:  # a union of messages (events): the value names its type
-        tag = value.get("__t") if isinstance(value, dict) else None
-        for cls in classes:
-            if cls.__name__ == tag:
-                return _from_dataclass(value, cls)
-        raise ValueError(f"expected one of {[c.__name__ for c in classes]}, got {tag!r}")
-    for option in options:
-        if option is not type(None):
-            return _from_plain(value, option)
-    raise ValueError(f"unexpected {value!r}")
-
-
-def _from_dataclass(value: Any, cls: type) -> Any:
-    obj = _expect(value, dict)
-    if obj.get("__t") != cls.__name__:
-        raise ValueError(f"expected {cls.__name__}, got {obj.get('__t')!r}")
-    hints = _HINTS[cls]
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in obj:
-            kwargs[f.name] = _from_plain(obj[f.name], hints[f.name])
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ValueError(f"{cls.__name__}.{f.name} missing")
-    return cls(**kwargs)
-
-
-def _from_scalar(value: Any, hint: Any) -> Any:
-    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if hint is int and isinstance(value, bool):
-        raise ValueError("expected int, got bool")
-    if hint in (int, str, bytes, bool) and isinstance(value, hint):
-        return value
-    raise ValueError(f"expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}")
-
-
-def _expect(value: Any, kind: type) -> Any:
-    if not isinstance(value, kind):
-        raise ValueError(f"expected {kind.__name__}, got {type(value).__name__}")
-    return value
+MESSAGE_TYPES = CODEC.messages
+encode = CODEC.encode
+decode = CODEC.decode  # ValueError (only) on anything malformed

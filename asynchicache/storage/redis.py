@@ -30,21 +30,28 @@ Eviction is Redis's: an optional TTL per value, or the server's
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence, Set
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import replace
 
 import numpy as np
 from redis.exceptions import ResponseError
 
-from asynchicache.storage.base import BackendStats, Cleared, ClearScope, PageRef
+from asynchicache.storage.base import (
+    BackendStats,
+    Cleared,
+    ClearScope,
+    Hashes,
+    PageRef,
+    Slots,
+    StatsCounter,
+    StorageBackend,
+    check_pool,
+    check_read,
+)
 from asynchicache.storage.breaker import CircuitBreaker
-from asynchicache.storage.counters import add_counts
 from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.events import EventLog, Tier
 from asynchicache.storage.page_index import IndexedPage
-from asynchicache.storage.pools import check_pool
 from asynchicache.storage.redis_admin import clear_prefix, list_pages
 from asynchicache.storage.redis_config import RedisConfig, remote_key_prefix
 from asynchicache.storage.redis_link import OUTAGE, RemoteLink
@@ -67,7 +74,7 @@ def _entry(page: PageRef) -> IndexedPage:
     return IndexedPage(page.page_hash, 0, page.parent, page.tokens)
 
 
-class RedisBackend:
+class RedisBackend(StorageBackend):
     """StorageBackend over Redis/Valkey (see the module docstring)."""
 
     def __init__(self, config: RedisConfig, events: EventLog | None = None) -> None:
@@ -78,8 +85,8 @@ class RedisBackend:
         self.prefix = remote_key_prefix(config.namespace, config.layout)
         self._format = ValueFormat(config.namespace, config.layout, config.ttl_s)
         self._endpoint = config.endpoint
-        self._stats = BackendStats()
-        self._stats_lock = threading.Lock()
+        self._stats = StatsCounter()
+        self._count = self._stats.add
         self._breaker = CircuitBreaker(config.retry_initial_s, config.retry_max_s)
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="redis-io")
         self._link = RemoteLink(
@@ -98,30 +105,20 @@ class RedisBackend:
         return flags.index(False) if False in flags else len(flags)
 
     def get(
-        self,
-        hashes: Sequence[bytes],
-        slots: Sequence[int],
-        pool: np.ndarray,
-        deadline: Deadline | None = None,
+        self, hashes: Hashes, slots: Slots, pool: np.ndarray, deadline: Deadline | None = None
     ) -> int:
         """Read pages into their slots; returns how many leading pages were verified."""
         return len(self.read(hashes, slots, pool, deadline))
 
     def read(
-        self,
-        hashes: Sequence[bytes],
-        slots: Sequence[int],
-        pool: np.ndarray,
-        deadline: Deadline | None = None,
+        self, hashes: Hashes, slots: Slots, pool: np.ndarray, deadline: Deadline | None = None
     ) -> list[tuple[int, ...]]:
         """`get` that also returns the token ids of each leading page copied (from headers).
 
         Pages are fetched into private memory and verified first; each is copied
         into its slot only if `deadline` still holds then.
         """
-        if len(hashes) != len(slots):
-            raise ValueError(f"{len(hashes)} hashes but {len(slots)} slots")
-        check_pool(pool, self.page_bytes, slots)
+        check_read(hashes, slots, pool, self.page_bytes)
         fetched = self.fetch(hashes, deadline)
         try:
             copied = fetched.copy_to(pool, slots, deadline)
@@ -228,8 +225,7 @@ class RedisBackend:
             client.close()
 
     def stats(self) -> BackendStats:
-        with self._stats_lock:
-            snap = replace(self._stats, extra=dict(self._stats.extra))
+        snap = self._stats.snapshot()
         snap.extra["available"] = float(self.available)
         snap.extra["breaker_trips"] = float(self._breaker.trips)
         snap.extra["probes_failed"] = float(self._breaker.probes_failed)
@@ -339,5 +335,3 @@ class RedisBackend:
     def _outage(self, exc: BaseException) -> None:
         self._link.outage(exc)
 
-    def _count(self, **deltas: int) -> None:
-        add_counts(self._stats, self._stats_lock, deltas)

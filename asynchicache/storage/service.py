@@ -60,6 +60,7 @@ from asynchicache.storage.base import PageLayout
 from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk import DiskConfig
 from asynchicache.storage.events import StorageEvent
+from asynchicache.storage.liveness import pid_alive
 from asynchicache.storage.messages import (
     Cancel,
     CancelReply,
@@ -302,7 +303,7 @@ class CacheService:
         now = time.monotonic()
         for ident, client in list(self._clients.items()):
             pid = owner_pid(client.segment)
-            gone = pid is not None and not _pid_alive(pid)
+            gone = pid is not None and not pid_alive(pid)
             if gone or now - client.last_seen > self.config.client_ttl_s:
                 log.info("cache service: dropping client of segment %s", client.segment)
                 self._drop_client(ident)
@@ -437,16 +438,6 @@ def _runs(numbered: list[tuple[int, StorageEvent]]) -> list[tuple[int, tuple[Sto
         else:
             runs.append((seq, [event]))
     return [(seq, tuple(events)) for seq, events in runs]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def run_service(config: ServiceConfig, stop: threading.Event | None = None) -> None:

@@ -1,6 +1,8 @@
 """`python -m asynchicache.storage.service`: the cache service as a process of its own.
 
 python -m asynchicache.storage.service --disk-cache-dir DIR [--socket ipc://...]
+
+Every default is `ServiceConfig`'s (written once, there).
 """
 
 from __future__ import annotations
@@ -11,18 +13,15 @@ import signal
 import threading
 from pathlib import Path
 
-from asynchicache.config import GIB, CacheConfig, ServiceTuning
+from asynchicache.config import GIB
 from asynchicache.storage.disk_write import SyncMode
 from asynchicache.storage.service import run_service
-from asynchicache.storage.service_config import (
-    DEFAULT_MAX_PINNED_FRACTION,
-    ServiceConfig,
-    default_address,
-)
+from asynchicache.storage.service_config import ServiceConfig, default_address
 from asynchicache.storage.tiered import RemoteTierConfig
 
 
 def _parse(argv: list[str] | None) -> ServiceConfig:
+    d = ServiceConfig  # the defaults
     p = argparse.ArgumentParser(
         prog="asynchicache-cache-service",
         description="The cache service: L3 disk and L4 remote tiers for the engines of a machine.",
@@ -32,29 +31,29 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
     p.add_argument(
         "--disk-cache-gb",
         type=float,
-        default=CacheConfig.disk_cache_gb,
+        default=d.capacity_bytes / GIB,
         help="L3 capacity in GiB (2**30 bytes)",
     )
     p.add_argument(
         "--io-threads",
         type=int,
-        default=ServiceTuning.io_threads,
+        default=d.io_threads,
         help="parallel file I/O per namespace",
     )
     p.add_argument(
-        "--workers", type=int, default=ServiceTuning.workers, help="requests served at once"
+        "--workers", type=int, default=d.workers, help="requests served at once"
     )
     p.add_argument(
         "--disk-sync",
         choices=[m.value for m in SyncMode],
-        default=ServiceTuning.disk_sync,
+        default=d.sync.value,
         help="durability of stored pages: one syncfs per put, fdatasync per file, or none",
     )
     p.add_argument("--no-direct-io", action="store_true", help="never use O_DIRECT")
     p.add_argument(
         "--client-ttl",
         type=float,
-        default=ServiceTuning.client_ttl_s,
+        default=d.client_ttl_s,
         help="forget silent clients (s)",
     )
     p.add_argument("--remote-url", help="L4 Redis/Valkey, e.g. redis://127.0.0.1:6379/0")
@@ -62,7 +61,7 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
     p.add_argument(
         "--max-pinned-fraction",
         type=float,
-        default=DEFAULT_MAX_PINNED_FRACTION,
+        default=d.max_pinned_fraction,
         help="the share of --disk-cache-gb pins may hold (a pin over it is refused)",
     )
     p.add_argument("--log-level", default="INFO")

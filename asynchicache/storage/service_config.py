@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asynchicache.config import GIB, CacheConfig, ServiceTuning
+from asynchicache.storage.disk_config import DiskConfig
 from asynchicache.storage.disk_write import SyncMode
 from asynchicache.storage.fileio import make_private_dir
 from asynchicache.storage.tiered import RemoteTierConfig
-
-DEFAULT_MAX_PINNED_FRACTION = 0.5
 
 
 def default_runtime_dir() -> Path:
@@ -55,7 +54,7 @@ class ServiceConfig:
     direct_io: bool = True
     client_ttl_s: float = ServiceTuning.client_ttl_s  # a client silent this long is dropped
     remote: RemoteTierConfig | None = None  # L4 (Redis/Valkey) behind the disk: --remote-url
-    max_pinned_fraction: float = DEFAULT_MAX_PINNED_FRACTION  # of capacity_bytes
+    max_pinned_fraction: float = DiskConfig.max_pinned_fraction  # of capacity_bytes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disk_cache_dir", Path(self.disk_cache_dir))

@@ -27,21 +27,39 @@ live on disk (storage.pins) and also spare their pages in a remote clear.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from asynchicache.storage.base import BackendStats, Cleared, ClearScope, PageRef
+from asynchicache.storage.admission import DiskAdmission
+from asynchicache.storage.base import (
+    BackendStats,
+    Cleared,
+    ClearScope,
+    Hashes,
+    PageRef,
+    Slots,
+    StatsCounter,
+    StorageBackend,
+)
 from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk import DiskBackend, DiskConfig
 from asynchicache.storage.events import EventLog, Tier
-from asynchicache.storage.redis import RedisBackend, RedisConfig
-from asynchicache.storage.redis_topology import parse_remote_url
 from asynchicache.storage.write_behind import StagedPages, WriteBehind, stage
 
+if TYPE_CHECKING:  # redis-py loads only when a remote tier is configured
+    from asynchicache.storage.redis import RedisBackend
+
 log = logging.getLogger(__name__)
+
+_COUNTERS = (
+    "pages_from_remote",
+    "remote_pages_late",  # fetched and verified, but the job's deadline had passed
+    "uploads_inline",
+    "promotions_skipped",
+)
 
 
 @dataclass(frozen=True)
@@ -65,12 +83,9 @@ class TieredConfig:
             raise ValueError("staging_bytes must be positive")
 
     def admits(self, pages: int) -> bool:
-        """Whether a chain of `pages` pages read from L4 may be written to disk."""
-        if self.admit_hits == 0 and self.admit_tokens == 0:
-            return True
-        return (0 < self.admit_hits <= 1) or (
-            self.admit_tokens > 0 and pages * self.page_tokens >= self.admit_tokens
-        )
+        """Whether a chain of `pages` pages read from L4 may be written to disk (one hit)."""
+        rule = DiskAdmission(self.admit_hits, self.admit_tokens)
+        return rule.admits(hits=1, tokens=pages * self.page_tokens)
 
 
 @dataclass(frozen=True)
@@ -86,6 +101,8 @@ class RemoteTierConfig:
     admit_tokens: int = 0  # CacheConfig.disk_admit_tokens
 
     def __post_init__(self) -> None:
+        from asynchicache.storage.redis_topology import parse_remote_url
+
         parse_remote_url(self.url, self.cluster)  # a bad URL fails at start, naming the flag
         if self.ttl_s is not None and self.ttl_s <= 0:
             raise ValueError(f"--remote-ttl must be positive seconds, got {self.ttl_s}")
@@ -98,6 +115,8 @@ def open_tiered(
     events = events or EventLog()
     if remote is None:
         return TieredBackend(DiskBackend(disk, events))
+    from asynchicache.storage.redis import RedisBackend, RedisConfig
+
     redis_cfg = RedisConfig(
         remote.url, disk.namespace, disk.layout, ttl_s=remote.ttl_s, cluster=remote.cluster
     )
@@ -129,7 +148,7 @@ class TieredRead:
     pages_from_remote: int = 0
 
 
-class TieredBackend:
+class TieredBackend(StorageBackend):
     """StorageBackend composing `DiskBackend` (L3) and an optional `RedisBackend` (L4)."""
 
     def __init__(
@@ -146,20 +165,16 @@ class TieredBackend:
         budget = self.config.staging_bytes
         self._uploads = WriteBehind("remote-upload", budget) if remote else None
         self._promotions = WriteBehind("disk-promotion", budget) if remote else None
-        self._counters = {
-            "pages_from_remote": 0,
-            "remote_pages_late": 0,  # fetched and verified, but the job's deadline had passed
-            "uploads_inline": 0,
-            "promotions_skipped": 0,
-        }
-        self._lock = threading.Lock()  # the service's workers share this backend
+        # In `extra`, from 0; the service's workers share this backend.
+        self._counters = StatsCounter(BackendStats(extra=dict.fromkeys(_COUNTERS, 0.0)))
+        self._count = self._counters.add
 
     # -- StorageBackend -------------------------------------------------
 
-    def exists(self, hashes: Sequence[bytes]) -> int:
+    def exists(self, hashes: Hashes) -> int:
         return sum(self.exists_by_tier(hashes))
 
-    def exists_by_tier(self, hashes: Sequence[bytes]) -> tuple[int, int]:
+    def exists_by_tier(self, hashes: Hashes) -> tuple[int, int]:
         """(leading pages on disk, the pages after those in the remote tier)."""
         on_disk = self.disk.exists(hashes)
         if on_disk == len(hashes) or not self._remote_up():
@@ -168,20 +183,12 @@ class TieredBackend:
         return on_disk, self.remote.exists(hashes[on_disk:])
 
     def get(
-        self,
-        hashes: Sequence[bytes],
-        slots: Sequence[int],
-        pool: np.ndarray,
-        deadline: Deadline | None = None,
+        self, hashes: Hashes, slots: Slots, pool: np.ndarray, deadline: Deadline | None = None
     ) -> int:
         return self.load(hashes, slots, pool, deadline).pages_ok
 
     def load(
-        self,
-        hashes: Sequence[bytes],
-        slots: Sequence[int],
-        pool: np.ndarray,
-        deadline: Deadline | None = None,
+        self, hashes: Hashes, slots: Slots, pool: np.ndarray, deadline: Deadline | None = None
     ) -> TieredRead:
         """Disk first, then L4 for the rest of the chain; see the module docstring."""
         on_disk = self.disk.get(hashes, slots, pool, deadline)
@@ -191,9 +198,9 @@ class TieredBackend:
         fetched = self.remote.fetch(hashes[on_disk:], deadline)
         got = fetched.copy_to(pool, slots[on_disk:], deadline)
         if got:
-            self._count("pages_from_remote", got)
+            self._count(pages_from_remote=got)
         if len(fetched.refs) > got:
-            self._count("remote_pages_late", len(fetched.refs) - got)
+            self._count(remote_pages_late=len(fetched.refs) - got)
         self._promote(fetched, len(hashes))
         return TieredRead(on_disk + got, got)
 
@@ -250,10 +257,7 @@ class TieredBackend:
     def stats(self) -> BackendStats:
         """The disk's stats, with the tiering counters in `extra`."""
         snap = self.disk.stats()
-        with self._lock:
-            counters = dict(self._counters)
-        for name, value in counters.items():
-            snap.extra[name] = float(value)
+        snap.extra.update(self._counters.snapshot().extra)
         for wb in (self._uploads, self._promotions):
             if wb is not None:
                 for name, value in wb.counters.items():
@@ -288,7 +292,7 @@ class TieredBackend:
         assert self.remote is not None and self._uploads is not None
         if self._uploads.submit(staged, self.remote.put):
             return None
-        self._count("uploads_inline")
+        self._count(uploads_inline=1)
         self.remote.put(staged.refs, staged.pool, deadline)
         return staged
 
@@ -299,9 +303,5 @@ class TieredBackend:
         if fetched.refs and admitted and self._promotions.submit(fetched, self.disk.put):
             return
         if fetched.refs and admitted:
-            self._count("promotions_skipped")
+            self._count(promotions_skipped=1)
         fetched.release()
-
-    def _count(self, name: str, delta: int = 1) -> None:
-        with self._lock:
-            self._counters[name] += delta

@@ -1,3 +1,4 @@
+import msgpack
 import pytest
 
 from asynchicache.engine.protocol import (
@@ -33,7 +34,9 @@ def test_round_trip(msg: object) -> None:
     assert decode(encode(msg)) == msg
 
 
-@pytest.mark.parametrize("data", [b"", b"\xc1", b"\x93\x01\x02\x03", encode({"__t": "Nope"})])
+@pytest.mark.parametrize(
+    "data", [b"", b"\xc1", b"\x93\x01\x02\x03", msgpack.packb({"__t": "Nope"})]
+)
 def test_garbage_is_a_clean_error(data: bytes) -> None:
     with pytest.raises(ValueError):
         decode(data)
@@ -55,3 +58,13 @@ def test_cached_tokens_less_takes_the_deepest_tiers_first() -> None:
     assert cached.less(1) == CachedTokens(32, 16, 0, 0)
     assert cached.less(17) == CachedTokens(32, 0, 0, 0)
     assert cached.less(100) == CachedTokens()
+
+
+def test_encode_refuses_what_is_not_an_engine_message() -> None:
+    with pytest.raises(TypeError):
+        encode({"__t": "AbortRequest", "rid": "r"})
+
+
+def test_an_int_in_a_float_field_decodes_as_a_float() -> None:
+    back = decode(encode(SamplingParams(temperature=0)))  # type: ignore[arg-type]
+    assert back.temperature == 0.0 and type(back.temperature) is float

@@ -39,17 +39,25 @@ def tiers(tmp_path: Path) -> Iterator[Tiers]:
         t.close()
 
 
+def _stored_by_a_read_by_b(
+    redis_server: RedisServer, tiers: Tiers, pool: Pool
+) -> tuple[list[bytes], TieredBackend]:
+    """A chain of 8 pages (slots 0-7) stored by instance "a" on its disk and in Redis; and
+    instance "b", which shares only Redis with it."""
+    a = tiers(redis_server.url, "a")
+    b = tiers(redis_server.url, "b")
+    hashes = new_hashes(8)
+    assert a.put(refs(hashes, range(8)), pool.array) == 8
+    assert a.drain(10.0)
+    assert a.remote is not None and a.remote.exists(hashes) == 8
+    return hashes, b
+
+
 def test_pages_only_in_redis_are_served_and_written_to_disk(
     redis_server: RedisServer, tiers: Tiers, make_pool: Callable[..., Pool]
 ) -> None:
     pool = make_pool(24, fill=8)
-    a = tiers(redis_server.url, "a")
-    b = tiers(redis_server.url, "b")
-    hashes = new_hashes(8)
-    pages = refs(hashes, range(8))
-    assert a.put(pages, pool.array) == 8
-    assert a.drain(10.0)
-    assert a.remote is not None and a.remote.exists(hashes) == 8
+    hashes, b = _stored_by_a_read_by_b(redis_server, tiers, pool)
     # B's disk is empty: the whole chain comes from Redis.
     assert b.disk.exists(hashes) == 0
     assert b.exists(hashes) == 8
@@ -71,11 +79,7 @@ def test_disk_prefix_then_redis_rest(
     redis_server: RedisServer, tiers: Tiers, make_pool: Callable[..., Pool]
 ) -> None:
     pool = make_pool(16, fill=8)
-    a = tiers(redis_server.url, "a")
-    b = tiers(redis_server.url, "b")
-    hashes = new_hashes(8)
-    assert a.put(refs(hashes, range(8)), pool.array) == 8
-    assert a.drain(10.0)
+    hashes, b = _stored_by_a_read_by_b(redis_server, tiers, pool)
     assert b.disk.put(refs(hashes[:3], range(3)), pool.array) == 3
     assert b.exists(hashes) == 8
     read = b.load(hashes, list(range(8, 16)), pool.array)

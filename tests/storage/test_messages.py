@@ -194,3 +194,10 @@ def test_random_structures_only_raise_value_error(name: str, body: dict) -> None
 def test_encode_refuses_foreign_objects() -> None:
     with pytest.raises(TypeError):
         encode({"__t": "Stats", "req_id": 1})
+
+
+def test_the_wire_format_is_a_tagged_map_in_field_order() -> None:
+    """What the vLLM connector's service and older clients read: must not change."""
+    msg = Load(7, (b"h" * 16,), (3,), 5)
+    plain = {"__t": "Load", "req_id": 7, "hashes": [b"h" * 16], "slots": [3], "deadline_ns": 5}
+    assert encode(msg) == msgpack.packb(plain, use_bin_type=True)

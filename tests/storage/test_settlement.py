@@ -76,14 +76,24 @@ def _wait_running(client: StorageClient) -> None:
     raise AssertionError("the job never started")
 
 
+def _running_load(
+    services, tmp_path: Path, sock_dir: Path, stored, clients: Clients, ticket_timeout_s: float
+) -> tuple[ServiceProcess, StorageClient, int]:
+    """A load of the whole `stored` chain into the pool's second half, running now on a
+    service with one worker (the client gives it up after `ticket_timeout_s`)."""
+    pool, hashes = stored
+    svc, addr = _slow_service(services, tmp_path, sock_dir)
+    client = clients(addr, pool, ticket_timeout_s=ticket_timeout_s, ready_s=30)
+    ticket = client.submit_load(hashes, list(range(MANY, 2 * MANY)))
+    _wait_running(client)
+    return svc, client, ticket
+
+
 def test_a_ticket_given_up_while_its_job_runs_is_unsettled_until_the_late_reply(
     tmp_path: Path, sock_dir: Path, stored, services, clients: Clients
 ) -> None:
-    pool, hashes = stored
-    svc, addr = _slow_service(services, tmp_path, sock_dir)
-    client = clients(addr, pool, ticket_timeout_s=1.0, ready_s=30)
-    ticket = client.submit_load(hashes, list(range(MANY, 2 * MANY)))
-    _wait_running(client)
+    pool, _ = stored
+    svc, client, ticket = _running_load(services, tmp_path, sock_dir, stored, clients, 1.0)
     svc.signal(signal.SIGSTOP)  # frozen in the middle of the job
     try:
         [done] = client.wait([ticket], 10)
@@ -106,11 +116,7 @@ def test_a_ticket_given_up_while_its_job_runs_is_unsettled_until_the_late_reply(
 def test_cancel_stops_a_running_job_at_its_next_page(
     tmp_path: Path, sock_dir: Path, stored, services, clients: Clients
 ) -> None:
-    pool, hashes = stored
-    _, addr = _slow_service(services, tmp_path, sock_dir)
-    client = clients(addr, pool, ticket_timeout_s=60.0, ready_s=30)
-    ticket = client.submit_load(hashes, list(range(MANY, 2 * MANY)))
-    _wait_running(client)
+    _, client, ticket = _running_load(services, tmp_path, sock_dir, stored, clients, 60.0)
     client.cancel(ticket)
     [done] = [e for e in client.poll() if e.ticket == ticket]  # at once, without waiting
     assert isinstance(done, Completion)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from asynchicache.cache.pools import HostPool
-from asynchicache.storage.base import Completion, PageRef, Settled, TicketKind
+from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled, TicketKind
 
 
 @dataclass
@@ -59,6 +59,7 @@ class MemoryStorage:
         self._cancelled: list[_Op] = []
         self._settled: list[Settled] = []
         self.cancels = 0
+        self.registered: tuple[bytes, str, PageLayout] | None = None
 
     def exists(self, hashes: Sequence[bytes]) -> int:
         n = 0
@@ -87,6 +88,13 @@ class MemoryStorage:
             return
         self._cancelled += [op for op in self.ops if op.ticket == ticket]
         self.ops = [op for op in self.ops if op.ticket != ticket]
+
+    def register_pool(self, namespace: bytes, segment: str, layout: PageLayout) -> None:
+        self.registered = (namespace, segment, layout)
+
+    def stats(self, timeout_s: float = 1.0) -> None:
+        """No service: no counters (as a service that does not answer)."""
+        return None
 
     def expire(self) -> None:
         """Every queued ticket times out for the client; the service still holds its work."""

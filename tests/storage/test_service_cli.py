@@ -1,0 +1,29 @@
+"""The cache service's command line: `ServiceConfig`'s defaults; errors name their flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asynchicache.storage.service_cli import _parse
+from asynchicache.storage.service_config import ServiceConfig
+
+
+def test_no_flag_given_is_the_dataclass_default(tmp_path: Path) -> None:
+    assert _parse(["--disk-cache-dir", str(tmp_path)]) == ServiceConfig(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--io-threads", "0"], "--io-threads"),
+        (["--workers", "0"], "--workers"),
+        (["--disk-cache-gb", "0"], "--disk-cache-gb"),
+        (["--max-pinned-fraction", "2"], "--max-pinned-fraction"),
+        (["--socket", "tcp://10.1.2.3:5555"], "--socket"),
+    ],
+)
+def test_a_bad_value_names_its_flag(tmp_path: Path, argv: list[str], flag: str) -> None:
+    with pytest.raises(ValueError, match=flag):
+        _parse(["--disk-cache-dir", str(tmp_path), *argv])
