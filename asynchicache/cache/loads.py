@@ -28,8 +28,9 @@ import time
 from asynchicache.cache.eviction import Evictor
 from asynchicache.cache.jobs import LoadJob, LoadPhase, LoadTicket, Unsettled
 from asynchicache.cache.ledger import PageState, SlotState
+from asynchicache.cache.node import RadixNode
 from asynchicache.cache.parts import CacheParts
-from asynchicache.cache.radix import RadixNode, Tier
+from asynchicache.cache.radix import Tier
 from asynchicache.cache.results import Fallback, MatchHandle, MatchResult
 from asynchicache.cache.transfer import TransferDone
 from asynchicache.storage.base import Completion, TicketKind

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from asynchicache.cache.radix import RadixNode
+from asynchicache.cache.node import RadixNode
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from cache_helpers import PAGE, MakeCache, MemoryStorage, tokens_for
 
-from asynchicache.cache.hierarchy import HiRadixCache, IntegrityError, LoadTicket
+from asynchicache.cache import HiRadixCache, IntegrityError, LoadTicket
 from asynchicache.cache.ledger import SlotState
 from asynchicache.config import WritePolicy
 
