@@ -57,7 +57,7 @@ from asynchicache.cache.pins import PinnedPages
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout, cache_host_pool
 from asynchicache.cache.radix import RadixTree, Tier
 from asynchicache.cache.residency import Residency
-from asynchicache.cache.results import Fallback, InsertResult, MatchHandle, MatchResult
+from asynchicache.cache.results import LockedPages, MatchHandle, MatchResult
 from asynchicache.cache.stats import CacheStats, Counters, snapshot
 from asynchicache.cache.transfer import TransferEngine
 from asynchicache.cache.writes import Writer
@@ -240,7 +240,7 @@ class HiRadixCache:
     def insert(
         self, tokens: Sequence[int], device_pages: Sequence[int], salt: str = "",
         store: bool = True,
-    ) -> InsertResult:
+    ) -> LockedPages:
         """Hand the full pages of a prompt (and output) to the tree.
 
         `device_pages[i]` holds page i of `tokens`; each must be private to the
@@ -258,7 +258,7 @@ class HiRadixCache:
             raise ValueError(f"{len(tokens)} tokens need {n} full pages, got {len(pages)}")
         root = self._root(salt)
         if not self.config.enable_prefix_cache or n == 0:
-            return InsertResult(MatchHandle(root), pages)
+            return LockedPages(MatchHandle(root), pages)
         full = pages[:n]
         check_insertable(self.tree, self.parts.device, tokens, full, root)
         out = self.tree.insert(tokens, full, Tier.DEVICE, start=root)
@@ -273,7 +273,7 @@ class HiRadixCache:
         elif store:
             self.writer.claim(node, len(tokens))
         self.writer.write_through(node, len(tokens))
-        return InsertResult(MatchHandle(node), out.pages + pages[n:])
+        return LockedPages(MatchHandle(node), out.pages + pages[n:])
 
     # -- loads --------------------------------------------------------------------------------
 
@@ -287,7 +287,7 @@ class HiRadixCache:
         """
         return self.loader.submit(match)
 
-    def give_up(self, ticket: LoadTicket) -> Fallback:
+    def give_up(self, ticket: LoadTicket) -> LockedPages:
         """Stop waiting for a load: returns its L1 prefix at submit time, locked for the caller.
 
         `poll()` will not report the ticket; the cache releases it when it lands.

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.results import Fallback, MatchHandle
+from asynchicache.cache.results import LockedPages, MatchHandle
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.admission import MemoryBudget
 from asynchicache.engine.cost import CostModel, load_deadline
@@ -179,7 +179,7 @@ class Scheduler:
             self._take_prefix(req, fallback.handle, pages,
                               CachedTokens(device=len(pages) * self.page_size))  # fmt: skip
 
-    def _give_up(self, req: Request) -> Fallback:
+    def _give_up(self, req: Request) -> LockedPages:
         """Stop waiting for `req`'s load; returns its L1 prefix, locked for `req`."""
         ticket = req.load_ticket
         assert ticket is not None, "only a LOADING request has a load to give up"

@@ -14,13 +14,15 @@ from storage_doubles import MemoryStorage
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.keys import Namespace
 from asynchicache.cache.pools import KVLayout
+from asynchicache.cache.results import LockedPages
 
 PAGE = 4
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=1, head_dim=4, page_size=PAGE, dtype=torch.float32)
 NS = Namespace("cache-test-model", "float32", PAGE)
 
 __all__ = [
-    "LAYOUT", "NS", "PAGE", "MakeCache", "MemoryStorage", "fill_page", "host_gb", "tokens_for",
+    "LAYOUT", "NS", "PAGE", "MakeCache", "MemoryStorage", "fill_page", "host_gb", "put",
+    "storage_of", "tokens_for",
 ]  # fmt: skip
 
 
@@ -41,6 +43,29 @@ def tokens_for(*runs: int | Sequence[int]) -> list[int]:
 
 def fill_page(cache: HiRadixCache, page: int, value: float) -> None:
     cache.device_pool.tensor[page].fill_(value)
+
+
+def put(
+    cache: HiRadixCache, tokens: list[int], value: float = 1.0, *, salt: str = "",
+    keep_lock: bool = False, store: bool = True,
+) -> LockedPages:
+    """Allocate pages, write page i = value + i into them, insert as a finished request
+    would (unlocked unless `keep_lock`), and check the cache."""
+    pages = cache.allocate(len(tokens) // PAGE)
+    assert pages is not None
+    for i, p in enumerate(pages):
+        fill_page(cache, p, value + i)
+    result = cache.insert(tokens, pages, salt=salt, store=store)
+    if not keep_lock:
+        cache.unlock(result.handle)
+    cache.check_integrity()
+    return result
+
+
+def storage_of(cache: HiRadixCache) -> MemoryStorage:
+    """The cache's in-memory storage tier (a cache made `with_storage`)."""
+    assert isinstance(cache.storage, MemoryStorage)
+    return cache.storage
 
 
 MakeCache = Callable[..., HiRadixCache]

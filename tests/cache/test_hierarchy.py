@@ -6,25 +6,11 @@ import time
 
 import pytest
 import torch
-from cache_helpers import PAGE, MakeCache, MemoryStorage, tokens_for
+from cache_helpers import PAGE, MakeCache, put, storage_of, tokens_for
 
 from asynchicache.cache import HiRadixCache, IntegrityError, LoadTicket
 from asynchicache.cache.ledger import SlotState
 from asynchicache.config import WritePolicy
-
-
-def put(cache: HiRadixCache, tokens: list[int], value: float = 1.0, keep_lock: bool = False):
-    """Allocate pages, write page i = value + i into them, insert; unlock unless asked."""
-    n = len(tokens) // PAGE
-    pages = cache.allocate(n)
-    assert pages is not None
-    for i, p in enumerate(pages):
-        cache.device_pool.tensor[p].fill_(value + i)
-    result = cache.insert(tokens, pages)
-    if not keep_lock:
-        cache.unlock(result.handle)
-    cache.check_integrity()
-    return result
 
 
 def host_value(cache: HiRadixCache, slot: int) -> float:
@@ -310,11 +296,6 @@ def test_check_integrity_reports_what_is_wrong(make_cache: MakeCache) -> None:
 
 
 # -- storage (L3) through the StorageTier protocol ------------------------------------------
-
-
-def storage_of(cache: HiRadixCache) -> MemoryStorage:
-    assert isinstance(cache.storage, MemoryStorage)
-    return cache.storage
 
 
 def test_pages_go_to_storage_after_their_l2_copy_and_load_back(make_cache: MakeCache) -> None:

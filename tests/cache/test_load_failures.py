@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from cache_helpers import PAGE, MakeCache, tokens_for
+from cache_helpers import PAGE, MakeCache, put, tokens_for
 
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.ledger import SlotState
-
-
-def put(cache: HiRadixCache, tokens: list[int], value: float) -> None:
-    pages = cache.allocate(len(tokens) // PAGE)
-    assert pages is not None
-    for i, p in enumerate(pages):
-        cache.device_pool.tensor[p].fill_(value + i)
-    cache.unlock(cache.insert(tokens, pages).handle)
 
 
 def assert_idle_and_unlocked(cache: HiRadixCache) -> None:
