@@ -12,6 +12,7 @@ import torch
 from storage_doubles import MemoryStorage
 
 from asynchicache.cache.hierarchy import HiRadixCache
+from asynchicache.cache.jobs import LoadTicket
 from asynchicache.cache.keys import Namespace
 from asynchicache.cache.pools import KVLayout
 from asynchicache.cache.results import LockedPages
@@ -21,8 +22,8 @@ LAYOUT = KVLayout(num_layers=2, num_kv_heads=1, head_dim=4, page_size=PAGE, dtyp
 NS = Namespace("cache-test-model", "float32", PAGE)
 
 __all__ = [
-    "LAYOUT", "NS", "PAGE", "MakeCache", "MemoryStorage", "fill_page", "host_gb", "put",
-    "storage_of", "tokens_for",
+    "LAYOUT", "NS", "PAGE", "MakeCache", "MemoryStorage", "fill_page", "host_gb",
+    "only_in_storage", "put", "release", "storage_of", "tokens_for",
 ]  # fmt: skip
 
 
@@ -60,6 +61,20 @@ def put(
         cache.unlock(result.handle)
     cache.check_integrity()
     return result
+
+
+def only_in_storage(cache: HiRadixCache, tokens: list[int], value: float = 1.0) -> None:
+    """`put` `tokens`, let their stores land, then clear L1 and L2: storage alone holds them."""
+    put(cache, tokens, value)
+    cache.drain()
+    cache.clear()
+    assert cache.lookup(tokens) == {"device": 0, "host": 0, "disk": len(tokens), "remote": 0}
+
+
+def release(cache: HiRadixCache, ticket: LoadTicket) -> None:
+    """Unlock the L1 prefix a collected load holds for its caller."""
+    assert ticket.handle is not None
+    cache.unlock(ticket.handle)
 
 
 def storage_of(cache: HiRadixCache) -> MemoryStorage:

@@ -6,9 +6,9 @@ import time
 
 import pytest
 import torch
-from cache_helpers import PAGE, MakeCache, put, storage_of, tokens_for
+from cache_helpers import PAGE, MakeCache, only_in_storage, put, release, storage_of, tokens_for
 
-from asynchicache.cache import HiRadixCache, IntegrityError, LoadTicket
+from asynchicache.cache import HiRadixCache, IntegrityError, LoadTicket, MatchResult
 from asynchicache.cache.ledger import SlotState
 from asynchicache.config import WritePolicy
 
@@ -34,6 +34,13 @@ def finish(cache: HiRadixCache, ticket: LoadTicket) -> LoadTicket:
     assert ticket in done and ticket.done
     cache.check_integrity()
     return ticket
+
+
+def load_now(cache: HiRadixCache, match: MatchResult) -> LoadTicket:
+    """Start the load of `match` and wait until `poll` collected it."""
+    ticket = cache.load(match)
+    assert ticket is not None
+    return finish(cache, ticket)
 
 
 def test_write_through_copies_to_host_at_insert(make_cache: MakeCache) -> None:
@@ -167,8 +174,7 @@ def test_load_protects_its_pages_until_done(make_cache: MakeCache) -> None:
     cache.check_integrity()
     finish(cache, ticket)
     assert ticket.ok and len(ticket.device_pages) == 2
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
 
 
 def test_lock_prevents_eviction_and_counts_are_exact(make_cache: MakeCache) -> None:
@@ -310,12 +316,10 @@ def test_pages_go_to_storage_after_their_l2_copy_and_load_back(make_cache: MakeC
     assert cache.lookup(tokens) == {"device": 0, "host": 0, "disk": 3 * PAGE, "remote": 0}
     match = cache.match(tokens)
     assert match.storage_hit_pages == 3 and match.cached_tokens == 3 * PAGE
-    ticket = cache.load(match)
-    assert ticket is not None and ticket.pages_from_storage == 3
-    finish(cache, ticket)
+    ticket = load_now(cache, match)
+    assert ticket.pages_from_storage == 3
     assert ticket.ok and device_values(cache, ticket.device_pages) == [40.0, 41.0, 42.0]
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
     assert cache.lookup(tokens) == {"device": 3 * PAGE, "host": 0, "disk": 0, "remote": 0}
     assert cache.stats().counters.storage_to_host_pages == 3
 
@@ -329,13 +333,10 @@ def test_load_combines_host_and_storage_pages(make_cache: MakeCache) -> None:
     cache.evict_host(2)  # the last two only in storage now
     match = cache.match(tokens)
     assert (len(match.device_pages), match.host_hit_pages, match.storage_hit_pages) == (0, 2, 2)
-    ticket = cache.load(match)
-    assert ticket is not None
-    finish(cache, ticket)
+    ticket = load_now(cache, match)
     assert ticket.ok and (ticket.pages_from_host, ticket.pages_from_storage) == (2, 2)
     assert device_values(cache, ticket.device_pages) == [50.0, 51.0, 52.0, 53.0]
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
     cache.check_integrity()
 
 
@@ -343,17 +344,12 @@ def test_short_storage_read_truncates_to_the_verified_prefix(make_cache: MakeCac
     cache = make_cache(with_storage=True)
     store = storage_of(cache)
     tokens = tokens_for(1, 2, 3)
-    put(cache, tokens, value=60.0)
-    cache.drain()
-    cache.clear()
+    only_in_storage(cache, tokens, 60.0)
     store.load_limit = 1
-    ticket = cache.load(cache.match(tokens))
-    assert ticket is not None
-    finish(cache, ticket)
+    ticket = load_now(cache, cache.match(tokens))
     assert not ticket.ok and ticket.error and "1 of 3" in ticket.error
     assert device_values(cache, ticket.device_pages) == [60.0]
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
     stats = cache.stats()
     assert stats.counters.load_failures == 1
     assert stats.device.in_use == 0 and stats.host is not None and stats.host.in_use == 0
@@ -407,12 +403,9 @@ def test_byte_check_of_a_page_through_storage(make_cache: MakeCache) -> None:
     cache.unlock(cache.insert(tokens, pages).handle)
     cache.drain()
     cache.clear()
-    ticket = cache.load(cache.match(tokens))
-    assert ticket is not None
-    finish(cache, ticket)
+    ticket = load_now(cache, cache.match(tokens))
     assert torch.equal(cache.device_pool.tensor[ticket.device_pages[0]], payload)
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
 
 
 def test_a_failed_copy_is_counted_and_later_copies_still_run(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from cache_helpers import PAGE, MakeCache, put, tokens_for
+from cache_helpers import PAGE, MakeCache, put, release, tokens_for
 
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.ledger import SlotState
@@ -37,14 +37,12 @@ def test_a_failing_storage_completion_finishes_the_load_with_an_error(
     monkeypatch.undo()
     assert ticket in done and ticket.done, "the load never finished"
     assert not ticket.ok and ticket.error is not None and "injected" in ticket.error
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
     assert_idle_and_unlocked(cache)
     # The cache still works: the same prefix loads now.
     ticket = cache.load(cache.match(tokens))
     assert ticket is not None and ticket in cache.drain() and ticket.ok
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
     assert_idle_and_unlocked(cache)
 
 
@@ -70,8 +68,7 @@ def test_a_failing_fill_completion_finishes_the_load_with_an_error(
     done += cache.drain()
     assert ticket in done and ticket.done, "the load never finished"
     assert not ticket.ok and ticket.error is not None and "injected" in ticket.error
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
     assert_idle_and_unlocked(cache)
 
 

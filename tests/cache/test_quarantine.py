@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cache_helpers import NS, PAGE, MakeCache, MemoryStorage, put, storage_of, tokens_for
+from cache_helpers import (
+    NS,
+    PAGE,
+    MakeCache,
+    MemoryStorage,
+    only_in_storage,
+    put,
+    release,
+    storage_of,
+    tokens_for,
+)
 
 from asynchicache.cache import HiRadixCache, LoadTicket
 from asynchicache.cache.keys import chain_hashes
@@ -40,13 +50,6 @@ def step(cache: HiRadixCache) -> list:
     return cache.poll()
 
 
-def only_in_storage(cache: HiRadixCache, tokens: list[int], value: float) -> None:
-    put(cache, tokens, value)
-    cache.drain()
-    cache.clear()
-    assert cache.lookup(tokens) == {"device": 0, "host": 0, "disk": len(tokens), "remote": 0}
-
-
 def late_load(cache: HiRadixCache, tokens: list[int]) -> LoadTicket:
     """Load `tokens` from storage, and let the read time out while the service keeps it
     (its slots stay quarantined until `settle()`); returns the collected, failed ticket
@@ -58,8 +61,7 @@ def late_load(cache: HiRadixCache, tokens: list[int]) -> LoadTicket:
     store.expire()
     store.hold = False
     assert ticket in step(cache) and not ticket.ok  # the load timed out for the engine
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
     return ticket
 
 
@@ -86,8 +88,7 @@ def test_a_late_load_never_lands_in_a_reused_slot(make_cache: MakeCache) -> None
         50.0,
         51.0,
     ]
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
     cache.check_integrity()
 
 
