@@ -15,15 +15,16 @@ from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.jobs import LoadTicket
 from asynchicache.cache.keys import Namespace
 from asynchicache.cache.pools import KVLayout
-from asynchicache.cache.results import LockedPages
+from asynchicache.cache.results import LockedPages, MatchResult
 
 PAGE = 4
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=1, head_dim=4, page_size=PAGE, dtype=torch.float32)
 NS = Namespace("cache-test-model", "float32", PAGE)
 
 __all__ = [
-    "LAYOUT", "NS", "PAGE", "MakeCache", "MemoryStorage", "fill_page", "host_gb",
-    "only_in_storage", "put", "release", "storage_of", "tokens_for",
+    "LAYOUT", "NS", "PAGE", "MakeCache", "MemoryStorage", "device_values", "fill_page",
+    "finish", "host_gb", "load_now", "only_in_storage", "put", "release", "storage_of",
+    "tokens_for",
 ]  # fmt: skip
 
 
@@ -84,3 +85,28 @@ def storage_of(cache: HiRadixCache) -> MemoryStorage:
 
 
 MakeCache = Callable[..., HiRadixCache]
+
+
+def device_values(cache: HiRadixCache, pages: list[int]) -> list[float]:
+    """The value each L1 page of `pages` is filled with (each page holds one value)."""
+    out = []
+    for p in pages:
+        page = cache.device_pool.tensor[p]
+        assert page.eq(page.flatten()[0]).all()
+        out.append(float(page.flatten()[0]))
+    return out
+
+
+def finish(cache: HiRadixCache, ticket: LoadTicket) -> LoadTicket:
+    """Wait until `poll` collected `ticket` (every copy and storage operation done)."""
+    done = cache.drain()
+    assert ticket in done and ticket.done
+    cache.check_integrity()
+    return ticket
+
+
+def load_now(cache: HiRadixCache, match: MatchResult) -> LoadTicket:
+    """Start the load of `match` and wait until `poll` collected it."""
+    ticket = cache.load(match)
+    assert ticket is not None
+    return finish(cache, ticket)
