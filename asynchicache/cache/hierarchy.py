@@ -153,8 +153,13 @@ class HiRadixCache:
         if not self.config.enable_prefix_cache or limit <= 0:
             return MatchResult([], 0, 0, MatchHandle(root), ps)
         path = self.tree.match(tokens, limit, root)
-        device = [p for n in path if n.device is not None for p in n.device]
-        host_pages = sum(n.num_pages for n in path if n.device is None)
+        device: list[int] = []
+        host_pages = 0
+        for node in path:
+            if node.device is not None:
+                device += node.device
+            else:
+                host_pages += node.num_pages
         node = path[-1] if path else root
         hashes = self._storage_hits(node, tokens, limit)
         if path:
