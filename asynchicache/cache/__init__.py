@@ -6,21 +6,20 @@ from asynchicache.cache.jobs import LoadTicket
 from asynchicache.cache.keys import Namespace, chain_hashes, page_hashes
 from asynchicache.cache.ledger import LedgerError, PageState, PoolLedger, SlotState
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
-from asynchicache.cache.results import Fallback, InsertResult, MatchHandle, MatchResult
+from asynchicache.cache.results import LockedPages, MatchHandle, MatchResult
 from asynchicache.cache.stats import CacheStats
 from asynchicache.cache.transfer import TransferDone, TransferEngine
 
 __all__ = [
     "CacheStats",
     "DevicePool",
-    "Fallback",
     "HiRadixCache",
     "HostPool",
-    "InsertResult",
     "IntegrityError",
     "KVLayout",
     "LedgerError",
     "LoadTicket",
+    "LockedPages",
     "MatchHandle",
     "MatchResult",
     "Namespace",

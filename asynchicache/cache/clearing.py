@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from asynchicache.cache.eviction import EVICTABLE_SLOTS, Evictor
 from asynchicache.cache.ledger import TREE_SLOT_STATES, PageState, SlotState
+from asynchicache.cache.node import RadixNode
 from asynchicache.cache.parts import CacheParts
-from asynchicache.cache.radix import RadixNode
 
 
 @dataclass

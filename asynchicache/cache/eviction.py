@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from asynchicache.cache.ledger import PageState, SlotState
+from asynchicache.cache.node import RadixNode
 from asynchicache.cache.parts import CacheParts
-from asynchicache.cache.radix import RadixNode, Tier
+from asynchicache.cache.radix import Tier
 from asynchicache.config import WritePolicy
 
 EVICTABLE_SLOTS = (SlotState.READY, SlotState.STORED)

@@ -6,7 +6,8 @@ the page ledger of both, the transfer engine for L1<->L2 copies, and
 scheduler's thread; background copies and storage I/O report back through
 `poll()`, which never blocks. The work is split by direction of traffic:
 `Evictor` (eviction.py) makes room, `Writer` (writes.py) moves pages down,
-`Loader` (loads.py) moves them up; `CacheParts` (parts.py) is what they share.
+`Loader` (loads.py) moves them up, `Completions` (completions.py) routes what
+finished to them; `CacheParts` (parts.py) is what they share.
 
 Invariants (checked by `check_integrity()`, see integrity.py):
 * every L1 page and L2 slot has exactly one state in the ledger (ledger.py),
@@ -37,44 +38,39 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 
 from asynchicache.cache.clearing import CacheClear, clear_tiers
+from asynchicache.cache.completions import Completions
 from asynchicache.cache.eviction import Evictor
 from asynchicache.cache.integrity import IntegrityError, integrity_problems
-from asynchicache.cache.jobs import LoadJob, LoadTicket, StoreJob, WriteJob
-from asynchicache.cache.keys import Namespace, chain_hashes
-from asynchicache.cache.ledger import (
-    QUARANTINED,
-    TREE_SLOT_STATES,
-    PageState,
-    SlotState,
-    device_ledger,
-    host_ledger,
-    strict_from_env,
-)
+from asynchicache.cache.jobs import LoadTicket
+from asynchicache.cache.keys import Namespace
+from asynchicache.cache.ledger import PageState, strict_from_env
 from asynchicache.cache.loads import Loader
-from asynchicache.cache.lookup import lookup
+from asynchicache.cache.lookup import locked_l1_pages, lookup, stored_after
+from asynchicache.cache.node import RadixNode
+from asynchicache.cache.ownership import check_freeable, check_insertable
 from asynchicache.cache.parts import CacheParts
 from asynchicache.cache.pins import PinnedPages
-from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
-from asynchicache.cache.radix import RadixNode, RadixTree, Tier
+from asynchicache.cache.pools import DevicePool, HostPool, KVLayout, cache_host_pool
+from asynchicache.cache.radix import RadixTree, Tier
 from asynchicache.cache.residency import Residency
-from asynchicache.cache.results import Fallback, InsertResult, MatchHandle, MatchResult
-from asynchicache.cache.stats import CacheStats, Counters, Occupancy
-from asynchicache.cache.transfer import TransferDone, TransferEngine
+from asynchicache.cache.results import LockedPages, MatchHandle, MatchResult
+from asynchicache.cache.stats import CacheStats, Counters, snapshot
+from asynchicache.cache.transfer import TransferEngine
 from asynchicache.cache.writes import Writer
 from asynchicache.config import CacheConfig
-from asynchicache.storage.base import Completion, Settled, StorageTier, TicketKind
+from asynchicache.storage.base import StorageTier
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "HiRadixCache", "InsertResult", "IntegrityError", "LoadTicket", "MatchHandle", "MatchResult",
-    "SlotState",
-]  # fmt: skip
+__all__ = ["HiRadixCache"]
+
+
+def _as_list(tokens: Sequence[int]) -> list[int]:
+    return tokens if type(tokens) is list else list(tokens)
 
 
 class HiRadixCache:
@@ -101,7 +97,7 @@ class HiRadixCache:
         self.page_size = config.page_size
         self.device = torch.device(device)
         self.device_pool = DevicePool(layout, config.device_pages, self.device)
-        self.host_pool = self._make_host_pool(host_pool)
+        self.host_pool = cache_host_pool(config, layout, self.device, host_pool)
         self._owns_host_pool = host_pool is None
         self.storage = storage if self.host_pool is not None else None
         if storage is not None and self.host_pool is None:
@@ -109,36 +105,15 @@ class HiRadixCache:
         self.tree = RadixTree(self.page_size, namespace.digest())
         self.transfer = TransferEngine(self.device)
         self.counters = Counters()
-        strict = strict_from_env() if strict is None else strict
-        slots = self.host_pool.num_slots if self.host_pool is not None else 0
         self.parts = CacheParts(
-            config, layout, self.tree, self.device_pool, self.host_pool,
-            device_ledger(config.device_pages, strict, self._illegal),
-            host_ledger(slots, strict, self._illegal),
-            self.transfer, self.storage, self.counters,
+            config, layout, self.tree, self.device_pool, self.host_pool, self.transfer,
+            self.storage, self.counters, strict_from_env() if strict is None else strict,
         )  # fmt: skip
         self.evictor = Evictor(self.parts)
         self.writer = Writer(self.parts, self.evictor)
         self.evictor.backup = self.writer.backup
         self.loader = Loader(self.parts, self.evictor)
-
-    def _make_host_pool(self, given: HostPool | None) -> HostPool | None:
-        if given is not None:
-            if given.layout != self.layout or not given.segment.owner:
-                raise ValueError("host_pool must be an owned HostPool with the cache's layout")
-            return given
-        if not self.config.host_enabled:
-            return None
-        slots = self.layout.pages_in(self.config.host_cache_gb * 2**30)
-        if slots <= 0:
-            raise ValueError(
-                f"--host-cache-gb {self.config.host_cache_gb} holds no page of "
-                f"{self.layout.page_bytes} bytes"
-            )
-        return HostPool.create(self.layout, slots, pin_memory=self.device.type == "cuda")
-
-    def _illegal(self, message: str) -> None:
-        self.counters.illegal_transitions += 1
+        self.completions = Completions(self.parts, self.writer, self.loader)
 
     @property
     def pending(self) -> int:
@@ -171,7 +146,7 @@ class HiRadixCache:
         Touches LRU and hit counts. The result's handle is not locked: `lock` it
         before anything else can evict (the next `allocate`, `insert`, `load`).
         """
-        tokens = tokens if type(tokens) is list else list(tokens)
+        tokens = _as_list(tokens)
         ps = self.page_size
         limit = len(tokens) // ps if max_pages is None else min(max_pages, len(tokens) // ps)
         root = self._root(salt)
@@ -190,11 +165,7 @@ class HiRadixCache:
         if path:
             self.tree.touch(node)
             self.writer.on_hit(path, len(tokens))
-        c = self.counters
-        c.match_tokens += len(tokens)
-        c.device_hit_tokens += len(device) * ps
-        c.host_hit_tokens += host_pages * ps
-        c.storage_hit_tokens += len(hashes) * ps
+        self.counters.count_match(len(tokens), len(device) * ps, host_pages * ps, len(hashes) * ps)
         handle = MatchHandle(node, tokens if hashes else [], hashes)
         return MatchResult(device, host_pages, len(hashes), handle, ps)
 
@@ -205,15 +176,7 @@ class HiRadixCache:
         if self.parts.storage_paused:  # past the quarantine cap: recompute instead
             self.counters.storage_loads_paused += 1
             return ()
-        ps = self.page_size
-        last = self.tree.last_hash(node)
-        hashes = chain_hashes(last, tokens[node.end_page * ps : limit * ps], ps)
-        try:
-            found = self.storage.exists(hashes)
-        except Exception:
-            log.exception("storage.exists failed; treating as a miss")
-            return ()
-        return tuple(hashes[: max(0, min(found, len(hashes)))])
+        return stored_after(self.tree, self.storage, node, tokens, limit)
 
     def lock(self, handle: MatchHandle) -> None:
         """Protect the handle's path from eviction (counted; pair with `unlock`)."""
@@ -229,7 +192,7 @@ class HiRadixCache:
     def lookup(self, tokens: Sequence[int], salt: str = "") -> dict[str, int]:
         """Cached tokens of `tokens` per tier (device, host, disk, remote), without touching
         LRU or splitting nodes."""
-        tokens = tokens if type(tokens) is list else list(tokens)
+        tokens = _as_list(tokens)
         return lookup(self.tree, self._root(salt), tokens, self.storage)
 
     # -- requests' private pages --------------------------------------------------------------
@@ -250,17 +213,7 @@ class HiRadixCache:
         """
         if not self.config.enable_prefix_cache:
             return 0
-        tokens = tokens if type(tokens) is list else list(tokens)
-        walk = self.tree.walk(tokens, root=self._root(salt))
-        pairs = [(n, n.num_pages) for n in walk.path]
-        if walk.partial is not None:
-            pairs.append((walk.partial, walk.partial_pages))
-        pages = 0
-        for node, k in pairs:
-            if node.device is None or not node.lock_ref:
-                break  # L1 is prefix-closed; locks count along the path
-            pages += k
-        return pages
+        return locked_l1_pages(self.tree, self._root(salt), _as_list(tokens))
 
     def copy_page(self, src: int) -> int | None:
         """A new private L1 page holding a copy of L1 page `src` (copy-on-write).
@@ -284,21 +237,15 @@ class HiRadixCache:
 
     def free(self, pages: Sequence[int]) -> None:
         """Return request-private pages (not ones the tree owns)."""
-        ledger = self.parts.device
-        stray = [
-            p for p in pages if not 0 <= p < ledger.size or ledger.state(p) != PageState.PRIVATE
-        ]
-        if stray or len(set(pages)) != len(pages):
-            raise ValueError(f"pages {stray or list(pages)} are not private to a request "
-                             "(tree-owned, free or repeated)")  # fmt: skip
-        ledger.move(pages, PageState.PRIVATE, PageState.FREE)
+        check_freeable(self.parts.device, pages)
+        self.parts.device.move(pages, PageState.PRIVATE, PageState.FREE)
 
     # -- insert -------------------------------------------------------------------------------
 
     def insert(
         self, tokens: Sequence[int], device_pages: Sequence[int], salt: str = "",
         store: bool = True,
-    ) -> InsertResult:
+    ) -> LockedPages:
         """Hand the full pages of a prompt (and output) to the tree.
 
         `device_pages[i]` holds page i of `tokens`; each must be private to the
@@ -309,16 +256,16 @@ class HiRadixCache:
         the caller's). `store` False (a request's `cache_store: false`): its new
         pages stay in L1/L2, never stored below (writes.py).
         """
-        tokens = tokens if type(tokens) is list else list(tokens)
+        tokens = _as_list(tokens)
         pages = list(device_pages)
         n = len(tokens) // self.page_size
         if len(pages) < n:
             raise ValueError(f"{len(tokens)} tokens need {n} full pages, got {len(pages)}")
         root = self._root(salt)
         if not self.config.enable_prefix_cache or n == 0:
-            return InsertResult(MatchHandle(root), pages)
+            return LockedPages(MatchHandle(root), pages)
         full = pages[:n]
-        self._check_insertable(tokens, full, root)
+        check_insertable(self.tree, self.parts.device, tokens, full, root)
         out = self.tree.insert(tokens, full, Tier.DEVICE, start=root)
         self.parts.device.move(out.taken, PageState.PRIVATE, PageState.CACHED)
         self.parts.device.move(out.duplicates, PageState.PRIVATE, PageState.FREE)
@@ -331,30 +278,7 @@ class HiRadixCache:
         elif store:
             self.writer.claim(node, len(tokens))
         self.writer.write_through(node, len(tokens))
-        return InsertResult(MatchHandle(node), out.pages + pages[n:])
-
-    def _check_insertable(self, tokens: list[int], full: list[int], root: RadixNode) -> None:
-        if len(set(full)) != len(full):
-            raise ValueError("the same device page appears twice in one insert")
-        ledger = self.parts.device
-        foreign = [
-            i for i, p in enumerate(full)
-            if not 0 <= p < ledger.size or ledger.state(p) != PageState.PRIVATE
-        ]  # fmt: skip
-        if not foreign:
-            return
-        walk = self.tree.walk(tokens, foreign[-1] + 1, root)
-        tree_pages: list[int] = []
-        for node in walk.path:
-            tree_pages += node.device or [-1] * node.num_pages
-        if walk.partial is not None and walk.partial.device is not None:
-            tree_pages += walk.partial.device[: walk.partial_pages]
-        for i in foreign:
-            if i >= len(tree_pages) or tree_pages[i] != full[i]:
-                raise ValueError(
-                    f"device page {full[i]} at page {i} is neither private to the caller "
-                    f"nor the tree's page for those tokens"
-                )
+        return LockedPages(MatchHandle(node), out.pages + pages[n:])
 
     # -- loads --------------------------------------------------------------------------------
 
@@ -368,7 +292,7 @@ class HiRadixCache:
         """
         return self.loader.submit(match)
 
-    def give_up(self, ticket: LoadTicket) -> Fallback:
+    def give_up(self, ticket: LoadTicket) -> LockedPages:
         """Stop waiting for a load: returns its L1 prefix at submit time, locked for the caller.
 
         `poll()` will not report the ticket; the cache releases it when it lands.
@@ -382,65 +306,8 @@ class HiRadixCache:
 
         Each returned ticket carries a lock (`ticket.handle`) its caller must release.
         """
-        parts = self.parts
-        for done in self.transfer.poll():
-            self._complete(parts.transfers.pop(done.ticket, None), done)
-        if self.storage is not None:
-            try:
-                results = self.storage.poll()
-            except Exception:
-                log.exception("storage.poll failed")
-                results = []
-            for r in results:
-                if isinstance(r, Settled):
-                    self._settle(r)
-                else:
-                    self._complete(parts.storage_ops.pop(r.ticket, None), r)
+        self.completions.poll()
         return self.loader.collect()
-
-    def _complete(
-        self, job: WriteJob | StoreJob | LoadJob | None, result: TransferDone | Completion
-    ) -> None:
-        if job is None:
-            log.warning("completion for an unknown ticket: %s", result)
-            return
-        try:
-            if isinstance(job, LoadJob):
-                if isinstance(result, Completion):
-                    self.loader.on_read(job, result)
-                else:
-                    self.loader.on_fill(job, result)
-            elif isinstance(job, WriteJob):
-                self.writer.on_write(job, result)  # type: ignore[arg-type]
-            else:
-                self.writer.on_store(job, result)  # type: ignore[arg-type]
-        except Exception as exc:
-            # A broken completion must not stop the others nor leak its job: the job
-            # ends (a load with an error), and the failure is counted and logged.
-            log.exception("cache completion handler failed for %s", result)
-            self.counters.completion_failures += 1
-            self._fail(job, f"completion failed: {type(exc).__name__}: {exc}")
-
-    def _fail(self, job: WriteJob | StoreJob | LoadJob, error: str) -> None:
-        try:
-            if isinstance(job, LoadJob):
-                self.loader.fail(job, error)
-            else:
-                self.writer.fail(job)
-        except Exception:
-            log.exception("cleaning up after a failed completion failed too")
-
-    def _settle(self, settled: Settled) -> None:
-        """The service touches a timed-out ticket's slots no more: release its quarantine."""
-        record = self.parts.unsettled.pop(settled.ticket, None)
-        if record is None:
-            log.warning("settled for a ticket with nothing quarantined: %s", settled)
-            return
-        self.counters.settled_tickets += 1
-        if record.kind == TicketKind.LOAD:
-            self.parts.host.move(record.slots, SlotState.LOAD_QUARANTINED, SlotState.FREE)
-        else:
-            self.writer.settle_store(record)
 
     def drain(self, timeout_s: float = 30.0) -> list[LoadTicket]:
         """Block until no copy or storage ticket is pending (tests and shutdown only).
@@ -492,7 +359,7 @@ class HiRadixCache:
     def persist(self, tokens: Sequence[int], salt: str = "") -> int:
         """Store the cached full pages of `tokens` below L2 now (a pin's pages); returns
         how many pages of it the tree holds."""
-        tokens = tokens if type(tokens) is list else list(tokens)
+        tokens = _as_list(tokens)
         path = self.tree.match(tokens, root=self._root(salt))
         self.writer.persist(path)
         return sum(n.num_pages for n in path)
@@ -504,29 +371,7 @@ class HiRadixCache:
     # -- stats, integrity, shutdown ---------------------------------------------------------
 
     def stats(self) -> CacheStats:
-        dev, host = self.parts.device, self.parts.host
-        device = Occupancy(
-            dev.size, dev.num_free, dev.count(PageState.CACHED),
-            dev.count(PageState.PRIVATE, PageState.FILLING),
-        )  # fmt: skip
-        host_occ = None
-        if self.host_pool is not None:
-            cached = host.count(*TREE_SLOT_STATES)
-            host_occ = Occupancy(
-                host.size, host.num_free, cached, host.size - host.num_free - cached
-            )
-        return CacheStats(
-            counters=replace(self.counters),
-            device=device,
-            host=host_occ,
-            page_bytes=self.layout.page_bytes,
-            pending_transfers=len(self.parts.transfers),
-            pending_storage=len(self.parts.storage_ops),
-            quarantined_slots=host.count(*QUARANTINED),
-            unsettled_tickets=len(self.parts.unsettled),
-            page_states=dev.counts(),
-            slot_states=host.counts() if self.host_pool is not None else {},
-        )
+        return snapshot(self.parts)
 
     def check_integrity(self) -> None:
         """Raise IntegrityError describing every inconsistency found."""

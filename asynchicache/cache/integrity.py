@@ -27,8 +27,8 @@ from asynchicache.cache.jobs import LoadPhase, StoreJob, WriteJob
 from asynchicache.cache.keys import chain_hashes
 from asynchicache.cache.ledger import TREE_SLOT_STATES, PageState, SlotState
 from asynchicache.cache.loads import Loader
+from asynchicache.cache.node import RadixNode
 from asynchicache.cache.parts import CacheParts
-from asynchicache.cache.radix import RadixNode
 from asynchicache.storage.base import TicketKind
 
 

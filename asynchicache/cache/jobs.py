@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-from asynchicache.cache.radix import RadixNode
+from asynchicache.cache.node import RadixNode
 from asynchicache.cache.results import MatchHandle
 from asynchicache.storage.base import TicketKind
 

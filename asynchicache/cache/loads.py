@@ -28,9 +28,10 @@ import time
 from asynchicache.cache.eviction import Evictor
 from asynchicache.cache.jobs import LoadJob, LoadPhase, LoadTicket, Unsettled
 from asynchicache.cache.ledger import PageState, SlotState
+from asynchicache.cache.node import RadixNode
 from asynchicache.cache.parts import CacheParts
-from asynchicache.cache.radix import RadixNode, Tier
-from asynchicache.cache.results import Fallback, MatchHandle, MatchResult
+from asynchicache.cache.radix import Tier
+from asynchicache.cache.results import LockedPages, MatchHandle, MatchResult
 from asynchicache.cache.transfer import TransferDone
 from asynchicache.storage.base import Completion, TicketKind
 
@@ -300,7 +301,7 @@ class Loader:
             del self.jobs[job.ticket.id]
         return [job.ticket for job in done]
 
-    def give_up(self, ticket: LoadTicket) -> Fallback:
+    def give_up(self, ticket: LoadTicket) -> LockedPages:
         """Stop waiting for `ticket`: the caller gets its fallback prefix, locked.
 
         The load may still land (its pages then stay cached for later requests);
@@ -312,7 +313,7 @@ class Loader:
             raise ValueError(f"load {ticket.id} is not in flight (already collected or given up)")
         p = self.parts
         job.abandoned = True
-        fallback = Fallback(MatchHandle(job.fallback), self._l1_pages(job.fallback))
+        fallback = LockedPages(MatchHandle(job.fallback), self._l1_pages(job.fallback))
         p.counters.loads_given_up += 1
         if job.phase is LoadPhase.DONE:  # finished but not collected yet
             self._finished.remove(job)

@@ -1,4 +1,7 @@
-"""`lookup`: how many tokens of a prompt each tier holds, without touching LRU or the tree.
+"""What the tiers hold of a prompt, read without touching LRU or splitting a node.
+
+`lookup` counts it per tier, `locked_l1_pages` how much of its L1 part a lock
+protects, `stored_after` which pages after the tree's part storage holds.
 
 The tiers are named as `usage.prompt_tokens_details.cached_tokens_by_tier` names
 them: `device` (L1) and `host` (L2) from the tree, then `disk` (L3) and `remote`
@@ -11,7 +14,8 @@ from __future__ import annotations
 import logging
 
 from asynchicache.cache.keys import chain_hashes
-from asynchicache.cache.radix import RadixNode, RadixTree
+from asynchicache.cache.node import RadixNode
+from asynchicache.cache.radix import RadixTree
 from asynchicache.storage.base import StorageTier, TierLookup
 
 log = logging.getLogger(__name__)
@@ -26,9 +30,7 @@ def lookup(
     ps = tree.page_size
     walk = tree.walk(tokens, root=root)
     counts = dict.fromkeys(TIER_NAMES, 0)
-    pairs = [(n, n.num_pages) for n in walk.path]
-    if walk.partial is not None:
-        pairs.append((walk.partial, walk.partial_pages))
+    pairs = walk.runs
     for node, k in pairs:
         counts["device" if node.device is not None else "host"] += k * ps
     if storage is None:
@@ -43,11 +45,32 @@ def lookup(
     return counts
 
 
-def _stored(storage: StorageTier, hashes: list[bytes]) -> tuple[int, int]:
+def locked_l1_pages(tree: RadixTree, root: RadixNode, tokens: list[int]) -> int:
+    """Leading L1 pages of `tokens` from `root` that some lock already protects."""
+    pages = 0
+    for node, k in tree.walk(tokens, root=root).runs:
+        if node.device is None or not node.lock_ref:
+            break  # L1 is prefix-closed; locks count along the path
+        pages += k
+    return pages
+
+
+def stored_after(
+    tree: RadixTree, storage: StorageTier, node: RadixNode, tokens: list[int], limit: int
+) -> tuple[bytes, ...]:
+    """Hashes of the leading pages after `node` (up to page `limit`) that storage holds."""
+    ps = tree.page_size
+    hashes = chain_hashes(tree.last_hash(node), tokens[node.end_page * ps : limit * ps], ps)
+    found = _stored(storage, hashes, by_tier=False)[0]
+    return tuple(hashes[: max(0, min(found, len(hashes)))])
+
+
+def _stored(storage: StorageTier, hashes: list[bytes], by_tier: bool = True) -> tuple[int, int]:
+    """Leading pages of `hashes` storage holds (disk, remote); a failing storage holds none."""
     try:
-        if isinstance(storage, TierLookup):
+        if by_tier and isinstance(storage, TierLookup):
             return storage.exists_by_tier(hashes)
         return storage.exists(hashes), 0
     except Exception:
-        log.exception("storage.exists failed during lookup")
+        log.exception("storage.exists failed; treating as a miss")
         return 0, 0

@@ -6,10 +6,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from asynchicache.cache.jobs import LoadJob, StoreJob, Unsettled, WriteJob
-from asynchicache.cache.ledger import QUARANTINED, PoolLedger
+from asynchicache.cache.ledger import QUARANTINED, PoolLedger, device_ledger, host_ledger
 from asynchicache.cache.pins import PinnedPages
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
 from asynchicache.cache.radix import RadixTree
@@ -28,15 +28,24 @@ class CacheParts:
     tree: RadixTree
     device_pool: DevicePool
     host_pool: HostPool | None
-    device: PoolLedger  # L1 page states
-    host: PoolLedger  # L2 slot states (size 0 without an L2 tier)
     transfer: TransferEngine
     storage: StorageTier | None
     counters: Counters
+    strict: InitVar[bool]  # an illegal ledger transition raises (else it is counted)
+    device: PoolLedger = field(init=False)  # L1 page states
+    host: PoolLedger = field(init=False)  # L2 slot states (size 0 without an L2 tier)
     transfers: dict[int, WriteJob | LoadJob] = field(default_factory=dict)
     storage_ops: dict[int, StoreJob | LoadJob] = field(default_factory=dict)
     unsettled: dict[int, Unsettled] = field(default_factory=dict)  # storage ticket -> slots
     pins: PinnedPages = field(default_factory=PinnedPages)  # chains L2 does not evict
+
+    def __post_init__(self, strict: bool) -> None:
+        slots = self.host_pool.num_slots if self.host_pool is not None else 0
+        self.device = device_ledger(self.config.device_pages, strict, self._illegal)
+        self.host = host_ledger(slots, strict, self._illegal)
+
+    def _illegal(self, message: str) -> None:
+        self.counters.illegal_transitions += 1
 
     @property
     def quarantined(self) -> int:

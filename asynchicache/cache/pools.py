@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from asynchicache.config import CacheConfig
 from asynchicache.storage.shm import SharedSegment
 
 log = logging.getLogger(__name__)
@@ -153,3 +154,22 @@ class HostPool:
         self.tensor = None
         self.slots = None
         self.segment.close()
+
+
+def cache_host_pool(
+    config: CacheConfig, layout: KVLayout, device: torch.device, given: HostPool | None
+) -> HostPool | None:
+    """The L2 pool of a cache: `given` (owned, same layout), else one of --host-cache-gb
+    (None when the host tier is disabled)."""
+    if given is not None:
+        if given.layout != layout or not given.segment.owner:
+            raise ValueError("host_pool must be an owned HostPool with the cache's layout")
+        return given
+    if not config.host_enabled:
+        return None
+    slots = layout.pages_in(config.host_cache_gb * 2**30)
+    if slots <= 0:
+        raise ValueError(
+            f"--host-cache-gb {config.host_cache_gb} holds no page of {layout.page_bytes} bytes"
+        )
+    return HostPool.create(layout, slots, pin_memory=device.type == "cuda")

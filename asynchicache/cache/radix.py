@@ -1,9 +1,7 @@
 """The radix tree over token pages.
 
-A node holds a run of whole pages: their tokens (one flat list), their chained
-hashes, and per tier the page indices where that run lives (`device`: L1 pages,
-`host`: L2 slots; None when the run is not in that tier). Residency is uniform
-within a node: a run that is only partly in a tier is split first.
+A node (node.py) holds a run of whole pages; residency is uniform within a
+node: a run that is only partly in a tier is split first.
 
 Children are keyed by the tokens of their first page (a tuple), so a lookup
 costs one dict probe and one list-slice comparison per node, never per-token
@@ -29,6 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from asynchicache.cache.keys import chain_hashes
+from asynchicache.cache.node import RadixNode
 
 
 class Tier(StrEnum):
@@ -36,61 +35,6 @@ class Tier(StrEnum):
 
     DEVICE = "device"
     HOST = "host"
-
-
-class RadixNode:
-    """A run of whole pages on one path of the tree."""
-
-    __slots__ = (
-        "children",
-        "device",
-        "end_page",
-        "hashes",
-        "hit_count",
-        "host",
-        "host_ref",
-        "last_access",
-        "lock_ref",
-        "no_store",
-        "parent",
-        "tokens",
-    )
-
-    def __init__(
-        self, parent: RadixNode | None, tokens: list[int], hashes: list[bytes], end_page: int
-    ) -> None:
-        self.parent = parent
-        self.children: dict[tuple[int, ...], RadixNode] = {}
-        self.tokens = tokens  # flat, len == num_pages * page_size
-        self.hashes = hashes  # chained page hashes, one per page
-        self.end_page = end_page  # page depth of this node's end on its path
-        self.device: list[int] | None = None  # L1 page per page of the run
-        self.host: list[int] | None = None  # L2 slot per page of the run
-        self.lock_ref = 0
-        self.host_ref = 0
-        self.last_access = 0
-        self.hit_count = 0
-        # Put there by a request with `cache_store: false`: never stored below L2 (until a
-        # request that stores inserts the same pages).
-        self.no_store = False
-
-    @property
-    def num_pages(self) -> int:
-        return len(self.hashes)
-
-    @property
-    def start_page(self) -> int:
-        return self.end_page - len(self.hashes)
-
-    @property
-    def is_root(self) -> bool:
-        return self.end_page == 0
-
-    def __repr__(self) -> str:
-        return (
-            f"RadixNode(pages {self.start_page}..{self.end_page}, device={self.device}, "
-            f"host={self.host}, lock={self.lock_ref}/{self.host_ref}, t={self.last_access})"
-        )
 
 
 @dataclass(frozen=True)
@@ -119,8 +63,12 @@ class Walk:
     partial_pages: int
 
     @property
-    def last(self) -> RadixNode | None:
-        return self.path[-1] if self.path else None
+    def runs(self) -> list[tuple[RadixNode, int]]:
+        """(node, matched pages) along the walk, the partial node last."""
+        runs = [(n, n.num_pages) for n in self.path]
+        if self.partial is not None:
+            runs.append((self.partial, self.partial_pages))
+        return runs
 
 
 class RadixTree:
@@ -316,34 +264,31 @@ class RadixTree:
     # -- locks and LRU ----------------------------------------------------------------------
 
     def lock(self, node: RadixNode) -> None:
-        while not node.is_root:
-            node.lock_ref += 1
-            node = node.parent  # type: ignore[assignment]
+        """Protect the path to `node` whole: L1 pages, L2 slots and the nodes themselves."""
+        self._count(node, "lock_ref", 1, "unlock")
 
     def unlock(self, node: RadixNode) -> None:
-        n = node
-        while not n.is_root:
-            if n.lock_ref <= 0:
-                raise RuntimeError(f"unlock without a matching lock at {n}")
-            n = n.parent  # type: ignore[assignment]
-        while not node.is_root:
-            node.lock_ref -= 1
-            node = node.parent  # type: ignore[assignment]
+        self._count(node, "lock_ref", -1, "unlock")
 
     def hold_host(self, node: RadixNode) -> None:
         """Protect the L2 copies on the path to `node` (its L1 copies stay evictable)."""
-        while not node.is_root:
-            node.host_ref += 1
-            node = node.parent  # type: ignore[assignment]
+        self._count(node, "host_ref", 1, "release_host")
 
     def release_host(self, node: RadixNode) -> None:
-        n = node
-        while not n.is_root:
-            if n.host_ref <= 0:
-                raise RuntimeError(f"release_host without a matching hold at {n}")
-            n = n.parent  # type: ignore[assignment]
+        self._count(node, "host_ref", -1, "release_host")
+
+    @staticmethod
+    def _count(node: RadixNode, ref: str, delta: int, verb: str) -> None:
+        """Add `delta` to `ref` of every node on the path to `node`. A release checks the
+        whole path before changing any count, so a stray one changes nothing."""
+        if delta < 0:
+            n = node
+            while not n.is_root:
+                if getattr(n, ref) <= 0:
+                    raise RuntimeError(f"{verb} without a matching {ref} at {n}")
+                n = n.parent  # type: ignore[assignment]
         while not node.is_root:
-            node.host_ref -= 1
+            setattr(node, ref, getattr(node, ref) + delta)
             node = node.parent  # type: ignore[assignment]
 
     def touch(self, node: RadixNode) -> None:

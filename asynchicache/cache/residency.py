@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from asynchicache.cache.ledger import PoolLedger, SlotState
-from asynchicache.cache.radix import RadixNode, RadixTree
+from asynchicache.cache.node import RadixNode
+from asynchicache.cache.radix import RadixTree
 from asynchicache.storage.events import PagesRemoved, PagesStored, StorageEvent, TierCleared
 
 DEVICE = "device"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from asynchicache.cache.radix import RadixNode
+from asynchicache.cache.node import RadixNode
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,16 +39,13 @@ class MatchResult:
 
 
 @dataclass(frozen=True)
-class InsertResult:
-    """A locked handle on the inserted path and the canonical page list for the caller's table."""
+class LockedPages:
+    """Pages handed to the caller with a lock it must `unlock` (`handle`).
 
-    handle: MatchHandle
-    device_pages: list[int]
-
-
-@dataclass(frozen=True)
-class Fallback:
-    """A given-up load's L1 prefix: `handle` is locked for the caller, `device_pages` its pages."""
+    From `insert`: the inserted path, and the canonical page list for the
+    caller's table (the tree's pages where it had them, a trailing partial page
+    still the caller's). From `give_up`: a given-up load's L1 prefix.
+    """
 
     handle: MatchHandle
     device_pages: list[int]

@@ -172,14 +172,7 @@ class TransferEngine:
 
         The result is returned here and not reported again by `poll()`.
         """
-        job = self._pending[ticket]
-        if job.future is not None:
-            try:
-                job.future.exception(timeout=timeout)
-            except FutureTimeout:
-                raise TimeoutError(f"page copy {ticket} not done after {timeout} s") from None
-        elif job.event is not None:
-            job.event.synchronize()
+        self._await(self._pending[ticket], timeout, f"page copy {ticket}")
         return self._result(ticket, self._pending.pop(ticket))
 
     def flush(self, timeout: float | None = None) -> None:
@@ -188,13 +181,17 @@ class TransferEngine:
         For tests that need completions to be deterministic, and for shutdown.
         """
         for job in list(self._pending.values()):
-            if job.future is not None:
-                try:
-                    job.future.exception(timeout=timeout)
-                except FutureTimeout:
-                    raise TimeoutError(f"page copies not done after {timeout} s") from None
-            elif job.event is not None:
-                job.event.synchronize()
+            self._await(job, timeout, "page copies")
+
+    @staticmethod
+    def _await(job: _Pending, timeout: float | None, what: str) -> None:
+        if job.future is not None:
+            try:
+                job.future.exception(timeout=timeout)
+            except FutureTimeout:
+                raise TimeoutError(f"{what} not done after {timeout} s") from None
+        elif job.event is not None:
+            job.event.synchronize()
 
     def close(self) -> None:
         """Finish every copy in flight, then stop the worker."""

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from asynchicache.cache.eviction import Evictor
 from asynchicache.cache.jobs import StoreJob, Unsettled, WriteJob
 from asynchicache.cache.ledger import SlotState
+from asynchicache.cache.node import RadixNode
 from asynchicache.cache.parts import CacheParts
-from asynchicache.cache.radix import RadixNode
 from asynchicache.cache.transfer import TransferDone
 from asynchicache.config import WritePolicy
 from asynchicache.storage.admission import DiskAdmission

@@ -45,7 +45,6 @@ class KvEventSubscriber:
         self.last: int | None = None  # number of the last batch applied
         self.gaps = 0  # jumps in the numbers seen (each one answered by a replay)
         self.replays = 0
-        self.batches = 0
         self._waiting: list[KVEventBatch] = []  # live batches while a replay is asked for
         self._replay_pending = False
         self._ctx = zmq.Context()
@@ -154,7 +153,6 @@ class KvEventSubscriber:
             elif isinstance(event, AllBlocksCleared):
                 pages.clear()
         self.last = batch.seq
-        self.batches += 1
 
     def counts(self) -> dict[str, int]:
         return {t: len(p) for t, p in self.tiers.items()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 
 import zmq
@@ -49,11 +49,10 @@ class EngineProcessConfig:
     storage_addr: str | None = None  # the cache service's socket; None = no L3/L4
     storage_timeout_s: float = 10.0
     log_level: str = "INFO"
-    extra: dict[str, str] = field(default_factory=dict)
     kv_events: KvEventsConfig | None = None  # --kv-events-endpoint: publish KV events
 
 
-def _connect_storage(config: EngineProcessConfig, engine_hook: object) -> StorageTier | None:
+def _connect_storage(config: EngineProcessConfig) -> StorageTier | None:
     """Connect to the cache service (imported lazily: it is optional)."""
     if config.storage_addr is None:
         return None
@@ -149,7 +148,7 @@ def run_engine(config: EngineProcessConfig) -> None:
     push.bind(config.output_addr)
     governor = ThreadGovernor(config.engine.threads)
     threads = governor.apply()  # before the model exists: its first pool size
-    engine = Engine(config.engine, config.cache, storage=_connect_storage(config, None))
+    engine = Engine(config.engine, config.cache, storage=_connect_storage(config))
     upkeep = Upkeep.start(engine, config.kv_events, ctx)
     loop = EngineLoop(engine, pull, push, upkeep, governor)
 

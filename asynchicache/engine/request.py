@@ -5,11 +5,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from asynchicache.cache.jobs import LoadTicket
+from asynchicache.cache.results import MatchHandle
 from asynchicache.engine.protocol import CachedTokens, SamplingParams, TokenLogprob
+
+if TYPE_CHECKING:  # group.py builds on requests and the scheduler
+    from asynchicache.engine.group import RequestGroup, SharedPages
 
 
 class Phase(Enum):
@@ -39,8 +44,8 @@ class Request:
     page_table: list[int] = field(default_factory=list)
     shared_pages: int = 0
     num_computed: int = 0  # tokens whose KV is in page_table
-    handle: Any = None
-    load_ticket: Any = None  # the cache's LoadTicket while LOADING
+    handle: MatchHandle | None = None  # the lock on page_table[:shared_pages]
+    load_ticket: LoadTicket | None = None  # while LOADING
     load_deadline: float | None = None
     cached: CachedTokens = field(default_factory=CachedTokens)
     generator: torch.Generator | None = None
@@ -48,8 +53,8 @@ class Request:
     error: str | None = None
     # What the OpenAI surface adds (logprobs, request groups): see engine/group.py.
     index: int = 0  # member of its request group
-    group: Any = None  # the RequestGroup while members wait for the shared prefill
-    shared: Any = None  # SharedPages: prompt pages held with the other members (no tree)
+    group: RequestGroup | None = None  # while members wait for the shared prefill
+    shared: SharedPages | None = None  # prompt pages held with the other members (no tree)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     cumulative_logprob: float = 0.0
 

@@ -1,4 +1,4 @@
-"""Choosing the next token per request, and deciding when a request stops.
+"""Choosing the next token per request (stopping is the engine's `_stop_reason`).
 
 `sample` handles a batch whose rows have different settings: greedy rows take
 the argmax, the others are tempered, top-k and top-p filtered (vectorized over
@@ -10,9 +10,8 @@ chosen token's logprob (from the raw logits) after.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 
@@ -105,57 +104,3 @@ def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> t
     sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
     probs = torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
     return probs / probs.sum(dim=-1, keepdim=True)
-
-
-class FinishReason(StrEnum):
-    STOP = "stop"  # an eos/stop token or a stop string
-    LENGTH = "length"  # max_tokens reached
-
-
-class StopChecker:
-    """When one request stops: stop tokens, stop strings and max_tokens.
-
-    The scheduler calls `on_token` after each sampled token, and `on_text` with
-    the request's decoded output so far (stop strings may span tokens).
-    """
-
-    def __init__(self, params: SamplingParams, eos_token_ids: Iterable[int]) -> None:
-        self.params = params
-        stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop_ids |= set(eos_token_ids)
-        self.stop_token_ids = frozenset(stop_ids)
-        self.stop_strings = tuple(s for s in params.stop if s)
-
-    def on_token(self, token_id: int, num_generated: int) -> FinishReason | None:
-        """num_generated counts this token."""
-        if token_id in self.stop_token_ids:
-            return FinishReason.STOP
-        if num_generated >= self.params.max_tokens:
-            return FinishReason.LENGTH
-        return None
-
-    def find_stop(self, text: str, new_chars: int | None = None) -> int | None:
-        """Index in `text` where the earliest stop string begins, or None.
-
-        `new_chars`: only the last new_chars characters are new since the last
-        call, so only matches that end inside them are searched for.
-        """
-        best = None
-        for stop in self.stop_strings:
-            begin = 0 if new_chars is None else max(0, len(text) - new_chars - len(stop) + 1)
-            index = text.find(stop, begin)
-            if index >= 0 and (best is None or index < best):
-                best = index
-        return best
-
-    def holdback(self, text: str) -> int:
-        """Characters at the end of `text` that may begin a stop string (hold them back
-        when streaming, until the next tokens settle it)."""
-        longest = 0
-        for stop in self.stop_strings:
-            for size in range(min(len(stop) - 1, len(text)), longest, -1):
-                if text.endswith(stop[:size]):
-                    longest = size
-                    break
-        return longest

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.results import Fallback
+from asynchicache.cache.results import LockedPages, MatchHandle
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.admission import MemoryBudget
 from asynchicache.engine.cost import CostModel, load_deadline
@@ -87,7 +87,7 @@ class Scheduler:
         found = [r for r in [*self.waiting, *self.running, *self.loading.values()]
                  if r.rid == rid and index in (None, r.index)]
         for req in found:
-            self._finish(req, "abort")
+            self.finish(req, "abort")
         return bool(found)
 
     @property
@@ -142,7 +142,7 @@ class Scheduler:
         return True
 
     def _take_prefix(
-        self, req: Request, handle: object, pages: list[int], cached: CachedTokens
+        self, req: Request, handle: MatchHandle | None, pages: list[int], cached: CachedTokens
     ) -> None:
         req.handle = handle
         req.page_table = pages
@@ -179,9 +179,10 @@ class Scheduler:
             self._take_prefix(req, fallback.handle, pages,
                               CachedTokens(device=len(pages) * self.page_size))  # fmt: skip
 
-    def _give_up(self, req: Request) -> Fallback:
+    def _give_up(self, req: Request) -> LockedPages:
         """Stop waiting for `req`'s load; returns its L1 prefix, locked for `req`."""
         ticket = req.load_ticket
+        assert ticket is not None, "only a LOADING request has a load to give up"
         del self.loading[ticket.id]
         req.load_ticket = None
         self.loads_given_up += 1
@@ -281,7 +282,7 @@ class Scheduler:
             if victim is None:
                 total = self.cache.stats().device.total
                 if -(-upto // self.page_size) > total:
-                    self._finish(req, "error", "the request no longer fits in the device cache")
+                    self.finish(req, "error", "the request no longer fits in the device cache")
                 # Otherwise pages are held by background copies or loads that
                 # will release them: wait for a later step.
                 return False
@@ -324,10 +325,8 @@ class Scheduler:
                     self._publish_computed(req)
         return ready
 
-    def finish(self, req: Request, reason: str) -> None:
-        self._finish(req, reason)
-
-    def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
+    def finish(self, req: Request, reason: str, error: str | None = None) -> None:
+        """End `req` (stopped, length, abort, error): its pages go to the tree or back."""
         if req.phase is Phase.FINISHED:
             return
         req.finish_reason = reason
@@ -382,7 +381,4 @@ class Scheduler:
     def drain_finished(self) -> list[Request]:
         done, self.finished = self.finished, []
         return done
-
-    def now(self) -> float:
-        return time.monotonic()
 

@@ -44,13 +44,6 @@ def default_threads(cores: int | None = None) -> int:
     return max(1, n - 1)
 
 
-def set_threads(threads: int | None) -> int:
-    """Set torch's intra-op threads for this process (None: `default_threads()`)."""
-    n = default_threads() if threads is None else threads
-    torch.set_num_threads(n)
-    return n
-
-
 def threads_for(cores: int, others: float) -> int:
     """Threads that leave the cores `others` (other processes' CPU use, in cores) needs."""
     return max(1, min(cores, cores - math.ceil(others - OTHERS_SPARE)))

@@ -5,23 +5,12 @@ from __future__ import annotations
 
 import random
 
-from cache_helpers import NS, PAGE, MakeCache, tokens_for
+from cache_helpers import NS, PAGE, MakeCache, put, tokens_for
 
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.keys import chain_hashes
 from asynchicache.cache.pins import PinnedChain
 from asynchicache.storage.events import PagesRemoved, PagesStored, StorageEvent, TierCleared
-
-
-def put(cache: HiRadixCache, tokens: list[int], salt: str = "", keep_lock: bool = False,
-        store: bool = True):  # type: ignore[no-untyped-def]  # fmt: skip
-    pages = cache.allocate(len(tokens) // PAGE)
-    assert pages is not None
-    result = cache.insert(tokens, pages, salt=salt, store=store)
-    if not keep_lock:
-        cache.unlock(result.handle)
-    cache.check_integrity()
-    return result
 
 
 def pin(cache: HiRadixCache, tokens: list[int], salt: str = "") -> PinnedChain:

@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from cache_helpers import PAGE, MakeCache, tokens_for
+from cache_helpers import PAGE, MakeCache, put, release, tokens_for
 
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.ledger import SlotState
-
-
-def put(cache: HiRadixCache, tokens: list[int], value: float) -> None:
-    pages = cache.allocate(len(tokens) // PAGE)
-    assert pages is not None
-    for i, p in enumerate(pages):
-        cache.device_pool.tensor[p].fill_(value + i)
-    cache.unlock(cache.insert(tokens, pages).handle)
 
 
 def assert_idle_and_unlocked(cache: HiRadixCache) -> None:
@@ -45,14 +37,12 @@ def test_a_failing_storage_completion_finishes_the_load_with_an_error(
     monkeypatch.undo()
     assert ticket in done and ticket.done, "the load never finished"
     assert not ticket.ok and ticket.error is not None and "injected" in ticket.error
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
     assert_idle_and_unlocked(cache)
     # The cache still works: the same prefix loads now.
     ticket = cache.load(cache.match(tokens))
     assert ticket is not None and ticket in cache.drain() and ticket.ok
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
     assert_idle_and_unlocked(cache)
 
 
@@ -78,8 +68,7 @@ def test_a_failing_fill_completion_finishes_the_load_with_an_error(
     done += cache.drain()
     assert ticket in done and ticket.done, "the load never finished"
     assert not ticket.ok and ticket.error is not None and "injected" in ticket.error
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
     assert_idle_and_unlocked(cache)
 
 

@@ -10,24 +10,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cache_helpers import NS, PAGE, MakeCache, MemoryStorage, tokens_for
+from cache_helpers import (
+    NS,
+    PAGE,
+    MakeCache,
+    MemoryStorage,
+    only_in_storage,
+    put,
+    release,
+    storage_of,
+    tokens_for,
+)
 
-from asynchicache.cache.hierarchy import HiRadixCache
+from asynchicache.cache import HiRadixCache, LoadTicket
 from asynchicache.cache.keys import chain_hashes
 from asynchicache.config import CacheConfig
 from asynchicache.server.options import build_parser, to_config
-
-
-def put(cache: HiRadixCache, tokens: list[int], value: float) -> object:
-    """Allocate, write page i = value + i, insert and unlock; returns the inserted node."""
-    pages = cache.allocate(len(tokens) // PAGE)
-    assert pages is not None
-    for i, p in enumerate(pages):
-        cache.device_pool.tensor[p].fill_(value + i)
-    result = cache.insert(tokens, pages)
-    cache.unlock(result.handle)
-    cache.check_integrity()
-    return result.handle.node
 
 
 def host_values(cache: HiRadixCache, slots: list[int]) -> list[float]:
@@ -46,22 +44,25 @@ def stored_value(store: MemoryStorage, page_hash: bytes) -> float:
     return float(page[0])
 
 
-def storage_of(cache: HiRadixCache) -> MemoryStorage:
-    assert isinstance(cache.storage, MemoryStorage)
-    return cache.storage
-
-
 def step(cache: HiRadixCache) -> list:
     """Let L1 <-> L2 copies land, then complete what finished (storage included)."""
     cache.transfer.flush()
     return cache.poll()
 
 
-def only_in_storage(cache: HiRadixCache, tokens: list[int], value: float) -> None:
-    put(cache, tokens, value)
-    cache.drain()
-    cache.clear()
-    assert cache.lookup(tokens) == {"device": 0, "host": 0, "disk": len(tokens), "remote": 0}
+def late_load(cache: HiRadixCache, tokens: list[int]) -> LoadTicket:
+    """Load `tokens` from storage, and let the read time out while the service keeps it
+    (its slots stay quarantined until `settle()`); returns the collected, failed ticket
+    after unlocking what it kept."""
+    store = storage_of(cache)
+    store.hold = True
+    ticket = cache.load(cache.match(tokens))
+    assert ticket is not None
+    store.expire()
+    store.hold = False
+    assert ticket in step(cache) and not ticket.ok  # the load timed out for the engine
+    release(cache, ticket)
+    return ticket
 
 
 def test_a_late_load_never_lands_in_a_reused_slot(make_cache: MakeCache) -> None:
@@ -69,17 +70,10 @@ def test_a_late_load_never_lands_in_a_reused_slot(make_cache: MakeCache) -> None
     store = storage_of(cache)
     a, b = tokens_for(1, 2), tokens_for(5, 6)
     only_in_storage(cache, a, 10.0)
-    store.hold = True
-    ticket = cache.load(cache.match(a))
-    assert ticket is not None
-    store.expire()
-    store.hold = False
-    assert ticket in step(cache) and not ticket.ok  # the load timed out for the engine
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    late_load(cache, a)
     cache.check_integrity()
     # New pages need L2 slots while the service still reads a's pages into the old ones.
-    b_node = put(cache, b, 50.0)
+    b_node = put(cache, b, 50.0).handle.node
     step(cache)
     assert b_node.host is not None
     store.settle()  # the late read lands now
@@ -94,8 +88,7 @@ def test_a_late_load_never_lands_in_a_reused_slot(make_cache: MakeCache) -> None
         50.0,
         51.0,
     ]
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
     cache.check_integrity()
 
 
@@ -129,14 +122,7 @@ def test_quarantine_is_counted_and_released_by_settled(make_cache: MakeCache) ->
     store = storage_of(cache)
     a = tokens_for(1, 2)
     only_in_storage(cache, a, 10.0)
-    store.hold = True
-    ticket = cache.load(cache.match(a))
-    assert ticket is not None
-    store.expire()
-    store.hold = False
-    step(cache)
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    late_load(cache, a)
     stats = cache.stats()
     assert stats.quarantined_slots == 2 and stats.host is not None
     assert stats.host.in_use == 2 and stats.host.free == 6
@@ -159,14 +145,7 @@ def test_storage_pauses_past_the_quarantine_cap(make_cache: MakeCache) -> None:
     a, b, c = tokens_for(1, 2), tokens_for(3, 4), tokens_for(5, 6)
     only_in_storage(cache, a, 10.0)
     only_in_storage(cache, b, 30.0)
-    store.hold = True
-    ticket = cache.load(cache.match(a))
-    assert ticket is not None
-    store.expire()
-    store.hold = False
-    step(cache)
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    late_load(cache, a)
     assert cache.stats().quarantined_slots == 2
     # No new load from storage (recompute instead) and no new store.
     assert cache.match(b).storage_hit_pages == 0

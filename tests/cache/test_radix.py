@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from asynchicache.cache.keys import Namespace, page_hashes
-from asynchicache.cache.radix import RadixNode, RadixTree, Tier
+from asynchicache.cache.node import RadixNode
+from asynchicache.cache.radix import RadixTree, Tier
 
 PS = 4
 NS = Namespace("radix-test", "float32", PS)

@@ -32,7 +32,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from asynchicache.cache.hierarchy import HiRadixCache, LoadTicket, MatchHandle
+from asynchicache.cache import HiRadixCache, LoadTicket, MatchHandle
 from asynchicache.cache.keys import chain_hashes
 from asynchicache.cache.ledger import SlotState
 from asynchicache.cache.pools import HostPool

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cache_helpers import LAYOUT, NS, PAGE, host_gb, tokens_for
+from cache_helpers import LAYOUT, NS, PAGE, host_gb, release, tokens_for
 
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.pools import HostPool
@@ -67,8 +67,7 @@ def test_pages_round_trip_through_the_disk_service(cache: HiRadixCache) -> None:
     assert ticket.pages_from_storage == 3
     for i, p in enumerate(ticket.device_pages):
         assert torch.equal(cache.device_pool.tensor[p], kv[i])
-    assert ticket.handle is not None
-    cache.unlock(ticket.handle)
+    release(cache, ticket)
     cache.check_integrity()
 
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGUFWriter
+from hf_reference import hf_logits, hf_model
 from safetensors.torch import load_file
-from test_models import assert_logits_close, hf_logits, our_logits
+from test_models import assert_logits_close, our_logits
 from tokenizers import pre_tokenizers
 
 from asynchicache.engine.loader import load_model
@@ -101,13 +102,9 @@ def test_gguf_loads_the_same_model_as_the_folder(
 def test_tiny_qwen2_gguf_matches_transformers(
     tiny_checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
-    from transformers import AutoModelForCausalLM
-
     path = tmp_path / "qwen2.gguf"
     write_gguf(tiny_checkpoints["qwen2"], "qwen2", path)
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(tmp_path), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    hf = hf_model(path)
     prompt = torch.randint(0, 1024, (25,), generator=torch.Generator().manual_seed(3)).tolist()
     ours = our_logits(load_model(path), prompt, prefill=20)
     assert_logits_close(ours, hf_logits(hf, prompt)[19:])

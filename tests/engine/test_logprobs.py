@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from hf_reference import hf_logprobs, hf_model
 
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
@@ -27,17 +28,7 @@ TEXT = (
 
 @pytest.fixture(scope="module")
 def hf_smollm(smollm_gguf: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(
-        str(smollm_gguf.parent), gguf_file=smollm_gguf.name, dtype=torch.float32
-    ).eval()
-
-
-def _reference(hf: Any, tokens: list[int]) -> torch.Tensor:
-    """[len(tokens), vocab] log-softmax of transformers' logits at every position."""
-    with torch.inference_mode():
-        return torch.log_softmax(hf(torch.tensor([tokens])).logits[0].float(), dim=-1)
+    return hf_model(smollm_gguf)
 
 
 def assert_matches(entry: TokenLogprob, ref_row: torch.Tensor, token: int, top: int) -> None:
@@ -96,7 +87,7 @@ def test_engine_logprobs_match_transformers(smollm: LoadedModel, hf_smollm: Any)
         assert engine.computed_prompt_tokens - before == len(prompt)  # the cache was bypassed
         assert out["cached"] == 0
         generated = out["tokens"]
-        ref = _reference(hf_smollm, prompt + generated)
+        ref = hf_logprobs(hf_smollm, prompt + generated)
         assert len(out["prompt_logprobs"]) == len(prompt) - 1
         for j, entry in enumerate(out["prompt_logprobs"]):
             assert_matches(entry, ref[j], prompt[j + 1], TOP)

@@ -8,12 +8,12 @@ are compared, position by position, with transformers' full forward.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from conftest import TINY_SPECS
 from engine_helpers import make_pool
+from hf_reference import hf_logits, hf_model
 
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.runner import ForwardBatch, ModelRunner
@@ -31,11 +31,6 @@ def our_logits(loaded: LoadedModel, prompt: list[int], prefill: int) -> torch.Te
     return torch.stack(rows)
 
 
-def hf_logits(hf_model: Any, prompt: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return hf_model(torch.tensor([prompt])).logits[0].float()  # [len, vocab]
-
-
 def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
     """Within float32 noise relative to the logits' scale."""
     scale = ref.abs().max().item()
@@ -47,11 +42,9 @@ def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
 def test_tiny_architecture_matches_transformers(
     name: str, tiny_checkpoints: dict[str, Path]
 ) -> None:
-    from transformers import AutoModelForCausalLM
-
     folder = tiny_checkpoints[name]
     loaded = load_model(folder)
-    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    hf = hf_model(folder)
     prompt = torch.randint(0, 1024, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     ref = hf_logits(hf, prompt)[29:]  # positions 29..39
     ours = our_logits(loaded, prompt, prefill=30)
@@ -70,11 +63,7 @@ def test_tiny_configs_cover_each_feature(tiny_checkpoints: dict[str, Path]) -> N
 
 
 def test_smollm2_gguf_matches_transformers(smollm: LoadedModel, smollm_gguf: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(smollm_gguf.parent), gguf_file=smollm_gguf.name, dtype=torch.float32
-    ).eval()
+    hf = hf_model(smollm_gguf)
     text = "The history of Paris spans more than two thousand years; in 1889 the Eiffel Tower"
     prompt = smollm.tokenizer.encode(text)
     assert 15 <= len(prompt) <= 40

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from asynchicache.engine.protocol import SamplingParams
-from asynchicache.engine.sampler import FinishReason, StopChecker, request_generator, sample
+from asynchicache.engine.sampler import request_generator, sample
 
 VOCAB = 50
 
@@ -77,29 +77,6 @@ def test_temperature_follows_the_distribution() -> None:
 def test_mismatched_lengths_raise() -> None:
     with pytest.raises(ValueError, match="2 logit rows, 1 params"):
         sample(logits_rows(2), [SamplingParams()], [None])
-
-
-def test_stop_checker_tokens_and_length() -> None:
-    checker = StopChecker(SamplingParams(max_tokens=3, stop_token_ids=(9,)), eos_token_ids=[2])
-    assert checker.on_token(5, 1) is None
-    assert checker.on_token(2, 1) is FinishReason.STOP
-    assert checker.on_token(9, 2) is FinishReason.STOP
-    assert checker.on_token(5, 3) is FinishReason.LENGTH
-    ignoring = StopChecker(SamplingParams(ignore_eos=True, stop_token_ids=(9,)), [2])
-    assert ignoring.on_token(2, 1) is None
-    assert ignoring.on_token(9, 1) is FinishReason.STOP
-
-
-def test_stop_checker_strings() -> None:
-    checker = StopChecker(SamplingParams(stop=("END", "\n\n")), eos_token_ids=[])
-    assert checker.find_stop("hello world") is None
-    assert checker.find_stop("hello\n\nEND") == 5
-    assert checker.find_stop("abcEN", new_chars=2) is None
-    assert checker.find_stop("abcEND", new_chars=1) == 3
-    assert checker.holdback("text E") == 1
-    assert checker.holdback("text EN") == 2
-    assert checker.holdback("text\n") == 1
-    assert checker.holdback("text") == 0
 
 
 def test_logit_bias_steers_greedy_and_leaves_logprobs_raw() -> None:

@@ -103,3 +103,23 @@ def test_an_aborted_loading_request_releases_everything(make_rig: RigMaker) -> N
     run_until_idle(rig)
     rig.cache.drain()
     assert_no_locks(rig.cache)
+
+
+# Failed on the count-only admission (commit 1dc760e): the load fell short instead.
+def test_a_load_waits_for_l1_room_instead_of_recomputing(make_rig: RigMaker) -> None:
+    rig = make_rig(device_pages=8)
+    prefix = tokens_for(1, 2, 3)
+    cached_prefix(rig, prefix)
+    rig.cache.evict(8)  # only in L2 now
+    busy = rig.cache.allocate(7)  # L1 held elsewhere (as copies in flight pin it)
+    assert busy is not None
+    req = Request("r", [*prefix, 7], SamplingParams(max_tokens=2, temperature=0.0))
+    rig.scheduler.add(req)
+    step(rig)
+    step(rig)
+    assert req.phase is Phase.WAITING, "the load started without room (and fell short)"
+    assert rig.scheduler.loads_deferred >= 1
+    rig.cache.free(busy)
+    run_until_idle(rig)
+    assert req.cached.host == 3 * PAGE, "the prefix held by L2 was recomputed"
+    assert_no_locks(rig.cache)

@@ -24,9 +24,10 @@ def test_default_leaves_one_core_to_the_other_processes() -> None:
     assert default_threads() == max(1, available_cores() - 1)
 
 
-def test_set_threads_sets_torch_in_this_process_only() -> None:
-    code = ("import torch; from asynchicache.engine.threads import set_threads, default_threads;"
-            "a = set_threads(None); b = torch.get_num_threads(); c = set_threads(3);"
+def test_the_governor_sets_torch_in_this_process_only() -> None:
+    code = ("import torch; from asynchicache.engine.threads import ThreadGovernor, default_threads;"
+            "a = ThreadGovernor().apply(); b = torch.get_num_threads();"
+            "c = ThreadGovernor(3).apply();"
             "print(a == default_threads() == b, c == torch.get_num_threads() == 3)")
     # The affinity mask of the child decides its default: pin it to one core.
     out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code],

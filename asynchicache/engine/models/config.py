@@ -99,11 +99,6 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    @property
-    def group_size(self) -> int:
-        """Query heads per KV head (grouped-query attention)."""
-        return self.num_heads // self.num_kv_heads
-
 
 def rope_from_hf(cfg: dict[str, Any]) -> RopeConfig:
     """Rotary settings from either config.json layout (transformers 4 or 5)."""
