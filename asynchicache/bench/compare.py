@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import statistics
 import tempfile
 import time
@@ -45,7 +44,7 @@ import httpx
 from asynchicache.bench import compare_phases as phases
 from asynchicache.bench.output import add_output_arguments, print_report
 from asynchicache.bench.peers import Peer, ours, parse_peer, vllm
-from asynchicache.bench.server_process import BenchServer, ServerError
+from asynchicache.bench.server_process import BenchServer, ServerError, stop_servers_on_sigterm
 from asynchicache.bench.sweep import machine
 
 log = logging.getLogger(__name__)
@@ -278,12 +277,8 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
     )
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through `with server:`, which stops it
-
-
 def main(argv: Sequence[str]) -> int:
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    stop_servers_on_sigterm()
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     args = _parser().parse_args(list(argv))

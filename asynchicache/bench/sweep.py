@@ -26,7 +26,6 @@ import platform
 import random
 import secrets
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Sequence
@@ -42,7 +41,7 @@ from asynchicache.bench.output import add_output_arguments, print_report
 from asynchicache.bench.prompts import chat_ids, ideal_of_run, planned_messages
 from asynchicache.bench.results import RequestResult, write_results
 from asynchicache.bench.server_log import read_load_events
-from asynchicache.bench.server_process import BenchServer, ServerError
+from asynchicache.bench.server_process import BenchServer, ServerError, stop_servers_on_sigterm
 from asynchicache.bench.setups import (
     ServerPlan,
     Setup,
@@ -380,12 +379,8 @@ def plan(opts: SweepOptions) -> dict[str, Any]:
                        "working_set_over_l1": ctx.sizing.working_set_over_l1}}
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through `with server:`, which stops it
-
-
 def main(argv: Sequence[str]) -> int:
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    stop_servers_on_sigterm()
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     args = _parser().parse_args(list(argv))
