@@ -19,12 +19,12 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 from tqdm import tqdm
 
+from asynchicache.bench.output import add_output_arguments, print_report, write_report
 from asynchicache.bench.results import TIERS, RequestResult, write_results
 from asynchicache.bench.summary import summarize
 from asynchicache.bench.workloads import RequestSpec, Workload, make_workload
@@ -244,7 +244,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="asynchicache bench serve",
                                 description="Play a workload against a running server.")
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--out", type=Path, required=True, help="folder for results and summary")
+    add_output_arguments(p, "summary.json (and results.jsonl)", out_required=True)
     p.add_argument("--api-key", help="bearer token, if the server wants one")
     p.add_argument("--served-model-name", help="the `model` field to send (default: none)")
     p.add_argument("--cache-salt", help="cache namespace of every request (default: none)")
@@ -272,7 +272,7 @@ def main(argv: Sequence[str]) -> int:
     }
     if not args.no_ideal:
         summary["ideal"] = ideal_of_run(workload, run.results, args.model, args.page_size)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps({k: summary[k] for k in ("requests", "errors", "hit_rate", "ttft")},
-                     indent=2))
+    write_report(args.out, "summary.json", summary)
+    headline = {k: summary[k] for k in ("requests", "errors", "hit_rate", "ttft")}
+    print_report(args, summary, json.dumps(headline, indent=2))
     return 0 if summary["errors"] == 0 else 1

@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import statistics
 import tempfile
 import time
@@ -43,8 +42,9 @@ from typing import Any
 import httpx
 
 from asynchicache.bench import compare_phases as phases
+from asynchicache.bench.output import add_output_arguments, print_report
 from asynchicache.bench.peers import Peer, ours, parse_peer, vllm
-from asynchicache.bench.server_process import BenchServer, ServerError
+from asynchicache.bench.server_process import BenchServer, ServerError, stop_servers_on_sigterm
 from asynchicache.bench.sweep import machine
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ def compare(opts: CompareOptions) -> dict[str, Any]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="asynchicache bench compare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="folder for compare.json and logs")
+    add_output_arguments(p, "compare.json (logs beside it)", out_required=True)
     p.add_argument("--model", type=Path,
                    help="Hugging Face folder all servers load, or a GGUF without vLLM "
                    "(default: the embedded SmolLM2 GGUF exported to OUT/model-hf with "
@@ -277,12 +277,8 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
     )
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through `with server:`, which stops it
-
-
 def main(argv: Sequence[str]) -> int:
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    stop_servers_on_sigterm()
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     args = _parser().parse_args(list(argv))
@@ -291,6 +287,7 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as exc:
         raise SystemExit(f"asynchicache bench compare: {exc}") from exc
     record = compare(opts)
-    print(json.dumps({k: record[k] for k in ("median", "ratios", "load_avg_1m_before",
-                                             "load_avg_1m_max", "failed")}, indent=2))
+    headline = {k: record[k] for k in ("median", "ratios", "load_avg_1m_before",
+                                       "load_avg_1m_max", "failed")}
+    print_report(args, record, json.dumps(headline, indent=2))
     return 1 if record["failed"] else 0

@@ -20,7 +20,6 @@ the cache tiers) can add their keys to the same record.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 
 from asynchicache.bench import ttft
+from asynchicache.bench.output import add_output_arguments, print_report, write_report
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.runner import ForwardBatch, ModelRunner
@@ -39,6 +39,8 @@ from asynchicache.engine.sampler import sample
 
 PAGE_SIZE = 16
 GREEDY = SamplingParams(temperature=0.0)
+
+REPORT = "engine.json"
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class BenchArgs:
     skip_ttft: bool = False
 
 
-def parse_args(argv: Sequence[str] | None) -> BenchArgs:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asynchicache.bench.engine", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="HF folder or GGUF (default: SmolLM2)")
@@ -66,7 +68,11 @@ def parse_args(argv: Sequence[str] | None) -> BenchArgs:
     parser.add_argument("--skip-hf", action="store_true", help="only our runner")
     parser.add_argument("--skip-ttft", action="store_true",
                         help="skip time to first token through the cache tiers")
-    ns = parser.parse_args(argv)
+    add_output_arguments(parser, REPORT)
+    return parser
+
+
+def bench_args(ns: argparse.Namespace) -> BenchArgs:
     threads = ns.threads if ns.threads is not None else idle_cores()
     return BenchArgs(ns.model, threads, ns.prompt_tokens, ns.decode_tokens, ns.batch,
                      ns.repeats, ns.skip_hf, ns.skip_ttft)
@@ -219,8 +225,16 @@ def collect(args: BenchArgs) -> dict[str, Any]:
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()}
 
 
+def parse_args(argv: Sequence[str] | None) -> BenchArgs:
+    return bench_args(_parser().parse_args(argv))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    print(json.dumps(collect(parse_args(argv))))
+    """One JSON record on stdout (with or without --json), kept as OUT/engine.json."""
+    ns = _parser().parse_args(argv)
+    record = collect(bench_args(ns))
+    write_report(ns.out, REPORT, record)
+    print_report(ns, record, None)
     return 0
 
 

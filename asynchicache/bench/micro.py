@@ -1,4 +1,4 @@
-"""`asynchicache bench micro [--json] [--only SECTION ...]`: micro-benchmarks.
+"""`asynchicache bench micro [--json] [--out DIR] [--only SECTION ...]`: micro-benchmarks.
 
 Sections, each a function returning a dict of numbers (merged into one report):
 
@@ -24,7 +24,6 @@ import argparse
 import datetime
 import gc
 import importlib
-import json
 import logging
 import os
 import random
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from asynchicache.bench.output import add_output_arguments, print_report, write_report
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.keys import Namespace
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
@@ -257,7 +257,7 @@ def sections() -> list[Section]:
 
 def build_parser(available: list[Section]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asynchicache bench micro", description=__doc__)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_output_arguments(parser, "micro.json")
     parser.add_argument(
         "--only",
         action="append",
@@ -282,11 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     for section in chosen:
         report.update(section.measure(args))
-    if args.json:
-        print(json.dumps(report))
-    else:
-        for key, value in report.items():
-            print(f"{key:36s} {value}")
+    write_report(args.out, "micro.json", report)
+    print_report(args, report, "\n".join(f"{key:36s} {value}" for key, value in report.items()))
     return 0
 
 

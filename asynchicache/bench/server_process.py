@@ -25,6 +25,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_servers_on_sigterm() -> None:
+    """SIGTERM as SystemExit: it unwinds through `with server:`, which stops the server."""
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+
+
 class ServerError(RuntimeError):
     """The server did not start, or died; the message carries its log's tail."""
 

@@ -27,15 +27,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import httpx
 
+from asynchicache.bench.output import add_output_arguments, print_report, write_report
 from asynchicache.bench.procwatch import ServerSample, ServerWatch
 from asynchicache.bench.soak_clients import Tally, client_loop, make_prompts
 from asynchicache.bench.soak_config import SoakConfig
@@ -127,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, help="seconds before memory must stay flat")
     p.add_argument("--api-key", help="bearer token, when the server wants one")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--out", type=Path, help="write the JSON report (with the timeline) here")
+    add_output_arguments(p, "soak.json (with the timeline)")
     return p
 
 
@@ -145,9 +144,9 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         raise SystemExit(f"asynchicache bench soak: {exc}") from exc
     report = asyncio.run(run_soak(cfg))
-    print(render(report))
+    record = asdict(report)
+    write_report(args.out, "soak.json", record)
+    print_report(args, record, render(report))
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(asdict(report), indent=2))
-        print(f"report: {args.out}", file=sys.stderr)
+        print(f"report: {args.out / 'soak.json'}", file=sys.stderr)
     return 0 if report.passed else 1

@@ -26,7 +26,6 @@ import platform
 import random
 import secrets
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Sequence
@@ -38,10 +37,11 @@ import httpx
 
 from asynchicache.bench import text
 from asynchicache.bench.client import ClientConfig, Run, add_workload_arguments, run_workload
+from asynchicache.bench.output import add_output_arguments, print_report
 from asynchicache.bench.prompts import chat_ids, ideal_of_run, planned_messages
 from asynchicache.bench.results import RequestResult, write_results
 from asynchicache.bench.server_log import read_load_events
-from asynchicache.bench.server_process import BenchServer, ServerError
+from asynchicache.bench.server_process import BenchServer, ServerError, stop_servers_on_sigterm
 from asynchicache.bench.setups import (
     ServerPlan,
     Setup,
@@ -323,7 +323,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="asynchicache bench sweep",
         description="Start the server in each tier configuration and play one workload.",
     )
-    p.add_argument("--out", type=Path, required=True, help="folder for every output")
+    add_output_arguments(p, "summary.json (table.md, plots and logs beside it)", out_required=True)
     p.add_argument("--restart-of", default="longdoc",
                    help="the workload that --workload restart plays twice (default %(default)s)")
     p.add_argument("--remote-url", help="Redis URL: adds the L1+L2+L3+L4 setup")
@@ -379,12 +379,8 @@ def plan(opts: SweepOptions) -> dict[str, Any]:
                        "working_set_over_l1": ctx.sizing.working_set_over_l1}}
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through `with server:`, which stops it
-
-
 def main(argv: Sequence[str]) -> int:
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    stop_servers_on_sigterm()
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     args = _parser().parse_args(list(argv))
@@ -396,6 +392,6 @@ def main(argv: Sequence[str]) -> int:
         print(json.dumps(plan(opts), indent=2))
         return 0
     summary = sweep(opts)
-    print((opts.out / "table.md").read_text())
+    print_report(args, summary, (opts.out / "table.md").read_text())
     bad = summary["failed"] or any(c["errors"] for c in summary["configs"].values())
     return 1 if bad else 0

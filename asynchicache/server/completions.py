@@ -11,11 +11,12 @@ cumulative logprob are kept.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from asynchicache.engine.protocol import CachedTokens, TokenLogprob
 from asynchicache.server import sse
@@ -27,7 +28,13 @@ from asynchicache.server.disconnect import (
 )
 from asynchicache.server.engine_client import EngineUnavailable
 from asynchicache.server.errors import APIError, error_body
-from asynchicache.server.generation import Finished, PromptLogprobs, TextDelta, generate_many
+from asynchicache.server.generation import (
+    Event,
+    Finished,
+    PromptLogprobs,
+    TextDelta,
+    generate_many,
+)
 from asynchicache.server.logprobs import (
     CompletionLogprobsBuilder,
     TokenText,
@@ -253,39 +260,23 @@ async def _completion_events(
     ctx: AppContext, plan: Plan, include_usage: bool
 ) -> AsyncIterator[bytes]:
     frames = _CompletionChunks(ctx, plan)
-    tally = Tally()
-    events = generate_many(ctx, plan.requests, "completions")
-    try:
-        async for i, event in events:
-            if isinstance(event, PromptLogprobs):
-                frames.prompt_lps[i] = event.entries
-            elif isinstance(event, TextDelta):
-                for data in frames.delta(i, event):
-                    yield data
-            elif event.reason == "error":
-                yield sse.event(error_body(event.error or "generation failed", "server_error"))
-                break
-            else:
-                tally.add(i, event)
-                for data in frames.first(i, event.index):
-                    yield data
-                yield frames.chunk(i * plan.n + event.index, "", event.reason)
-        else:
-            if include_usage:
-                yield sse.event(
-                    CompletionResponse(
-                        id=plan.rid,
-                        created=frames.created,
-                        model=ctx.model.name,
-                        choices=[],
-                        usage=tally.usage(),
-                    )
-                )
-    except EngineUnavailable as exc:
-        yield _stream_error(exc)
-    finally:
-        await events.aclose()
-    yield sse.DONE
+
+    def on_event(i: int, event: Event) -> list[bytes]:
+        if isinstance(event, PromptLogprobs):
+            frames.prompt_lps[i] = event.entries
+            return []
+        if isinstance(event, TextDelta):
+            return frames.delta(i, event)
+        end = frames.chunk(i * plan.n + event.index, "", event.reason)
+        return [*frames.first(i, event.index), end]
+
+    def usage_chunk(usage: Usage) -> CompletionResponse:
+        return CompletionResponse(
+            id=plan.rid, created=frames.created, model=ctx.model.name, choices=[], usage=usage
+        )
+
+    async for data in _event_stream(ctx, plan, "completions", on_event, usage_chunk, include_usage):
+        yield data
 
 
 # ----------------------------------------------------------------------- chat
@@ -323,7 +314,6 @@ async def chat_completions(
 async def _chat_events(ctx: AppContext, plan: Plan, include_usage: bool) -> AsyncIterator[bytes]:
     created = int(time.time())
     text = TokenText(ctx.tokenizer)
-    tally = Tally()
 
     def chunk(
         index: int, delta: ChatDelta, reason: str | None, logprobs: ChatChoiceLogprobs | None = None
@@ -335,33 +325,51 @@ async def _chat_events(ctx: AppContext, plan: Plan, include_usage: bool) -> Asyn
             )
         )
 
+    def on_event(_: int, event: Event) -> list[bytes]:
+        if isinstance(event, PromptLogprobs):
+            return []
+        if isinstance(event, TextDelta):
+            logprobs = _chat_choice_logprobs(text, plan, event.logprobs)
+            return [chunk(event.index, ChatDelta(content=event.text), None, logprobs)]
+        return [chunk(event.index, ChatDelta(), event.reason)]
+
+    def usage_chunk(usage: Usage) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=plan.rid, created=created, model=ctx.model.name, choices=[], usage=usage
+        )
+
     for j in range(plan.n):
         yield chunk(j, ChatDelta(role="assistant", content=""), None)
-    events = generate_many(ctx, plan.requests, "chat")
+    async for data in _event_stream(ctx, plan, "chat", on_event, usage_chunk, include_usage):
+        yield data
+
+
+# ------------------------------------------------------------------ streaming
+async def _event_stream(
+    ctx: AppContext,
+    plan: Plan,
+    endpoint: str,
+    on_event: Callable[[int, Event], list[bytes]],
+    usage_chunk: Callable[[Usage], BaseModel],
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    """The plan's engine events as SSE frames (`on_event` makes them; a finish is tallied
+    first), then the usage chunk when asked for, then [DONE]. A failed request or an
+    engine gone away ends the stream early with an error event (no usage chunk)."""
+    tally = Tally()
+    events = generate_many(ctx, plan.requests, endpoint)
     try:
-        async for _, event in events:
-            if isinstance(event, PromptLogprobs):
-                continue
-            if isinstance(event, TextDelta):
-                logprobs = _chat_choice_logprobs(text, plan, event.logprobs)
-                yield chunk(event.index, ChatDelta(content=event.text), None, logprobs)
-            elif event.reason == "error":
-                yield sse.event(error_body(event.error or "generation failed", "server_error"))
-                break
-            else:
-                tally.add(0, event)
-                yield chunk(event.index, ChatDelta(), event.reason)
+        async for i, event in events:
+            if isinstance(event, Finished):
+                if event.reason == "error":
+                    yield sse.event(error_body(event.error or "generation failed", "server_error"))
+                    break
+                tally.add(i, event)
+            for data in on_event(i, event):
+                yield data
         else:
             if include_usage:
-                yield sse.event(
-                    ChatCompletionChunk(
-                        id=plan.rid,
-                        created=created,
-                        model=ctx.model.name,
-                        choices=[],
-                        usage=tally.usage(),
-                    )
-                )
+                yield sse.event(usage_chunk(tally.usage()))
     except EngineUnavailable as exc:
         yield _stream_error(exc)
     finally:
@@ -369,7 +377,6 @@ async def _chat_events(ctx: AppContext, plan: Plan, include_usage: bool) -> Asyn
     yield sse.DONE
 
 
-# ------------------------------------------------------------------ streaming
 def _stream_error(exc: Exception) -> bytes:
     return sse.event(error_body(str(exc), "server_error", code="engine_unavailable"))
 

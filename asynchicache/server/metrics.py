@@ -38,23 +38,21 @@ class RequestMetrics:
     """What the HTTP process measures about each request."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.ttft = Histogram(
-            f"{PREFIX}_time_to_first_token_seconds",
+        def seconds(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(f"{PREFIX}_{name}_seconds", doc, registry=registry, buckets=buckets)
+
+        self.ttft = seconds(
+            "time_to_first_token",
             "Time from request arrival to the first generated token.",
-            registry=registry,
-            buckets=_LATENCY_BUCKETS,
+            _LATENCY_BUCKETS,
         )
-        self.e2e = Histogram(
-            f"{PREFIX}_e2e_request_latency_seconds",
-            "Time from request arrival to its last token.",
-            registry=registry,
-            buckets=_LATENCY_BUCKETS,
+        self.e2e = seconds(
+            "e2e_request_latency", "Time from request arrival to its last token.", _LATENCY_BUCKETS
         )
-        self.itl = Histogram(
-            f"{PREFIX}_inter_token_latency_seconds",
+        self.itl = seconds(
+            "inter_token_latency",
             "Time between consecutive generated tokens of one request.",
-            registry=registry,
-            buckets=_ITL_BUCKETS,
+            _ITL_BUCKETS,
         )
         self.requests = Counter(
             f"{PREFIX}_requests",
@@ -103,51 +101,62 @@ class _Rule:
     doc: str
 
 
-def _rule(pattern: str, name: str, counter: bool, doc: str) -> _Rule:
-    return _Rule(re.compile(pattern), name, counter, doc)
-
-
 # The engine's "stats" payload: {"cache": CacheStats.to_dict(), "queues": {...}, ...}.
-_RULES = (
-    _rule(r"cache\.counters\.(?P<tier>\w+?)_hit_tokens", "cache_hit_tokens", True,
-          "Prompt tokens served from each tier instead of recomputed."),
-    _rule(r"cache\.counters\.match_tokens", "cache_lookup_tokens", True,
-          "Prompt tokens looked up in the cache."),
-    _rule(r"cache\.counters\.(?P<tier>\w+?)_evicted_pages", "cache_evicted_pages", True,
-          "Pages evicted from each tier."),
-    _rule(r"cache\.counters\.(?P<kind>\w+_to_\w+?)_pages", "cache_transfer_pages", True,
-          "Pages moved between tiers, by direction."),
-    _rule(r"cache\.counters\.(?P<kind>\w+_to_\w+?)_bytes", "cache_transfer_bytes", True,
-          "Bytes moved between tiers, by direction."),
-    _rule(r"cache\.counters\.(?P<kind>\w+_to_\w+?)_seconds", "cache_transfer_seconds", True,
-          "Time spent moving pages between tiers, by direction."),
-    _rule(r"cache\.counters\.(?P<kind>\w+?)_failures", "cache_failures", True,
-          "Failed transfers, stores and loads (each logged; the cache keeps going)."),
-    _rule(r"cache\.counters\.illegal_transitions", "cache_illegal_transitions", True,
-          "Page or slot state changes the ledger refused (a bug; each is logged)."),
-    _rule(r"cache\.counters\.(?P<what>\w+)", "cache_events", True, "Other cache counters."),
-    _rule(r"cache\.quarantined_slots", "cache_quarantined_slots", False,
-          "L2 slots a timed-out storage ticket may still touch (held until it settles)."),
-    _rule(r"cache\.unsettled_tickets", "cache_unsettled_tickets", False,
-          "Timed-out storage tickets whose slots wait for the service to settle them."),
-    _rule(r"cache\.(?P<pool>page|slot)_states\.(?P<state>\w+)", "cache_ledger_pages", False,
-          "L1 pages (pool=page) and L2 slots (pool=slot) by ledger state."),
-    _rule(r"cache\.(?P<tier>\w+)\.(?P<state>free|cached|in_use)", "cache_pages", False,
-          "Pages of each tier's pool by state (free + cached + in use == capacity)."),
-    _rule(r"cache\.(?P<tier>\w+)\.total", "cache_capacity_pages", False,
-          "Pages each tier's pool holds."),
-    _rule(r"cache\.pending_(?P<kind>\w+)", "cache_pending_operations", False,
-          "Transfers and storage operations in flight."),
-    _rule(r"storage\.(?P<tier>disk|remote)\.corrupt_detected", "storage_corrupt_pages_detected",
-          True, "Stored pages that failed verification (removed, never served); per service run."),
-    _rule(r"storage\.(?P<tier>disk|remote)\.store_failures", "storage_store_failures", True,
-          "Pages a tier failed to store (full disk, I/O error, tier down); per service run."),
-    _rule(r"queues\.(?P<queue>\w+)", "scheduler_queue_length", False,
-          "Requests in each scheduler queue."),
-    _rule(r"preemptions", "scheduler_preemptions", True, "Requests preempted for memory."),
-    _rule(r"loads_given_up", "scheduler_loads_given_up", True,
-          "Prefix loads the scheduler stopped waiting for (deadline or abort); recomputed."),
-)  # fmt: skip
+# One rule a paragraph: "counter|gauge NAME PATTERN", then its help text (indented);
+# the first rule whose pattern matches a path takes it.
+_RULE_TABLE = r"""
+counter cache_hit_tokens cache\.counters\.(?P<tier>\w+?)_hit_tokens
+    Prompt tokens served from each tier instead of recomputed.
+counter cache_lookup_tokens cache\.counters\.match_tokens
+    Prompt tokens looked up in the cache.
+counter cache_evicted_pages cache\.counters\.(?P<tier>\w+?)_evicted_pages
+    Pages evicted from each tier.
+counter cache_transfer_pages cache\.counters\.(?P<kind>\w+_to_\w+?)_pages
+    Pages moved between tiers, by direction.
+counter cache_transfer_bytes cache\.counters\.(?P<kind>\w+_to_\w+?)_bytes
+    Bytes moved between tiers, by direction.
+counter cache_transfer_seconds cache\.counters\.(?P<kind>\w+_to_\w+?)_seconds
+    Time spent moving pages between tiers, by direction.
+counter cache_failures cache\.counters\.(?P<kind>\w+?)_failures
+    Failed transfers, stores and loads (each logged; the cache keeps going).
+counter cache_illegal_transitions cache\.counters\.illegal_transitions
+    Page or slot state changes the ledger refused (a bug; each is logged).
+counter cache_events cache\.counters\.(?P<what>\w+)
+    Other cache counters.
+gauge cache_quarantined_slots cache\.quarantined_slots
+    L2 slots a timed-out storage ticket may still touch (held until it settles).
+gauge cache_unsettled_tickets cache\.unsettled_tickets
+    Timed-out storage tickets whose slots wait for the service to settle them.
+gauge cache_ledger_pages cache\.(?P<pool>page|slot)_states\.(?P<state>\w+)
+    L1 pages (pool=page) and L2 slots (pool=slot) by ledger state.
+gauge cache_pages cache\.(?P<tier>\w+)\.(?P<state>free|cached|in_use)
+    Pages of each tier's pool by state (free + cached + in use == capacity).
+gauge cache_capacity_pages cache\.(?P<tier>\w+)\.total
+    Pages each tier's pool holds.
+gauge cache_pending_operations cache\.pending_(?P<kind>\w+)
+    Transfers and storage operations in flight.
+counter storage_corrupt_pages_detected storage\.(?P<tier>disk|remote)\.corrupt_detected
+    Stored pages that failed verification (removed, never served); per service run.
+counter storage_store_failures storage\.(?P<tier>disk|remote)\.store_failures
+    Pages a tier failed to store (full disk, I/O error, tier down); per service run.
+gauge scheduler_queue_length queues\.(?P<queue>\w+)
+    Requests in each scheduler queue.
+counter scheduler_preemptions preemptions
+    Requests preempted for memory.
+counter scheduler_loads_given_up loads_given_up
+    Prefix loads the scheduler stopped waiting for (deadline or abort); recomputed.
+"""
+
+
+def _parse_rules(table: str) -> tuple[_Rule, ...]:
+    rules = []
+    for head, doc in re.findall(r"^(\S.*)\n    (.+)$", table, re.MULTILINE):
+        kind, name, pattern = head.split(" ")
+        rules.append(_Rule(re.compile(pattern), name, kind == "counter", doc))
+    return tuple(rules)
+
+
+_RULES = _parse_rules(_RULE_TABLE)
 
 
 def flatten(payload: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, float]]:

@@ -17,30 +17,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from live_server import REPO, LiveServer, corrupt_detected, metric
-from traffic import (
-    PAGE_SIZE,
-    Load,
-    LoadResult,
-    Prompt,
-    RequestFailed,
-    ask_all,
-    complete,
-    make_prompts,
-    references,
-    tokenizer,
-)
+from live_server import LiveServer
+from traffic import Prompt
 
 from asynchicache.engine.tokenizer import Tokenizer
 from asynchicache.storage.disk_admin import verify_folder
 from asynchicache.storage.header import decode_header, peek_header_len
-
-# test_fault_matrix.py imports these from here (lead: import them from tests/support there).
-__all__ = [
-    "PAGE_SIZE", "REPO", "LiveServer", "Load", "LoadResult", "Prompt", "RequestFailed",
-    "ask_all", "complete", "corrupt_detected", "make_prompts", "metric", "references",
-    "tokenizer",
-]  # fmt: skip
 
 _CI = {
     "service_kills": 3,

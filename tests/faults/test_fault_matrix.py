@@ -23,24 +23,25 @@ from pathlib import Path
 import httpx
 import pytest
 from fault_helpers import (
-    PAGE_SIZE,
     FaultRecord,
-    LiveServer,
-    Load,
     Matrix,
-    Prompt,
-    RequestFailed,
-    ask_all,
-    complete,
-    corrupt_detected,
     files_by_prompt,
     knob,
-    make_prompts,
     page_files,
     page_tokens,
     record,
     temp_files,
     verify_disk,
+)
+from live_server import LiveServer, corrupt_detected
+from traffic import (
+    PAGE_SIZE,
+    Load,
+    Prompt,
+    RequestFailed,
+    ask_all,
+    complete,
+    make_prompts,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

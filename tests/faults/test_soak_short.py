@@ -69,7 +69,7 @@ def test_short_soak(server: LiveServer) -> None:
 
 
 def test_soak_cli_runs_and_writes_its_report(server: LiveServer, tmp_path: Path) -> None:
-    out = tmp_path / "soak.json"
+    out = tmp_path / "soak"
     argv = [sys.executable, "-m", "asynchicache", "bench", "soak", "--url", server.url,
             "--clients", "2", "--duration", "6", "--sample-interval", "1", "--max-tokens", "4",
             "--prefix-lines", "4",
@@ -82,6 +82,6 @@ def test_soak_cli_runs_and_writes_its_report(server: LiveServer, tmp_path: Path)
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert "soak: 2 clients" in proc.stdout, proc.stdout + proc.stderr
-    report = json.loads(out.read_text())
+    report = json.loads((out / "soak.json").read_text())
     assert report["requests"]["completed"] > 0 and report["timeline"]
     assert proc.returncode == (0 if report["passed"] else 1)

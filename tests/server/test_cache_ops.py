@@ -24,8 +24,10 @@ from cache_ops_helpers import (
     stats,
     wait_idle,
 )
+from ports import free_port
+from processes import children_of, proc_title
 from redis_server import RedisServer, redis_server_binary
-from server_helpers import ServerProcess, children_of, free_port, process_title
+from serve_process import ServeProcess, disk_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -34,7 +36,7 @@ FOREIGN_KEY = "someone-else:key"
 
 @dataclass
 class Live:
-    server: ServerProcess
+    server: ServeProcess
     redis: RedisServer
     sub: ChainSubscriber
     events: str
@@ -68,7 +70,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     root = tmp_path_factory.mktemp("ops")
     rds = RedisServer(redis_server_binary(), root / "redis").start()
     events, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    server = ServerProcess(
+    server = disk_server(
         root / "kv", root / "server.log",
         "--device-cache-tokens", "1024", "--host-cache-gb", "0.05", "--disk-cache-gb", "0.1",
         "--remote-url", rds.url, "--kv-events-endpoint", events,
@@ -158,10 +160,10 @@ def test_clear_by_scope_and_tenant(live: Live) -> None:
     assert live.sub.counts() == {"device": 0, "host": 0, "disk": 0, "remote": 0}
 
 
-def _service_pid(server: ServerProcess) -> int:
+def _service_pid(server: ServeProcess) -> int:
     assert server.proc is not None
     for pid in children_of(server.proc.pid):
-        if "cache-service" in process_title(pid):
+        if "cache-service" in proc_title(pid):
             return pid
     raise AssertionError("no cache-service child")
 

@@ -17,31 +17,19 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from server_helpers import ServerProcess, alive, children_of, process_title
+from processes import children_of, pid_alive, proc_title
+from serve_process import ServeProcess, disk_server
+from traffic import by_tier, inventory, timed_chat
 
 from asynchicache.storage.shm import list_segments
 
 pytestmark = pytest.mark.slow
 
-COLORS = ("red", "green", "blue", "amber", "violet", "teal", "ochre")
-QUESTION = "How many marbles are in box 3?"
-
-
-def long_messages(boxes: int = 80) -> list[dict[str, str]]:
-    """A chat prompt of about 20 tokens a box (80 boxes: 1,606 with the SmolLM2 template)."""
-    lines = [
-        f"Box {i}: a {COLORS[i % 7]} box holding {(i * 37) % 101} marbles and {(i * 11) % 17} keys."
-        for i in range(boxes)
-    ]
-    doc = "Read the inventory below, then answer.\n" + "\n".join(lines)
-    return [{"role": "user", "content": f"{doc}\n{QUESTION}"}]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     root = tmp_path_factory.mktemp("e2e")
     state: dict[str, object] = {"disk": root / "kv", "log": root / "server.log"}
-    server = ServerProcess(root / "kv", root / "server.log")
+    server = disk_server(root / "kv", root / "server.log")
     server.start()
     state["server"] = server
     try:
@@ -49,42 +37,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, objec
     finally:
         for key in ("server", "restarted"):
             srv = state.get(key)
-            if isinstance(srv, ServerProcess):
+            if isinstance(srv, ServeProcess):
                 srv.shutdown()
 
 
-def _client(server: ServerProcess) -> openai.OpenAI:
+def _client(server: ServeProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
-def _timed_chat(server: ServerProcess, messages: list[dict[str, str]]) -> tuple[float, str, object]:
-    """(time to first content token, greedy text, usage) of a streamed chat completion."""
-    t0 = time.perf_counter()
-    ttft = None
-    text, usage = "", None
-    stream = _client(server).chat.completions.create(
-        model="SmolLM2-135M-Instruct",
-        messages=messages,  # type: ignore[arg-type]
-        max_tokens=12,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            ttft = ttft or time.perf_counter() - t0
-            text += chunk.choices[0].delta.content
-        if chunk.usage is not None:
-            usage = chunk.usage
-    assert ttft is not None and usage is not None
-    return ttft, text, usage
-
-
-def _tiers(usage: object) -> dict[str, int]:
-    return usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]  # type: ignore[attr-defined]
-
-
-def _metric(server: ServerProcess, line_prefix: str) -> float:
+def _metric(server: ServeProcess, line_prefix: str) -> float:
     for line in httpx.get(server.url + "/metrics").text.splitlines():
         if line.startswith(line_prefix + " "):
             return float(line.rsplit(" ", 1)[1])
@@ -93,7 +54,7 @@ def _metric(server: ServerProcess, line_prefix: str) -> float:
 
 def test_capital_of_france(served: dict[str, object]) -> None:
     server = served["server"]
-    assert isinstance(server, ServerProcess)
+    assert isinstance(server, ServeProcess)
     resp = _client(server).chat.completions.create(
         model="SmolLM2-135M-Instruct",
         messages=[{"role": "user", "content": "What is the capital of France?"}],
@@ -106,7 +67,7 @@ def test_capital_of_france(served: dict[str, object]) -> None:
 
 def test_streaming_equals_non_streaming(served: dict[str, object]) -> None:
     server = served["server"]
-    assert isinstance(server, ServerProcess)
+    assert isinstance(server, ServeProcess)
     client = _client(server)
     args = {"model": "SmolLM2-135M-Instruct", "prompt": "Once upon a time", "max_tokens": 12}
     full = client.completions.create(**args, temperature=0)
@@ -120,10 +81,10 @@ def test_streaming_equals_non_streaming(served: dict[str, object]) -> None:
 
 def test_repeated_long_prompt_is_served_from_the_cache(served: dict[str, object]) -> None:
     server = served["server"]
-    assert isinstance(server, ServerProcess)
+    assert isinstance(server, ServeProcess)
     hits_before = _metric(server, 'asynchicache_cache_hit_tokens_total{tier="device"}')
-    cold_ttft, cold_text, cold_usage = _timed_chat(server, long_messages())
-    warm_ttft, warm_text, warm_usage = _timed_chat(server, long_messages())
+    cold_ttft, cold_text, cold_usage = timed_chat(server.url, inventory(0))
+    warm_ttft, warm_text, warm_usage = timed_chat(server.url, inventory(0))
     assert cold_usage.prompt_tokens >= 1500  # type: ignore[attr-defined]
     assert warm_usage.prompt_tokens_details.cached_tokens >= 1400  # type: ignore[attr-defined]
     assert warm_text == cold_text
@@ -132,12 +93,12 @@ def test_repeated_long_prompt_is_served_from_the_cache(served: dict[str, object]
     assert hits_after - hits_before >= 1400
     assert _metric(server, "asynchicache_time_to_first_token_seconds_count") >= 2
     served["cold"] = (cold_ttft, cold_text)
-    print(f"\ncold TTFT {cold_ttft:.3f}s, warm TTFT {warm_ttft:.3f}s, tiers {_tiers(warm_usage)}")
+    print(f"\ncold TTFT {cold_ttft:.3f}s, warm TTFT {warm_ttft:.3f}s, tiers {by_tier(warm_usage)}")
 
 
 def test_cache_salt_separates_namespaces(served: dict[str, object]) -> None:
     server = served["server"]
-    assert isinstance(server, ServerProcess)
+    assert isinstance(server, ServeProcess)
     client = _client(server)
     prompt = "Salted prompt. " + " ".join(f"Line {i} of a private document." for i in range(20))
 
@@ -170,7 +131,7 @@ def test_cache_salt_separates_namespaces(served: dict[str, object]) -> None:
 )
 def test_bad_input_on_the_real_server(served: dict[str, object], body: dict[str, object]) -> None:
     server = served["server"]
-    assert isinstance(server, ServerProcess)
+    assert isinstance(server, ServeProcess)
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     r = httpx.post(server.url + path, json=body, timeout=60)
     assert 400 <= r.status_code < 500, r.text
@@ -190,7 +151,7 @@ def test_odd_but_valid_sampling_is_served(
     served: dict[str, object], extra: dict[str, object]
 ) -> None:
     server = served["server"]
-    assert isinstance(server, ServerProcess)
+    assert isinstance(server, ServeProcess)
     body = {"model": "SmolLM2-135M-Instruct", "prompt": "The sky is", "max_tokens": 4, **extra}
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
@@ -199,25 +160,25 @@ def test_odd_but_valid_sampling_is_served(
 
 def test_sigterm_leaves_nothing_and_restart_serves_from_disk(served: dict[str, object]) -> None:
     server = served["server"]
-    assert isinstance(server, ServerProcess) and "cold" in served
+    assert isinstance(server, ServeProcess) and "cold" in served
     disk = served["disk"]
     assert isinstance(disk, Path)
     children = server.child_pids
-    titles = {process_title(pid) for pid in children}
+    titles = {proc_title(pid) for pid in children}
     assert "asynchicache: engine" in titles
     segments = [s for s in list_segments() if any(f"-{pid}-" in s for pid in children)]
-    assert server.stop() == 0
+    assert server.terminate() == 0
     time.sleep(0.5)
-    assert [pid for pid in children if alive(pid)] == []
+    assert [pid for pid in children if pid_alive(pid)] == []
     assert not set(segments) & set(list_segments())
     assert list(disk.rglob(".tmp-*")) == []
 
-    restarted = ServerProcess(disk, Path(str(served["log"])))
+    restarted = disk_server(disk, Path(str(served["log"])))
     served["restarted"] = restarted
     restarted.start()
     cold_ttft, cold_text = served["cold"]  # type: ignore[misc]
-    ttft, text, usage = _timed_chat(restarted, long_messages())
-    tiers = _tiers(usage)
+    ttft, text, usage = timed_chat(restarted.url, inventory(0))
+    tiers = by_tier(usage)
     print(f"\nafter restart: TTFT {ttft:.3f}s (cold {cold_ttft:.3f}s), tiers {tiers}")
     assert text == cold_text
     assert usage.prompt_tokens_details.cached_tokens >= 1400  # type: ignore[attr-defined]
@@ -227,10 +188,10 @@ def test_sigterm_leaves_nothing_and_restart_serves_from_disk(served: dict[str, o
 
 def test_a_crashed_cache_service_is_restarted(served: dict[str, object]) -> None:
     server = served.get("restarted")
-    assert isinstance(server, ServerProcess) and server.proc is not None
+    assert isinstance(server, ServeProcess) and server.proc is not None
     disk = served["disk"]
     assert isinstance(disk, Path)
-    (service,) = [p for p in server.child_pids if process_title(p) == "asynchicache: cache-service"]
+    (service,) = [p for p in server.child_pids if proc_title(p) == "asynchicache: cache-service"]
     os.kill(service, signal.SIGKILL)
     deadline = time.monotonic() + 30
     replacement: list[int] = []
@@ -239,26 +200,26 @@ def test_a_crashed_cache_service_is_restarted(served: dict[str, object]) -> None
         replacement = [
             p
             for p in children_of(server.proc.pid)
-            if p != service and process_title(p) == "asynchicache: cache-service"
+            if p != service and proc_title(p) == "asynchicache: cache-service"
         ]
     assert replacement, "the cache service was not restarted"
     messages = [{"role": "user", "content": "Name three colours of the rainbow. " * 20}]
-    _, text, usage = _timed_chat(server, messages)
+    _, text, usage = timed_chat(server.url, messages)
     assert text and usage.prompt_tokens > 0  # type: ignore[attr-defined]
 
 
 def test_a_dead_engine_stops_the_server_and_leaves_nothing(served: dict[str, object]) -> None:
     server = served.get("restarted")
-    assert isinstance(server, ServerProcess) and server.proc is not None
+    assert isinstance(server, ServeProcess) and server.proc is not None
     disk = served["disk"]
     assert isinstance(disk, Path)
     children = children_of(server.proc.pid)
-    (engine,) = [p for p in children if process_title(p) == "asynchicache: engine"]
+    (engine,) = [p for p in children if proc_title(p) == "asynchicache: engine"]
     segments = [s for s in list_segments() if f"-{engine}-" in s]
     assert segments, "the engine should own the L2 segment"
     os.kill(engine, signal.SIGKILL)  # no chance to unlink its segment
     assert server.proc.wait(60) == 1
     time.sleep(0.5)
-    assert [pid for pid in children if alive(pid)] == []
+    assert [pid for pid in children if pid_alive(pid)] == []
     assert not set(segments) & set(list_segments())
     assert list(disk.rglob(".tmp-*")) == []

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from server_helpers import free_port
+from ports import free_port
 
 from asynchicache.server.launch import make_run_dir, ready_message
 

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 import torch
-from server_helpers import ServerProcess
+from serve_process import ServeProcess, disk_server
 
 pytestmark = pytest.mark.slow
 
@@ -31,8 +31,8 @@ STORY = (
 )
 
 
-def _serve(root: Path, *extra: str) -> Iterator[ServerProcess]:
-    srv = ServerProcess(root / "kv", root / "server.log", *extra)
+def _serve(root: Path, *extra: str) -> Iterator[ServeProcess]:
+    srv = disk_server(root / "kv", root / "server.log", *extra)
     srv.start()
     try:
         yield srv
@@ -41,28 +41,28 @@ def _serve(root: Path, *extra: str) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     yield from _serve(tmp_path_factory.mktemp("prefix-cache"))
 
 
 @pytest.fixture(scope="module")
-def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     root = tmp_path_factory.mktemp("no-prefix-cache")
     yield from _serve(root, "--no-prefix-cache", "--no-disk-cache")
 
 
 @pytest.fixture(params=["prefix-cache", "no-prefix-cache"])
-def either_server(request: pytest.FixtureRequest) -> ServerProcess:
+def either_server(request: pytest.FixtureRequest) -> ServeProcess:
     """The group tests whose page sharing differs without the prefix cache run on both."""
     name = "server" if request.param == "prefix-cache" else "plain_server"
     return request.getfixturevalue(name)
 
 
-def _client(server: ServerProcess) -> openai.OpenAI:
+def _client(server: ServeProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
-def _stats(server: ServerProcess) -> dict[str, Any]:
+def _stats(server: ServeProcess) -> dict[str, Any]:
     return httpx.get(server.url + "/cache/stats", params={"integrity": "true"}, timeout=30).json()
 
 
@@ -71,7 +71,7 @@ def tok(frontend: Any) -> Any:
     return frontend.tokenizer
 
 
-def assert_idle_and_released(server: ServerProcess) -> None:
+def assert_idle_and_released(server: ServeProcess) -> None:
     """Every member ended: no request running, no private page, no lock, tree intact."""
     deadline = time.monotonic() + 30
     while True:
@@ -85,7 +85,7 @@ def assert_idle_and_released(server: ServerProcess) -> None:
 
 
 # ------------------------------------------------------------------- groups
-def test_seeded_samples_differ_and_repeat(server: ServerProcess) -> None:
+def test_seeded_samples_differ_and_repeat(server: ServeProcess) -> None:
     def four() -> list[str]:
         resp = _client(server).completions.create(
             model=MODEL, prompt=STORY, max_tokens=12, temperature=0.8, n=4, seed=77
@@ -99,7 +99,7 @@ def test_seeded_samples_differ_and_repeat(server: ServerProcess) -> None:
     assert_idle_and_released(server)
 
 
-def test_greedy_members_equal_n1_over_one_prefill(either_server: ServerProcess, tok: Any) -> None:
+def test_greedy_members_equal_n1_over_one_prefill(either_server: ServeProcess, tok: Any) -> None:
     server = either_server
     prompt = f"Question {time.monotonic_ns()}: {STORY} What did he write?"  # cold
     n_prompt = len(tok.encode(prompt))
@@ -117,7 +117,7 @@ def test_greedy_members_equal_n1_over_one_prefill(either_server: ServerProcess, 
     assert_idle_and_released(server)
 
 
-def test_cached_tokens_count_the_prompt_once(server: ServerProcess) -> None:
+def test_cached_tokens_count_the_prompt_once(server: ServeProcess) -> None:
     messages = [{"role": "user", "content": f"{STORY * 4} Summarize."}]
     client = _client(server)
     client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)  # type: ignore[arg-type]
@@ -131,7 +131,7 @@ def test_cached_tokens_count_the_prompt_once(server: ServerProcess) -> None:
     assert_idle_and_released(server)
 
 
-def test_streamed_group_and_usage(server: ServerProcess) -> None:
+def test_streamed_group_and_usage(server: ServeProcess) -> None:
     stream = _client(server).chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Name three colours."}],
@@ -156,7 +156,7 @@ def test_streamed_group_and_usage(server: ServerProcess) -> None:
     assert_idle_and_released(server)
 
 
-def test_disconnect_mid_stream_frees_every_member(either_server: ServerProcess) -> None:
+def test_disconnect_mid_stream_frees_every_member(either_server: ServeProcess) -> None:
     server = either_server
     body = {
         "model": MODEL,
@@ -178,7 +178,7 @@ def test_disconnect_mid_stream_frees_every_member(either_server: ServerProcess) 
     assert_idle_and_released(server)
 
 
-def test_best_of_keeps_the_most_likely(server: ServerProcess) -> None:
+def test_best_of_keeps_the_most_likely(server: ServeProcess) -> None:
     args = {"model": MODEL, "prompt": STORY, "max_tokens": 6, "temperature": 1.0, "seed": 11}
     client = _client(server)
     every = client.completions.create(**args, n=3, logprobs=0)
@@ -230,7 +230,7 @@ def assert_top_matches(tok: Any, top: dict[str, float], row: torch.Tensor, k: in
 
 
 def test_completion_logprobs_match_transformers(
-    server: ServerProcess, hf_smollm: Any, tok: Any
+    server: ServeProcess, hf_smollm: Any, tok: Any
 ) -> None:
     prompt = tok.encode(STORY)
     resp = _client(server).completions.create(
@@ -255,7 +255,7 @@ def test_completion_logprobs_match_transformers(
 
 
 def test_echo_prompt_logprobs_bypass_a_cached_prompt(
-    server: ServerProcess, hf_smollm: Any, tok: Any
+    server: ServeProcess, hf_smollm: Any, tok: Any
 ) -> None:
     text = f"{STORY} Entry {time.monotonic_ns()}."
     prompt = tok.encode(text)
@@ -285,7 +285,7 @@ def test_echo_prompt_logprobs_bypass_a_cached_prompt(
     assert_idle_and_released(server)
 
 
-def test_chat_logprobs_shape_and_values(server: ServerProcess) -> None:
+def test_chat_logprobs_shape_and_values(server: ServeProcess) -> None:
     resp = _client(server).chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Say hello."}],
@@ -305,7 +305,7 @@ def test_chat_logprobs_shape_and_values(server: ServerProcess) -> None:
 
 
 # -------------------------------------------------- prompt lists, penalties
-def test_prompt_list_equals_single_requests(server: ServerProcess) -> None:
+def test_prompt_list_equals_single_requests(server: ServeProcess) -> None:
     prompts = ["The capital of France is", "Two plus two equals"]
     client = _client(server)
     both = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0)
@@ -318,7 +318,7 @@ def test_prompt_list_equals_single_requests(server: ServerProcess) -> None:
     assert both.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)  # type: ignore[union-attr]
 
 
-def test_logit_bias_and_penalties_steer_greedy(server: ServerProcess, tok: Any) -> None:
+def test_logit_bias_and_penalties_steer_greedy(server: ServeProcess, tok: Any) -> None:
     client = _client(server)
     target = tok.encode(" banana")[0]
     biased = client.completions.create(
@@ -347,6 +347,6 @@ def test_logit_bias_and_penalties_steer_greedy(server: ServerProcess, tok: Any) 
     assert_idle_and_released(server)
 
 
-def test_server_log_is_clean(either_server: ServerProcess) -> None:
+def test_server_log_is_clean(either_server: ServeProcess) -> None:
     log = Path(either_server.log_path).read_text(errors="replace")
     assert "Traceback" not in log, log[log.index("Traceback") - 200 :][:3000]

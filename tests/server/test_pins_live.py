@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from cache_ops_helpers import PAGE, complete, lookup, prompt, stats, wait_idle
-from server_helpers import ServerProcess
+from serve_process import ServeProcess, disk_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -23,8 +23,8 @@ PAGES = 20
 PINNED, CONTROL = prompt(1, PAGES), prompt(2, PAGES)
 
 
-def _server(root: Path) -> ServerProcess:
-    return ServerProcess(root / "kv", root / "server.log", *FLAGS)
+def _server(root: Path) -> ServeProcess:
+    return disk_server(root / "kv", root / "server.log", *FLAGS)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(folder: Path) -> Iterator[ServerProcess]:
+def server(folder: Path) -> Iterator[ServeProcess]:
     srv = _server(folder)
     srv.start()
     try:
@@ -51,7 +51,7 @@ def _pinned_ids(url: str) -> set[str]:
 
 
 def test_a_pinned_prompt_outlives_a_workload_that_evicts_its_control(
-    server: ServerProcess,
+    server: ServeProcess,
 ) -> None:
     url = server.url
     complete(url, CONTROL)
@@ -73,7 +73,7 @@ def test_a_pinned_prompt_outlives_a_workload_that_evicts_its_control(
     assert sum(complete(url, CONTROL).values()) == 0
 
 
-def test_ttl_listing_and_the_limit(server: ServerProcess) -> None:
+def test_ttl_listing_and_the_limit(server: ServeProcess) -> None:
     url = server.url
     short = prompt(3, 4)
     r = _pin(url, short, ttl_s=2)  # not cached yet: computed first
@@ -87,7 +87,7 @@ def test_ttl_listing_and_the_limit(server: ServerProcess) -> None:
     assert stats(url)["pins"]["pinned_pages"] == PAGES
 
 
-def test_the_pin_survives_a_restart(folder: Path, server: ServerProcess) -> None:
+def test_the_pin_survives_a_restart(folder: Path, server: ServeProcess) -> None:
     server.shutdown()
     again = _server(folder)
     again.start()

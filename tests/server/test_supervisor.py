@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from processes import pid_alive
 from supervised_targets import ignore_sigterm, sleep_forever
 
 from asynchicache.server.supervisor import ChildSpec, Supervisor
@@ -27,20 +28,10 @@ def _pids(pid_file: Path, n: int, timeout: float = 30.0) -> list[int]:
     raise AssertionError(f"expected {n} pids in {pid_file}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is dead for our purposes.
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
-
-
 def _wait_dead(pid: int, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not pid_alive(pid):
             return True
         time.sleep(0.05)
     return False

@@ -1,11 +1,16 @@
 """`python -m asynchicache serve` on CPU as a test's subprocess: the benchmarks' launcher
 (`bench/server_process.py`: a free port, retried if taken; /health awaited; SIGTERM,
-then SIGKILL if it hangs), with `start` returning the server."""
+then SIGKILL if it hangs), with `start` returning the server, its children by pid, and a
+`terminate` that leaves them to the server (so a test sees what it leaves behind)."""
 
 from __future__ import annotations
 
+import signal
+import time
 from collections.abc import Mapping
 from pathlib import Path
+
+from processes import children_of, pid_alive
 
 from asynchicache.bench.server_process import BenchServer
 
@@ -21,7 +26,35 @@ class ServeProcess(BenchServer):
         startup_timeout_s: float = 300.0,
     ) -> None:
         super().__init__(["--device", "cpu", *flags], log_path, startup_timeout_s, env)
+        self.child_pids: list[int] = []  # its children once it answered /health
 
     def start(self, attempts: int = 3) -> ServeProcess:  # type: ignore[override]
         super().start(attempts)
+        self.child_pids = self.children()
         return self
+
+    def children(self) -> list[int]:
+        """The live children of the server now."""
+        assert self.proc is not None
+        return children_of(self.proc.pid)
+
+    def terminate(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
+        """Signal the server alone and wait for its exit code (its children are its job)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout_s)
+
+    def shutdown(self) -> int | None:
+        """`stop` (SIGTERM, SIGKILL to the group if it hangs), then wait for its children."""
+        code = self.stop()
+        deadline = time.monotonic() + 30
+        while any(pid_alive(pid) for pid in self.child_pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return code
+
+
+def disk_server(disk_dir: Path, log_path: Path, *extra: str) -> ServeProcess:
+    """A server with a disk tier in `disk_dir` and 4,096 L1 tokens (`extra` may override)."""
+    flags = ["--disk-cache-dir", str(disk_dir), "--device-cache-tokens", "4096"]
+    return ServeProcess(log_path, *flags, "--log-level", "info", *extra)

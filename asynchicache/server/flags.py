@@ -1,0 +1,239 @@
+"""`asynchicache serve`'s flags, one argument group per concern.
+
+A flag that sets a config field of the same name (its dest, or dest + "_s" for seconds)
+is written as one line of a table: flag -> help. Its type and default come from the
+config's default instance (an enum field offers its values as choices), and its help
+ends with the default. Every other flag is spelled out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from asynchicache.config import (
+    CacheConfig,
+    EngineConfig,
+    LaunchConfig,
+    ServerConfig,
+    ServiceTuning,
+    default_disk_cache_dir,
+)
+
+API_KEY_ENV = "ASYNCHICACHE_API_KEY"
+ADMIN_API_KEY_ENV = "ASYNCHICACHE_ADMIN_API_KEY"
+DEFAULT_STORAGE_TIMEOUT_S = LaunchConfig.storage_timeout_s
+_WITH_DEFAULT = " (default %(default)s)"
+
+
+def _from_config(g: argparse._ArgumentGroup, config: object, helps: dict[str, str]) -> None:
+    """One flag per `helps` entry, typed and defaulted by `config`'s field of its name."""
+    for flag, text in helps.items():
+        dest = flag.lstrip("-").replace("-", "_")
+        default = getattr(config, dest) if hasattr(config, dest) else getattr(config, dest + "_s")
+        kw: dict[str, Any] = {"default": default}
+        if isinstance(default, Enum):
+            kw.update(default=default.value, choices=[x.value for x in type(default)])
+        elif not isinstance(default, str):
+            kw["type"] = type(default)
+        g.add_argument(flag, help=text + _WITH_DEFAULT, **kw)
+
+
+def _add_server(p: argparse.ArgumentParser) -> None:
+    s = ServerConfig()
+    g = p.add_argument_group("server")
+    _from_config(g, s, {"--host": "address to listen on", "--port": "port to listen on"})
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"require 'Authorization: Bearer KEY' on all but /health and /ready "
+        f"(or ${API_KEY_ENV})",
+    )
+    g.add_argument(
+        "--admin-api-key",
+        default=os.environ.get(ADMIN_API_KEY_ENV),
+        help="require this key (instead of --api-key) on /cache/clear, /cache/pin and "
+        f"/cache/unpin (or ${ADMIN_API_KEY_ENV})",
+    )
+    g.add_argument("--served-model-name", help="model id clients send (default: the model's name)")
+    g.add_argument(
+        "--log-level",
+        default=s.log_level,
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="log verbosity",
+    )
+    _from_config(g, s, {
+        "--startup-timeout": "seconds to wait for the engine to load the model",
+        "--shutdown-timeout": "seconds each child gets to stop before SIGKILL",
+    })  # fmt: skip
+
+
+def _add_engine(p: argparse.ArgumentParser) -> None:
+    e = EngineConfig()
+    g = p.add_argument_group("engine")
+    g.add_argument(
+        "--model",
+        help="Hugging Face folder or .gguf file (default: embedded SmolLM2-135M-Instruct)",
+    )
+    g.add_argument(
+        "--device", default="auto", help="cpu, cuda, cuda:N, or auto (cuda when available)"
+    )
+    g.add_argument(
+        "--dtype",
+        default=e.dtype,
+        choices=["float32", "bfloat16", "float16"],
+        help="weights and KV dtype" + _WITH_DEFAULT,
+    )
+    _from_config(g, e, {
+        "--max-running-requests": "at most this many requests run at once; below it, a "
+        "request is admitted when L1 can hold it",
+    })  # fmt: skip
+    g.add_argument(
+        "--decode-reserve-tokens",
+        type=int,
+        default=e.decode_reserve_tokens,
+        help="L1 room admission keeps per request for its answer, in tokens (at most its "
+        "max_tokens; default %(default)s)",
+    )
+    _from_config(g, e, {
+        "--chunked-prefill-size": "prompt tokens of one request prefilled per step",
+        "--max-prefill-tokens": "prompt tokens of all requests prefilled per step",
+    })  # fmt: skip
+    g.add_argument(
+        "--max-model-len", type=int, help="cap the context length (default: the model's)"
+    )
+    g.add_argument("--seed", type=int, default=e.seed, help="sampling seed of requests without one")
+    _from_config(g, e, {
+        "--min-load-tokens": "load a prefix from L2/L3/L4 only when it has at least this "
+        "many tokens",
+    })  # fmt: skip
+    g.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads of the engine process (default: every core the other processes "
+        "leave free, measured as it runs; it starts at cores - 1)",
+    )
+
+
+def _add_cache(p: argparse.ArgumentParser) -> None:
+    c = CacheConfig(disk_cache_dir=None)
+    g = p.add_argument_group("cache")
+    _from_config(g, c, {
+        "--page-size": "tokens per KV page",
+        "--device-cache-tokens": "L1 capacity in tokens, on the engine device",
+        "--host-cache-gb": "L2 shared-memory pool size in GiB (2**30 bytes); 0 disables it",
+    })  # fmt: skip
+    g.add_argument("--no-host-cache", action="store_true", help="disable the L2 host tier")
+    g.add_argument(
+        "--disk-cache-dir",
+        type=Path,
+        default=default_disk_cache_dir(),
+        help="L3 folder, kept across restarts" + _WITH_DEFAULT,
+    )
+    _from_config(g, c, {
+        "--disk-cache-gb": "L3 capacity in GiB (2**30 bytes), files already there included",
+    })  # fmt: skip
+    g.add_argument("--no-disk-cache", action="store_true", help="disable the L3 disk tier")
+    g.add_argument(
+        "--remote-url", help="L4 Redis/Valkey URL, e.g. redis://127.0.0.1:6379/0 (default: off)"
+    )
+    g.add_argument(
+        "--remote-ttl", type=int, help="L4 value expiry in seconds (default: the server evicts)"
+    )
+    _from_config(g, c, {
+        "--write-policy": "when L1 pages are copied to L2",
+        "--write-through-threshold": "hits before write_through_selective copies a page",
+        "--prefetch-policy": "how long a request waits for its L3/L4 prefix",
+        "--prefetch-timeout": "seconds the 'timeout' prefetch policy waits",
+        "--max-quarantine-fraction": "share of L2 slots that timed-out storage work may hold "
+        "before new storage loads and stores pause",
+        "--max-pinned-fraction": "share of the host tier (L2) and of the disk tier (L3, the "
+        "whole folder) that pinned pages may take; a pin past it is refused with 409",
+        "--disk-admit-hits": "write a page to L3 only after this many hits",
+        "--disk-admit-tokens": "...or when its prompt has at least this many tokens",
+    })  # fmt: skip
+    g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching entirely")
+    g.add_argument(
+        "--storage-timeout",
+        type=float,
+        default=DEFAULT_STORAGE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long the engine waits for one L3/L4 load or store of the cache service "
+        "before it recomputes instead; a service silent for 3x this long is restarted"
+        + _WITH_DEFAULT,
+    )
+
+
+def _add_service(p: argparse.ArgumentParser) -> None:
+    t = ServiceTuning()
+    g = p.add_argument_group("cache service (the L3/L4 process)")
+    g.add_argument(
+        "--disk-sync",
+        default=t.disk_sync,
+        choices=["batch", "file", "none"],
+        help="durability of stored pages: one syncfs per store, fdatasync per file, or none"
+        + _WITH_DEFAULT,
+    )
+    _from_config(g, t, {
+        "--io-threads": "parallel file reads and writes per namespace",
+        "--workers": "cache-service requests (loads, stores) served at once",
+        "--client-ttl": "seconds after which the service forgets a silent engine",
+    })  # fmt: skip
+
+
+def _add_kv_events(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("KV events (for KV-cache-aware routers)")
+    g.add_argument(
+        "--kv-events-endpoint",
+        metavar="ADDR",
+        help="publish every tier's page stores and removals on this ZeroMQ PUB address, "
+        "e.g. tcp://127.0.0.1:5557 (msgpack batches, vLLM's event shapes; default: off)",
+    )
+    g.add_argument(
+        "--kv-events-replay-endpoint",
+        metavar="ADDR",
+        help="answer requests for the current contents of every tier on this ZeroMQ ROUTER "
+        "address, e.g. tcp://127.0.0.1:5558 (a late or lagging subscriber catches up)",
+    )
+
+
+def _add_lightllm_aliases(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("LightLLM-compatible flags")
+    g.add_argument(
+        "--use_hiradix_cache",
+        action="store_true",
+        help="turn the host tier (L2) on; it is on by default, so this only overrides "
+        "--no-host-cache",
+    )
+    g.add_argument(
+        "--hiradix_cache_gpu",
+        action="store_true",
+        help="L1 on the GPU: the same as --device cuda (an error with --device cpu)",
+    )
+    g.add_argument(
+        "--hiradix_cache_token_num",
+        type=int,
+        help="L2 capacity in tokens (rounded up to whole pages), instead of --host-cache-gb",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="asynchicache serve",
+        description="Run the OpenAI-compatible server with the hierarchical KV cache.",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE.yaml",
+        help="read flags from a YAML mapping (keys: flag names, e.g. disk-cache-gb: 50); "
+        "flags given on the command line win",
+    )
+    for add_group in (
+        _add_server, _add_engine, _add_cache, _add_service, _add_kv_events, _add_lightllm_aliases,
+    ):  # fmt: skip
+        add_group(p)
+    return p
