@@ -6,7 +6,8 @@ once per protocol from its message types; it resolves every field's annotation w
 it is built, never per message.
 
 Wire format: a message is a msgpack map `{"__t": type name, field: value, ...}` in
-field order (nested messages the same way), tuples as arrays, bytes as bin.
+field order (nested messages the same way), tuples as arrays, bytes as bin; the tag
+key is the protocol's choice (KV events use vLLM's "type").
 
 `decode` is driven by the types: each field is checked against (and shaped as) its
 annotation, so a malformed or hostile frame is a clean `ValueError` (naming the field)
@@ -38,8 +39,9 @@ _SCALARS = frozenset({int, float, str, bytes, bool, type(None)})
 class Codec:
     """`encode` / `decode` for one protocol's message types (and the dataclasses they nest)."""
 
-    def __init__(self, name: str, messages: Iterable[type]) -> None:
+    def __init__(self, name: str, messages: Iterable[type], tag: str = TAG) -> None:
         self.name = name  # "engine", "storage": in every error message
+        self.tag = tag  # the key naming a map's type (KV events use vLLM's "type")
         self.messages: MappingProxyType[str, type] = MappingProxyType(
             {cls.__name__: cls for cls in messages}
         )
@@ -62,7 +64,7 @@ class Codec:
             return obj
         names = self._names.get(kind)
         if names is not None:
-            body = {TAG: kind.__name__}
+            body = {self.tag: kind.__name__}
             for name in names:
                 body[name] = self._plain(getattr(obj, name))
             return body
@@ -82,7 +84,7 @@ class Codec:
         """One message from `data`; raises ValueError (only) on anything malformed."""
         try:
             plain = msgpack.unpackb(data, raw=False, strict_map_key=True)
-            cls = self.messages.get(plain.get(TAG)) if isinstance(plain, dict) else None
+            cls = self.messages.get(plain.get(self.tag)) if isinstance(plain, dict) else None
             if cls is None:
                 raise ValueError("not a typed message")
             return self._dataclass(cls)(plain)
@@ -122,8 +124,8 @@ class Codec:
 
     def _build(self, cls: type, value: Any) -> Any:
         obj = _expect(value, dict)
-        if obj.get(TAG) != cls.__name__:
-            raise ValueError(f"expected {cls.__name__}, got {obj.get(TAG)!r}")
+        if obj.get(self.tag) != cls.__name__:
+            raise ValueError(f"expected {cls.__name__}, got {obj.get(self.tag)!r}")
         kwargs = {}
         for name, decode, required in self._fields[cls]:
             if name in obj:
@@ -144,7 +146,7 @@ class Codec:
             if value is None and nullable:
                 return None
             if classes:  # a union of messages (events): the value names its type
-                tag = value.get(TAG) if isinstance(value, dict) else None
+                tag = value.get(self.tag) if isinstance(value, dict) else None
                 if tag not in classes:
                     raise ValueError(f"expected one of {sorted(classes)}, got {tag!r}")
                 return classes[tag](value)

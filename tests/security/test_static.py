@@ -123,13 +123,13 @@ def test_loaders_never_unpickle() -> None:
 
 
 def test_msgpack_decoders_exist_and_are_the_only_ones() -> None:
-    """Every msgpack decode goes through one of the two checked codecs."""
+    """Every msgpack decode goes through the one checked codec (asynchicache/codec.py)."""
     users = set()
     for path, tree in _trees():
         for call in _calls(tree):
             if _name(call.func).split(".")[-1] in ("unpackb", "Unpacker", "unpack"):
                 users.add(str(path.relative_to(PKG)))
-    assert users == {"storage/messages.py", "engine/protocol.py"}
+    assert users == {"codec.py"}
 
 
 def test_templates_render_in_the_sandbox() -> None:
