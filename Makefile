@@ -46,6 +46,7 @@ serve: $(STAMP)
 test: $(STAMP) $(VLLM_STAMP)
 	bash scripts/ensure-services.sh
 	$(BIN)/ruff check asynchicache tests
+	$(BIN)/ruff format --check asynchicache tests
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 	$(VLLM_VENV)/bin/python -m pytest -q tests/vllm
 
@@ -56,6 +57,7 @@ test-vllm: $(VLLM_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check asynchicache tests
+	$(BIN)/ruff format --check asynchicache tests
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -132,9 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_cmd_serve)
     # No -h of its own: `bench serve --help` reaches the sub-command's parser.
     bench = sub.add_parser("bench", help="benchmarks", add_help=False)
-    bench.add_argument(
-        "bench_cmd", choices=sorted(BENCHMARKS), help="which benchmark"
-    )
+    bench.add_argument("bench_cmd", choices=sorted(BENCHMARKS), help="which benchmark")
     bench.set_defaults(func=_cmd_bench)
     cache = sub.add_parser("cache", help="inspect, verify or clear the disk cache (no service)")
     cache.add_argument("cache_cmd", choices=["stats", "verify", "clear"], help="what to do")
@@ -151,9 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument(
         "--tolerance", type=float, default=None, help="--deep: max abs difference (1e-3)"
     )
-    cache.add_argument(
-        "--keep", action="store_true", help="--deep: report only, remove no file"
-    )
+    cache.add_argument("--keep", action="store_true", help="--deep: report only, remove no file")
     cache.add_argument("--audit-device", default=None, help="--deep: torch device (cpu)")
     cache.add_argument(
         "--remote-url", default=None, help="clear: also the remote tier (Redis/Valkey) keys"

@@ -144,7 +144,6 @@ class EngineConfig:
     seed: int = 0
     threads: int | None = None  # torch threads of the engine; None = engine.threads default
 
-
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

@@ -54,8 +54,11 @@ def test_nothing_imports_the_integrations() -> None:
     for path in PKG.rglob("*.py"):
         if path.is_relative_to(PKG / "integrations"):
             continue
-        users += [f"{path.relative_to(PKG)} imports {name}" for name in _imports(path)
-                  if name.startswith("asynchicache.integrations")]
+        users += [
+            f"{path.relative_to(PKG)} imports {name}"
+            for name in _imports(path)
+            if name.startswith("asynchicache.integrations")
+        ]
     assert users == [], "integrations are leaves:\n" + "\n".join(users)
 
 
@@ -63,6 +66,9 @@ def test_integrations_and_server_do_not_import_each_other() -> None:
     crossing = []
     for a, b in (("integrations", "server"), ("server", "integrations")):
         for path in (PKG / a).rglob("*.py"):
-            crossing += [f"{path.relative_to(PKG)} imports {name}" for name in _imports(path)
-                         if _layer(name) == b]
+            crossing += [
+                f"{path.relative_to(PKG)} imports {name}"
+                for name in _imports(path)
+                if _layer(name) == b
+            ]
     assert crossing == [], "\n".join(crossing)

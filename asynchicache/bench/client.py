@@ -123,15 +123,21 @@ async def stream_chat(client: httpx.AsyncClient, body: dict, t_sent: float) -> S
     return stream
 
 
-def _result(spec: RequestSpec, index: int, sched: float, sent: float, s: Streamed,
-            e2e: float) -> RequestResult:
+def _result(
+    spec: RequestSpec, index: int, sched: float, sent: float, s: Streamed, e2e: float
+) -> RequestResult:
     usage = s.usage or {}
     details = usage.get("prompt_tokens_details") or {}
     by_tier = details.get("cached_tokens_by_tier") or {}
     return RequestResult(
-        index=index, session=spec.session, turn=spec.turn, scheduled_s=sched, sent_s=sent,
+        index=index,
+        session=spec.session,
+        turn=spec.turn,
+        scheduled_s=sched,
+        sent_s=sent,
         ttft_s=s.first_s if s.first_s is not None else e2e,  # no text at all: the whole call
-        e2e_s=e2e, itl_s=tuple(s.gaps),
+        e2e_s=e2e,
+        itl_s=tuple(s.gaps),
         prompt_tokens=int(usage.get("prompt_tokens", 0)),
         completion_tokens=int(usage.get("completion_tokens", 0)),
         cached_tokens=int(details.get("cached_tokens", 0)),
@@ -143,8 +149,9 @@ def _result(spec: RequestSpec, index: int, sched: float, sent: float, s: Streame
 class _Player:
     """Sends a workload's requests at their times, chat turns after their predecessors."""
 
-    def __init__(self, workload: Workload, cfg: ClientConfig, client: httpx.AsyncClient,
-                 bar: tqdm) -> None:
+    def __init__(
+        self, workload: Workload, cfg: ClientConfig, client: httpx.AsyncClient, bar: tqdm
+    ) -> None:
         self.workload = workload
         self.cfg = cfg
         self.client = client
@@ -182,8 +189,14 @@ class _Player:
         answers = self.answers[spec.session]
         earlier = [answers.get(t) for t in range(spec.turn)]
         if self.workload.waits_for_previous(spec) and None in earlier:
-            return RequestResult(index, spec.session, spec.turn, sched, self._now(),
-                                 error="an earlier turn of this chat failed")
+            return RequestResult(
+                index,
+                spec.session,
+                spec.turn,
+                sched,
+                self._now(),
+                error="an earlier turn of this chat failed",
+            )
         messages = self.workload.messages(spec, [a or "" for a in earlier])
         body = _request_body(self.workload, messages, self.cfg)
         if self.slots is not None:
@@ -194,8 +207,9 @@ class _Player:
             stream = await stream_chat(self.client, body, t_sent)
         except (httpx.HTTPError, RuntimeError, ValueError) as exc:
             log.warning("request %d failed: %s", index, exc)
-            return RequestResult(index, spec.session, spec.turn, sched, sent,
-                                 error=f"{type(exc).__name__}: {exc}")
+            return RequestResult(
+                index, spec.session, spec.turn, sched, sent, error=f"{type(exc).__name__}: {exc}"
+            )
         finally:
             if self.slots is not None:
                 self.slots.release()
@@ -211,8 +225,13 @@ async def run_workload_async(workload: Workload, cfg: ClientConfig) -> Run:
     async with httpx.AsyncClient(
         base_url=cfg.url, headers=headers, timeout=timeout, limits=limits
     ) as client:
-        with tqdm(total=len(workload.requests), desc=cfg.label or workload.name, unit="req",
-                  disable=not cfg.progress, leave=False) as bar:
+        with tqdm(
+            total=len(workload.requests),
+            desc=cfg.label or workload.name,
+            unit="req",
+            disable=not cfg.progress,
+            leave=False,
+        ) as bar:
             return await _Player(workload, cfg, client, bar).play()
 
 
@@ -224,25 +243,45 @@ def run_workload(workload: Workload, cfg: ClientConfig) -> Run:
 # ---------------------------------------------------------------- bench serve
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by `bench serve` and `bench sweep`."""
-    p.add_argument("--workload", required=True,
-                   help="multiturn, longdoc or sysprompt (bench sweep: also restart)")
+    p.add_argument(
+        "--workload",
+        required=True,
+        help="multiturn, longdoc or sysprompt (bench sweep: also restart)",
+    )
     p.add_argument("--seed", type=int, default=0, help="text and arrival times (default 0)")
-    p.add_argument("--scale", type=float, default=1.0,
-                   help="multiply every prompt length (system prompts, documents, questions)")
-    p.add_argument("--set", dest="assignments", action="append", default=[],
-                   metavar="NAME=VALUE",
-                   help="override a workload parameter, e.g. --set users=4 --set rate=0.5")
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply every prompt length (system prompts, documents, questions)",
+    )
+    p.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a workload parameter, e.g. --set users=4 --set rate=0.5",
+    )
     p.add_argument("--max-concurrency", type=int, help="cap on requests in flight (default none)")
-    p.add_argument("--model", help="model files: tokenizer of the ideal hit rate (bench sweep: "
-                   "also the servers' model; default: the embedded model)")
-    p.add_argument("--page-size", type=int, default=16,
-                   help="tokens per KV page of the ideal replay (bench sweep: also the servers')")
+    p.add_argument(
+        "--model",
+        help="model files: tokenizer of the ideal hit rate (bench sweep: "
+        "also the servers' model; default: the embedded model)",
+    )
+    p.add_argument(
+        "--page-size",
+        type=int,
+        default=16,
+        help="tokens per KV page of the ideal replay (bench sweep: also the servers')",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _serve_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="asynchicache bench serve",
-                                description="Play a workload against a running server.")
+    p = argparse.ArgumentParser(
+        prog="asynchicache bench serve", description="Play a workload against a running server."
+    )
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     add_output_arguments(p, "summary.json (and results.jsonl)", out_required=True)
     p.add_argument("--api-key", help="bearer token, if the server wants one")
@@ -262,13 +301,22 @@ def main(argv: Sequence[str]) -> int:
     if args.workload == "restart":
         raise SystemExit("the restart workload restarts the server: use `bench sweep`")
     workload = make_workload(args.workload, args.seed, args.scale, args.assignments)
-    cfg = ClientConfig(args.url.rstrip("/"), args.api_key, args.served_model_name,
-                       args.cache_salt, args.max_concurrency, progress=not args.no_progress)
+    cfg = ClientConfig(
+        args.url.rstrip("/"),
+        args.api_key,
+        args.served_model_name,
+        args.cache_salt,
+        args.max_concurrency,
+        progress=not args.no_progress,
+    )
     run = run_workload(workload, cfg)
     write_results(args.out / "results.jsonl", run.results)
     summary: dict[str, Any] = {
-        "workload": workload.name, "params": dict(workload.params), "seed": args.seed,
-        "url": cfg.url, **summarize(run.results, run.duration_s).to_dict(),
+        "workload": workload.name,
+        "params": dict(workload.params),
+        "seed": args.seed,
+        "url": cfg.url,
+        **summarize(run.results, run.duration_s).to_dict(),
     }
     if not args.no_ideal:
         summary["ideal"] = ideal_of_run(workload, run.results, args.model, args.page_size)

@@ -86,11 +86,18 @@ class _Round:
 
 
 @contextlib.contextmanager
-def _running(opts: CompareOptions, peer: Peer, disk: Path, log_path: Path) -> Iterator[
-        tuple[BenchServer, float]]:
+def _running(
+    opts: CompareOptions, peer: Peer, disk: Path, log_path: Path
+) -> Iterator[tuple[BenchServer, float]]:
     """The started server and its start-up seconds; stopped on the way out."""
-    server = BenchServer([], log_path, opts.startup_timeout_s, env=peer.env,
-                         command=peer.command(opts.model, disk), ready_path="/v1/models")
+    server = BenchServer(
+        [],
+        log_path,
+        opts.startup_timeout_s,
+        env=peer.env,
+        command=peer.command(opts.model, disk),
+        ready_path="/v1/models",
+    )
     t0 = time.perf_counter()
     server.start()
     try:
@@ -112,8 +119,10 @@ def _measure(opts: CompareOptions, peer: Peer, round_: int) -> tuple[dict[str, f
             cold = phases.ttft(server.url, long)
             warm = phases.ttft(server.url, long)
             fig["ttft_cold_s"], fig["ttft_warm_s"] = cold.seconds, warm.seconds
-            det["long_prompt"] = {"prompt_tokens": cold.prompt_tokens,
-                                  "cached_warm": warm.cached_tokens}
+            det["long_prompt"] = {
+                "prompt_tokens": cold.prompt_tokens,
+                "cached_warm": warm.cached_tokens,
+            }
             for n in opts.clients:
                 seed = (opts.seed * 1000 + round_) * 1000 + n
                 wl = phases.clients_workload(n, opts.requests_per_client, opts.max_tokens, seed)
@@ -122,7 +131,9 @@ def _measure(opts: CompareOptions, peer: Peer, round_: int) -> tuple[dict[str, f
                     fig[f"c{n}_{key}"] = res[key]
                 det[f"c{n}"] = res
         with _running(opts, peer, disk, out / "server-restart.log") as (
-                server, det["startup_restart_s"]):
+            server,
+            det["startup_restart_s"],
+        ):
             phases.ttft(server.url, phases.short_prompt(round_ + 1))
             again = phases.ttft(server.url, long)
             fig["ttft_restart_s"] = again.seconds
@@ -144,9 +155,12 @@ def medians(rounds: Sequence[_Round], names: Sequence[str]) -> dict[str, dict[st
     out: dict[str, dict[str, float]] = {}
     for name in names:
         keys = {k for r in rounds for k in r.figures.get(name, {})}
-        out[name] = {k: statistics.median([r.figures[name][k] for r in rounds
-                                           if k in r.figures.get(name, {})])
-                     for k in sorted(keys)}
+        out[name] = {
+            k: statistics.median(
+                [r.figures[name][k] for r in rounds if k in r.figures.get(name, {})]
+            )
+            for k in sorted(keys)
+        }
     return out
 
 
@@ -155,7 +169,8 @@ def ratios(median: dict[str, dict[str, float]], reference: str) -> dict[str, dic
     ref = median.get(reference, {})
     return {
         name: {k: ref[k] / v for k, v in figs.items() if k in ref and v}
-        for name, figs in median.items() if name != reference
+        for name, figs in median.items()
+        if name != reference
     }
 
 
@@ -164,12 +179,17 @@ def compare(opts: CompareOptions) -> dict[str, Any]:
     names = [p.name for p in opts.peers]
     record: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": machine(), "model": str(opts.model),
+        "machine": machine(),
+        "model": str(opts.model),
         "commands": {p.name: p.shell() for p in opts.peers},
-        "settings": {"rounds": opts.rounds, "clients": list(opts.clients),
-                     "requests_per_client": opts.requests_per_client,
-                     "max_tokens": opts.max_tokens, "cold_prompt_tokens": opts.cold_prompt_tokens,
-                     "seed": opts.seed},
+        "settings": {
+            "rounds": opts.rounds,
+            "clients": list(opts.clients),
+            "requests_per_client": opts.requests_per_client,
+            "max_tokens": opts.max_tokens,
+            "cold_prompt_tokens": opts.cold_prompt_tokens,
+            "seed": opts.seed,
+        },
         "load_avg_1m_before": round(os.getloadavg()[0], 2),
         "failed": {},
     }
@@ -187,10 +207,15 @@ def compare(opts: CompareOptions) -> dict[str, Any]:
     median = medians(rounds, names)
     record["median"] = median
     record["ratios"] = ratios(median, names[0])
-    record["rounds"] = [{"round": r.index, "figures": r.figures, "details": r.details}
-                        for r in rounds]
-    loads = [d[k] for r in rounds for d in r.details.values()
-             for k in ("load_avg_1m_at_start", "load_avg_1m_at_end")]
+    record["rounds"] = [
+        {"round": r.index, "figures": r.figures, "details": r.details} for r in rounds
+    ]
+    loads = [
+        d[k]
+        for r in rounds
+        for d in r.details.values()
+        for k in ("load_avg_1m_at_start", "load_avg_1m_at_end")
+    ]
     record["load_avg_1m_max"] = max(loads, default=None)
     (opts.out / "compare.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
@@ -198,33 +223,69 @@ def compare(opts: CompareOptions) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------ CLI
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="asynchicache bench compare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="asynchicache bench compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_output_arguments(p, "compare.json (logs beside it)", out_required=True)
-    p.add_argument("--model", type=Path,
-                   help="Hugging Face folder all servers load, or a GGUF without vLLM "
-                   "(default: the embedded SmolLM2 GGUF exported to OUT/model-hf with "
-                   "`asynchicache model export-hf`)")
-    p.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON,
-                   help="python of a venv with vLLM's CPU build (default %(default)s)")
+    p.add_argument(
+        "--model",
+        type=Path,
+        help="Hugging Face folder all servers load, or a GGUF without vLLM "
+        "(default: the embedded SmolLM2 GGUF exported to OUT/model-hf with "
+        "`asynchicache model export-hf`)",
+    )
+    p.add_argument(
+        "--vllm-python",
+        type=Path,
+        default=DEFAULT_VLLM_PYTHON,
+        help="python of a venv with vLLM's CPU build (default %(default)s)",
+    )
     p.add_argument("--no-vllm", action="store_true", help="leave vLLM out (e.g. ours vs peers)")
-    p.add_argument("--peer-cmd", action="append", default=[], metavar="NAME=COMMAND",
-                   help="another server: a command line with {port} (and {model}, {name}, "
-                   "{disk}); repeatable")
-    p.add_argument("--ours-arg", action="append", default=[], metavar="ARG",
-                   help="pass ARG to our `serve` (repeatable; --ours-arg=--threads=2)")
-    p.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
-                   help="pass ARG to vLLM's api_server (repeatable)")
+    p.add_argument(
+        "--peer-cmd",
+        action="append",
+        default=[],
+        metavar="NAME=COMMAND",
+        help="another server: a command line with {port} (and {model}, {name}, {disk}); repeatable",
+    )
+    p.add_argument(
+        "--ours-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="pass ARG to our `serve` (repeatable; --ours-arg=--threads=2)",
+    )
+    p.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="pass ARG to vLLM's api_server (repeatable)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="rounds; figures are medians")
     p.add_argument("--clients", default="8,32,64", help="client counts (default %(default)s)")
-    p.add_argument("--requests-per-client", type=int, default=2,
-                   help="requests each client sends in turn (default %(default)s)")
+    p.add_argument(
+        "--requests-per-client",
+        type=int,
+        default=2,
+        help="requests each client sends in turn (default %(default)s)",
+    )
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
-    p.add_argument("--cold-prompt-tokens", type=int, default=1557,
-                   help="length of the TTFT prompt (default %(default)s)")
+    p.add_argument(
+        "--cold-prompt-tokens",
+        type=int,
+        default=1557,
+        help="length of the TTFT prompt (default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0, help="prompt text (default 0)")
-    p.add_argument("--startup-timeout", type=float, default=900.0,
-                   help="seconds to wait for each server (default %(default)s)")
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait for each server (default %(default)s)",
+    )
     p.add_argument("--work-dir", type=Path, help="where disk cache folders go (default: tmp)")
     return p
 
@@ -241,8 +302,9 @@ def _model(arg: Path | None, out: Path, hf_needed: bool) -> Path:
         try:
             from asynchicache.engine.export_hf import export_hf  # type: ignore[import-not-found]
         except ImportError as exc:
-            raise ValueError("give --model HF_FOLDER (this checkout has no model export-hf)") \
-                from exc
+            raise ValueError(
+                "give --model HF_FOLDER (this checkout has no model export-hf)"
+            ) from exc
         export_hf(folder)
     return folder
 
@@ -263,17 +325,27 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
     peers = [ours(args.ours_arg)]
     if not args.no_vllm:
         if not args.vllm_python.exists():
-            raise ValueError(f"--vllm-python {args.vllm_python} does not exist (a venv with "
-                             "vLLM's CPU build; or --no-vllm)")
-        peers.append(vllm(args.vllm_python.absolute(), _l1_bytes(model, args.ours_arg),
-                          args.vllm_arg))
+            raise ValueError(
+                f"--vllm-python {args.vllm_python} does not exist (a venv with "
+                "vLLM's CPU build; or --no-vllm)"
+            )
+        peers.append(
+            vllm(args.vllm_python.absolute(), _l1_bytes(model, args.ours_arg), args.vllm_arg)
+        )
     peers += [parse_peer(spec) for spec in args.peer_cmd]
     clients = tuple(int(c) for c in args.clients.split(",") if c.strip())
     return CompareOptions(
-        out=args.out, model=model.absolute(), peers=tuple(peers), rounds=args.rounds,
-        clients=clients, requests_per_client=args.requests_per_client,
-        max_tokens=args.max_tokens, cold_prompt_tokens=args.cold_prompt_tokens, seed=args.seed,
-        startup_timeout_s=args.startup_timeout, work_dir=args.work_dir,
+        out=args.out,
+        model=model.absolute(),
+        peers=tuple(peers),
+        rounds=args.rounds,
+        clients=clients,
+        requests_per_client=args.requests_per_client,
+        max_tokens=args.max_tokens,
+        cold_prompt_tokens=args.cold_prompt_tokens,
+        seed=args.seed,
+        startup_timeout_s=args.startup_timeout,
+        work_dir=args.work_dir,
     )
 
 
@@ -287,7 +359,9 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as exc:
         raise SystemExit(f"asynchicache bench compare: {exc}") from exc
     record = compare(opts)
-    headline = {k: record[k] for k in ("median", "ratios", "load_avg_1m_before",
-                                       "load_avg_1m_max", "failed")}
+    headline = {
+        k: record[k]
+        for k in ("median", "ratios", "load_avg_1m_before", "load_avg_1m_max", "failed")
+    }
     print_report(args, record, json.dumps(headline, indent=2))
     return 1 if record["failed"] else 0

@@ -37,8 +37,10 @@ def long_prompt(seed: int, approx_tokens: int) -> list[Message]:
     rng = random.Random(seed)
     doc = text.text(rng, approx_tokens - 40)
     question = text.question(rng, 30)
-    return [{"role": "system", "content": f"Notes {seed}: answer from the document."},
-            {"role": "user", "content": f"Document:\n{doc}\n\nQuestion: {question}"}]
+    return [
+        {"role": "system", "content": f"Notes {seed}: answer from the document."},
+        {"role": "user", "content": f"Document:\n{doc}\n\nQuestion: {question}"},
+    ]
 
 
 def short_prompt(seed: int) -> list[Message]:
@@ -54,9 +56,15 @@ class Ttft:
 
 
 async def _ttft(url: str, messages: list[Message], max_tokens: int) -> Ttft:
-    body = {"model": SERVED_NAME, "messages": messages, "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": SERVED_NAME,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(900.0)) as client:
         t0 = time.perf_counter()
         stream = await stream_chat(client, body, t0)
@@ -77,11 +85,18 @@ def clients_workload(clients: int, per_client: int, max_tokens: int, seed: int) 
     rng = random.Random(seed)
     system = f"You are the help desk of harbour office {seed}. " + text.paragraph(rng, 50)
     n = clients * per_client
-    sessions = tuple(Session(system, "", (text.question(rng, rng.randint(16, 256)),), chat=False)
-                     for _ in range(n))
+    sessions = tuple(
+        Session(system, "", (text.question(rng, rng.randint(16, 256)),), chat=False)
+        for _ in range(n)
+    )
     requests = tuple(RequestSpec(i, 0, 0.0) for i in range(n))
-    return Workload(f"clients-{clients}", sessions, requests, max_tokens,
-                    {"clients": clients, "requests_per_client": per_client})
+    return Workload(
+        f"clients-{clients}",
+        sessions,
+        requests,
+        max_tokens,
+        {"clients": clients, "requests_per_client": per_client},
+    )
 
 
 def throughput(url: str, root_pid: int, workload: Workload, clients: int) -> dict[str, Any]:
@@ -93,13 +108,22 @@ def throughput(url: str, root_pid: int, workload: Workload, clients: int) -> dic
     cpu_after, client_cpu = cpu_by_role(root_pid), time.process_time() - client_before
     s = summarize(run.results, run.duration_s)
     cpu = {role: round(cpu_after[role] - cpu_before.get(role, 0.0), 3) for role in cpu_after}
-    per_token = {role: round(sec / s.completion_tokens * 1e3, 3) if s.completion_tokens else None
-                 for role, sec in {**cpu, "client": client_cpu}.items()}
+    per_token = {
+        role: round(sec / s.completion_tokens * 1e3, 3) if s.completion_tokens else None
+        for role, sec in {**cpu, "client": client_cpu}.items()
+    }
     return {
-        "tok_s": s.output_tokens_per_s, "mean_ttft_s": s.ttft.mean, "p50_ttft_s": s.ttft.p50,
-        "p99_ttft_s": s.ttft.p99, "requests": s.requests, "errors": s.errors,
-        "duration_s": s.duration_s, "completion_tokens": s.completion_tokens,
-        "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens,
+        "tok_s": s.output_tokens_per_s,
+        "mean_ttft_s": s.ttft.mean,
+        "p50_ttft_s": s.ttft.p50,
+        "p99_ttft_s": s.ttft.p99,
+        "requests": s.requests,
+        "errors": s.errors,
+        "duration_s": s.duration_s,
+        "completion_tokens": s.completion_tokens,
+        "prompt_tokens": s.prompt_tokens,
+        "cached_tokens": s.cached_tokens,
         "cpu_s_by_process": {**cpu, "client": round(client_cpu, 3)},
-        "cpu_ms_per_completion_token": per_token, "load_avg_1m": round(load, 2),
+        "cpu_ms_per_completion_token": per_token,
+        "load_avg_1m": round(load, 2),
     }

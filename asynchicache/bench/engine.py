@@ -56,26 +56,42 @@ class BenchArgs:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="asynchicache.bench.engine", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="asynchicache.bench.engine",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model", default=None, help="HF folder or GGUF (default: SmolLM2)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: the cores other processes leave idle)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: the cores other processes leave idle)",
+    )
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-hf", action="store_true", help="only our runner")
-    parser.add_argument("--skip-ttft", action="store_true",
-                        help="skip time to first token through the cache tiers")
+    parser.add_argument(
+        "--skip-ttft", action="store_true", help="skip time to first token through the cache tiers"
+    )
     add_output_arguments(parser, REPORT)
     return parser
 
 
 def bench_args(ns: argparse.Namespace) -> BenchArgs:
     threads = ns.threads if ns.threads is not None else idle_cores()
-    return BenchArgs(ns.model, threads, ns.prompt_tokens, ns.decode_tokens, ns.batch,
-                     ns.repeats, ns.skip_hf, ns.skip_ttft)
+    return BenchArgs(
+        ns.model,
+        threads,
+        ns.prompt_tokens,
+        ns.decode_tokens,
+        ns.batch,
+        ns.repeats,
+        ns.skip_hf,
+        ns.skip_ttft,
+    )
 
 
 def idle_cores() -> int:
@@ -113,8 +129,10 @@ def timed(fn: Callable[[], Any]) -> float:
 
 def prompt_ids(loaded: LoadedModel, n: int, seed: int) -> list[int]:
     """n ordinary (non-special) token ids of a natural-ish text."""
-    text = ("The quick brown fox jumps over the lazy dog while the history of Paris, "
-            "its rivers, bridges and museums, unfolds across two thousand years. ")
+    text = (
+        "The quick brown fox jumps over the lazy dog while the history of Paris, "
+        "its rivers, bridges and museums, unfolds across two thousand years. "
+    )
     ids = [i % loaded.config.vocab_size for i in loaded.tokenizer.encode(text)]
     offset = seed % len(ids)
     return [ids[(offset + i) % len(ids)] for i in range(n)]
@@ -124,8 +142,16 @@ def new_runner(loaded: LoadedModel, tokens: int, seqs: int) -> tuple[ModelRunner
     """A runner over a fresh pool with `seqs` page tables of `tokens` tokens each."""
     c = loaded.config
     per_seq = -(-tokens // PAGE_SIZE)
-    pool = torch.zeros(per_seq * seqs, c.num_layers, 2, PAGE_SIZE, c.num_kv_heads, c.head_dim,
-                       dtype=loaded.model.embed_tokens.weight.dtype, device=loaded.device)
+    pool = torch.zeros(
+        per_seq * seqs,
+        c.num_layers,
+        2,
+        PAGE_SIZE,
+        c.num_kv_heads,
+        c.head_dim,
+        dtype=loaded.model.embed_tokens.weight.dtype,
+        device=loaded.device,
+    )
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(seqs)]
     return ModelRunner(loaded.model, pool, PAGE_SIZE), tables
 
@@ -188,8 +214,14 @@ def hf_decode_b1(hf: Any, loaded: LoadedModel, args: BenchArgs) -> Callable[[], 
 
     @torch.inference_mode()
     def generate(n: int) -> None:
-        hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                    min_new_tokens=n, do_sample=False, pad_token_id=0)
+        hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+        )
 
     return lambda: timed(lambda: generate(args.decode_tokens + 1)) - timed(lambda: generate(1))
 
@@ -210,8 +242,10 @@ def collect(args: BenchArgs) -> dict[str, Any]:
     }
     hf = None if args.skip_hf else load_hf(loaded)
     prefill = {"prefill": our_prefill(loaded, args)}
-    decode = {"decode_b1": our_decode(loaded, args, 1),
-              f"decode_b{args.batch}": our_decode(loaded, args, args.batch)}
+    decode = {
+        "decode_b1": our_decode(loaded, args, 1),
+        f"decode_b{args.batch}": our_decode(loaded, args, args.batch),
+    }
     if hf is not None:
         prefill["hf_prefill"] = hf_prefill(hf, loaded, args)
         decode["hf_decode_b1"] = hf_decode_b1(hf, loaded, args)

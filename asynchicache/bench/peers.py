@@ -54,9 +54,23 @@ class Peer:
 
 def ours(extra: Sequence[str] = ()) -> Peer:
     """`asynchicache serve` with its defaults (disk tier on a per-round folder)."""
-    argv = (sys.executable, "-m", "asynchicache", "serve", "--host", "127.0.0.1",
-            "--port", "{port}", "--model", "{model}", "--served-model-name", "{name}",
-            "--disk-cache-dir", "{disk}", *extra)
+    argv = (
+        sys.executable,
+        "-m",
+        "asynchicache",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--model",
+        "{model}",
+        "--served-model-name",
+        "{name}",
+        "--disk-cache-dir",
+        "{disk}",
+        *extra,
+    )
     return Peer("ours", argv)
 
 
@@ -67,13 +81,27 @@ def vllm(python: Path, kv_cache_bytes: int, extra: Sequence[str] = ()) -> Peer:
     default and refuses to start when less is free; `--kv-cache-memory-bytes`
     gives it instead the KV memory our L1 has (`--device-cache-tokens`).
     """
-    argv = (str(python), "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
-            "--port", "{port}", "--model", "{model}", "--served-model-name", "{name}",
-            "--dtype", "float32", "--enable-prefix-caching",
-            "--kv-cache-memory-bytes", str(kv_cache_bytes), *extra)
+    argv = (
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--model",
+        "{model}",
+        "--served-model-name",
+        "{name}",
+        "--dtype",
+        "float32",
+        "--enable-prefix-caching",
+        "--kv-cache-memory-bytes",
+        str(kv_cache_bytes),
+        *extra,
+    )
     # Its usage statistics would try to reach the internet.
-    return Peer("vllm", argv, MappingProxyType({"VLLM_NO_USAGE_STATS": "1",
-                                                "DO_NOT_TRACK": "1"}))
+    return Peer("vllm", argv, MappingProxyType({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}))
 
 
 def parse_peer(spec: str) -> Peer:

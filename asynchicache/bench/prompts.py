@@ -45,9 +45,7 @@ def sent_messages(
 
 def planned_messages(workload: Workload, placeholder: str) -> list[list[Message]]:
     """Messages in dispatch order, with `placeholder` for every answer (to size tiers)."""
-    return [
-        workload.messages(spec, [placeholder] * spec.turn) for spec in workload.requests
-    ]
+    return [workload.messages(spec, [placeholder] * spec.turn) for spec in workload.requests]
 
 
 def replay_messages(
@@ -57,8 +55,12 @@ def replay_messages(
 
 
 def ideal_of_run(
-    workload: Workload, results: Sequence[RequestResult], model: str | None, page_size: int,
-    tokenizer: Tokenizer | None = None, warm: Sequence[RequestResult] = (),
+    workload: Workload,
+    results: Sequence[RequestResult],
+    model: str | None,
+    page_size: int,
+    tokenizer: Tokenizer | None = None,
+    warm: Sequence[RequestResult] = (),
 ) -> dict[str, Any]:
     """The upper bound on the hit rate of what was sent (`ideal.replay`), and how our
     token counts match the server's.
@@ -71,9 +73,14 @@ def ideal_of_run(
     """
     tok = tokenizer or load_tokenizer(model)
     ids = [chat_ids(tok, m) for m in sent_messages(workload, results)]
-    warm_ids = [chat_ids(tok, m) for m in [*sent_messages(workload, warm),
-                                          *sent_messages(workload, warm, ok=False),
-                                          *sent_messages(workload, results, ok=False)]]
+    warm_ids = [
+        chat_ids(tok, m)
+        for m in [
+            *sent_messages(workload, warm),
+            *sent_messages(workload, warm, ok=False),
+            *sent_messages(workload, results, ok=False),
+        ]
+    ]
     rep = replay(ids, page_size, warm=warm_ids, decode_tokens=workload.max_tokens)
     ok = sorted((r for r in results if r.ok), key=lambda r: (r.sent_s, r.index))
     mismatched = sum(1 for r, t in zip(ok, ids, strict=True) if r.prompt_tokens != len(t))

@@ -42,8 +42,10 @@ def _pct(x: float) -> str:
 def config_table(configs: Configs, reference: str = "L1") -> str:
     """One row per configuration; 'TTFT / L1' compares mean TTFTs with the L1-only row."""
     ref = configs.get(reference, {}).get("mean_ttft_s")
-    head = ("| configuration | mean TTFT (s) | p50 | p90 | p99 | TTFT / L1 | hit rate | ideal | "
-            "L1 | L2 | L3 | L4 | req/s | tokens/s | prefill tok/s | preemptions | errors |")
+    head = (
+        "| configuration | mean TTFT (s) | p50 | p90 | p99 | TTFT / L1 | hit rate | ideal | "
+        "L1 | L2 | L3 | L4 | req/s | tokens/s | prefill tok/s | preemptions | errors |"
+    )
     rows = [head, "|" + "---|" * 17]
     for name, c in configs.items():
         tiers = c["hit_rate_by_tier"]
@@ -85,9 +87,11 @@ def _load_notes(configs: Configs) -> list[str]:
         if not (ev.get("late_loads") or ev.get("short_loads") or ev.get("failed_stores")):
             continue
         why = ", ".join(f'{n}x "{r}"' for r, n in ev.get("reasons", {}).items())
-        notes.append(f"- {name}: {ev.get('late_loads', 0)} loads given up as late, "
-                     f"{ev.get('short_loads', 0)} short loads, {ev.get('failed_stores', 0)} "
-                     f"failed stores{': ' + why if why else ''}")
+        notes.append(
+            f"- {name}: {ev.get('late_loads', 0)} loads given up as late, "
+            f"{ev.get('short_loads', 0)} short loads, {ev.get('failed_stores', 0)} "
+            f"failed stores{': ' + why if why else ''}"
+        )
     return [*notes, ""] if notes else []
 
 
@@ -107,8 +111,11 @@ def markdown(summary: Mapping[str, Any]) -> str:
     ]
     lines += _load_notes(summary["configs"])
     if summary.get("before_restart"):
-        lines += ["Before the restart (the run that filled the persistent tiers):", "",
-                  config_table(summary["before_restart"])]
+        lines += [
+            "Before the restart (the run that filled the persistent tiers):",
+            "",
+            config_table(summary["before_restart"]),
+        ]
     for name, why in summary.get("failed", {}).items():
         lines.append(f"**{name} failed**: `{why.splitlines()[-1] if why else ''}`")
     return "\n".join(lines) + "\n"
@@ -151,11 +158,23 @@ def plot_tokens_by_tier(out_dir: Path, configs: Configs, title: str) -> Path:
             continue
         ax.bar(xs, shares, bottom=bottoms, color=TIER_COLORS[tier], label=TIER_LABELS[tier])
         bottoms = [b + s for b, s in zip(bottoms, shares, strict=True)]
-    ax.bar(xs, [100 - b for b in bottoms], bottom=bottoms, color=COMPUTED_COLOR,
-           label="computed (prefill)")
+    ax.bar(
+        xs,
+        [100 - b for b in bottoms],
+        bottom=bottoms,
+        color=COMPUTED_COLOR,
+        label="computed (prefill)",
+    )
     ideal = [100 * configs[n]["ideal_hit_rate"] for n in names]
-    ax.hlines(ideal, [x - 0.4 for x in xs], [x + 0.4 for x in xs], colors="black",
-              linestyles="--", linewidth=1.5, label="ideal (unbounded cache)")
+    ax.hlines(
+        ideal,
+        [x - 0.4 for x in xs],
+        [x + 0.4 for x in xs],
+        colors="black",
+        linestyles="--",
+        linewidth=1.5,
+        label="ideal (unbounded cache)",
+    )
     labels = [f"{n}\n{hit:.0f}% cached" for n, hit in zip(names, bottoms, strict=True)]
     ax.set_xticks(xs, labels, fontsize=8)
     ax.set_ylabel("share of prompt tokens (%)")
@@ -169,24 +188,36 @@ def plot_tokens_by_tier(out_dir: Path, configs: Configs, title: str) -> Path:
 def _bars(ax: Any, names: list[str], values: list[float], ylabel: str, fmt: str) -> None:
     bars = ax.bar(names, values, color="#4c72b0")
     # Inside the bars: clear of a reference line drawn near their tops.
-    ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=8, label_type="center",
-                 color="white")
+    ax.bar_label(
+        bars, labels=[fmt.format(v) for v in values], fontsize=8, label_type="center", color="white"
+    )
     ax.set_ylabel(ylabel)
     ax.tick_params(axis="x", labelsize=7, rotation=20)
     ax.margins(y=0.15)
 
 
-def plot_throughput(out_dir: Path, configs: Configs, title: str,
-                    offered_rate: float | None) -> Path:
+def plot_throughput(
+    out_dir: Path, configs: Configs, title: str, offered_rate: float | None
+) -> Path:
     names = list(configs)
     fig, (left, right) = plt.subplots(1, 2, figsize=FIGSIZE)
     _bars(left, names, [configs[n]["requests_per_s"] for n in names], "requests / s", "{:.2f}")
     if offered_rate:
-        left.axhline(offered_rate, color="black", linestyle="--", linewidth=1,
-                     label=f"offered {offered_rate:g} req/s")
+        left.axhline(
+            offered_rate,
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label=f"offered {offered_rate:g} req/s",
+        )
         left.legend(fontsize=7, loc="lower right")
-    _bars(right, names, [configs[n]["total_tokens_per_s"] for n in names],
-          "prompt + output tokens served / s", "{:.0f}")
+    _bars(
+        right,
+        names,
+        [configs[n]["total_tokens_per_s"] for n in names],
+        "prompt + output tokens served / s",
+        "{:.0f}",
+    )
     fig.suptitle(f"{title}: throughput over the whole run")
     return _save(fig, out_dir / "throughput.png")
 

@@ -37,8 +37,12 @@ def load_events(log_text: str) -> dict[str, Any]:
         elif m := _STORE.search(line):
             stores += 1
             reasons["store: " + _reason(m["why"])] += 1
-    return {"late_loads": late, "short_loads": short, "failed_stores": stores,
-            "reasons": dict(reasons.most_common())}
+    return {
+        "late_loads": late,
+        "short_loads": short,
+        "failed_stores": stores,
+        "reasons": dict(reasons.most_common()),
+    }
 
 
 def read_load_events(path: Path) -> dict[str, Any]:

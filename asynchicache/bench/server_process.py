@@ -46,8 +46,12 @@ class BenchServer:
     """
 
     def __init__(
-        self, flags: Sequence[str], log_path: Path, startup_timeout_s: float = 600.0,
-        env: Mapping[str, str] | None = None, command: Sequence[str] | None = None,
+        self,
+        flags: Sequence[str],
+        log_path: Path,
+        startup_timeout_s: float = 600.0,
+        env: Mapping[str, str] | None = None,
+        command: Sequence[str] | None = None,
         ready_path: str = "/health",
     ) -> None:
         self.flags = list(flags)
@@ -66,8 +70,15 @@ class BenchServer:
     def argv(self) -> list[str]:
         if self.command is not None:
             return [a.replace("{port}", str(self.port)) for a in self.command]
-        return [sys.executable, "-m", "asynchicache", "serve", "--port", str(self.port),
-                *self.flags]
+        return [
+            sys.executable,
+            "-m",
+            "asynchicache",
+            "serve",
+            "--port",
+            str(self.port),
+            *self.flags,
+        ]
 
     def start(self, attempts: int = 3) -> None:
         """Start on a free port; a port taken between probe and bind is retried."""
@@ -87,7 +98,10 @@ class BenchServer:
         with self.log_path.open("ab") as out:
             # Its own process group: whatever it spawns can be stopped with it.
             self.proc = subprocess.Popen(
-                self.argv(), stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                self.argv(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
                 start_new_session=True,
             )
         try:
@@ -101,16 +115,18 @@ class BenchServer:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerError(f"the server exited with {self.proc.returncode}:\n"
-                                  f"{self.log_tail()}")
+                raise ServerError(
+                    f"the server exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
             try:
                 if httpx.get(self.url + self.ready_path, timeout=5).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.25)
-        raise ServerError(f"no {self.ready_path} answer in {self.startup_timeout_s}s:\n"
-                          f"{self.log_tail()}")
+        raise ServerError(
+            f"no {self.ready_path} answer in {self.startup_timeout_s}s:\n{self.log_tail()}"
+        )
 
     def get_json(self, path: str) -> dict:
         resp = httpx.get(self.url + path, timeout=60)

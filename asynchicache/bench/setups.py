@@ -39,16 +39,18 @@ class Setup:
         return self.disk or self.remote
 
 
-SETUPS: Mapping[str, Setup] = MappingProxyType({
-    s.slug: s
-    for s in (
-        Setup("no prefix cache", "no-cache", False, False, False, False),
-        Setup("L1", "l1", True, False, False, False),
-        Setup("L1+L2", "l1-l2", True, True, False, False),
-        Setup("L1+L2+L3", "l1-l2-l3", True, True, True, False),
-        Setup("L1+L2+L3+L4", "l1-l2-l3-l4", True, True, True, True),
-    )
-})
+SETUPS: Mapping[str, Setup] = MappingProxyType(
+    {
+        s.slug: s
+        for s in (
+            Setup("no prefix cache", "no-cache", False, False, False, False),
+            Setup("L1", "l1", True, False, False, False),
+            Setup("L1+L2", "l1-l2", True, True, False, False),
+            Setup("L1+L2+L3", "l1-l2-l3", True, True, True, False),
+            Setup("L1+L2+L3+L4", "l1-l2-l3-l4", True, True, True, True),
+        )
+    }
+)
 
 
 def pick_setups(slugs: Sequence[str] | None, remote_url: str | None) -> list[Setup]:
@@ -83,8 +85,11 @@ def _pages_up(tokens: float, page_size: int) -> int:
 
 
 def size_tiers(
-    working_set_tokens: int, largest_request_tokens: int, page_size: int,
-    l1_ratio: float = 4.0, l2_ratio: float = 2.0,
+    working_set_tokens: int,
+    largest_request_tokens: int,
+    page_size: int,
+    l1_ratio: float = 4.0,
+    l2_ratio: float = 2.0,
 ) -> Sizing:
     if l1_ratio <= 0 or l2_ratio <= 0:
         raise ValueError("--l1-ratio and --l2-ratio must be positive")
@@ -109,10 +114,17 @@ class ServerPlan:
 def server_flags(setup: Setup, plan: ServerPlan) -> list[str]:
     """`asynchicache serve` flags (all but --port) for `setup`."""
     s = plan.sizing
-    flags = ["--page-size", str(s.page_size), "--device-cache-tokens", str(s.device_cache_tokens),
-             "--disk-cache-dir", str(plan.disk_dir),
-             # INFO: the engine then logs each load it gave up on, and why (server_log.py).
-             "--log-level", "info"]
+    flags = [
+        "--page-size",
+        str(s.page_size),
+        "--device-cache-tokens",
+        str(s.device_cache_tokens),
+        "--disk-cache-dir",
+        str(plan.disk_dir),
+        # INFO: the engine then logs each load it gave up on, and why (server_log.py).
+        "--log-level",
+        "info",
+    ]
     if s.max_running_requests is not None:
         flags += ["--max-running-requests", str(s.max_running_requests)]
     if not setup.prefix_cache:

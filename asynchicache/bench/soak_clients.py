@@ -60,8 +60,6 @@ def make_prompts(
     return out
 
 
-
-
 @dataclass
 class Tally:
     """What the clients saw (one per run; only the event loop thread touches it)."""

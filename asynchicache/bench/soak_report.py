@@ -24,8 +24,6 @@ def idle(stats: dict[str, Any]) -> bool:
     return not any(queues.values()) and not any(in_use) and not cache.get("pending_transfers")
 
 
-
-
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None

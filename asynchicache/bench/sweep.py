@@ -82,8 +82,9 @@ class SweepOptions:
 
     def __post_init__(self) -> None:
         if self.workload != "restart" and self.workload not in WORKLOADS:
-            raise ValueError(f"unknown workload {self.workload!r}; known: "
-                             f"{', '.join([*WORKLOADS, 'restart'])}")
+            raise ValueError(
+                f"unknown workload {self.workload!r}; known: {', '.join([*WORKLOADS, 'restart'])}"
+            )
         if self.restart_of not in WORKLOADS:
             raise ValueError(f"--restart-of must be one of {', '.join(WORKLOADS)}")
 
@@ -137,8 +138,9 @@ def plan_sizing(workload: Workload, tokenizer: Tokenizer, opts: SweepOptions) ->
     ids = [chat_ids(tokenizer, m) for m in planned_messages(workload, filler)]
     rep = replay(ids, opts.page_size)
     largest = max(len(t) for t in ids) + workload.max_tokens
-    sizing = size_tiers(rep.working_set_tokens, largest, opts.page_size, opts.l1_ratio,
-                        opts.l2_ratio)
+    sizing = size_tiers(
+        rep.working_set_tokens, largest, opts.page_size, opts.l1_ratio, opts.l2_ratio
+    )
     if opts.max_running_requests is not None:
         sizing = replace(sizing, max_running_requests=opts.max_running_requests)
     return sizing
@@ -153,8 +155,12 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": model, "cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version()}
+    return {
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 # ------------------------------------------------------------------- running
@@ -167,14 +173,24 @@ def thread_flags(threads: int | None) -> list[str]:
 
 def _warm_up(url: str) -> None:
     """One short request in its own namespace: the first forward pass is slow everywhere."""
-    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2,
-            "temperature": 0, "ignore_eos": True, "cache_salt": "bench-warmup"}
+    body = {
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 2,
+        "temperature": 0,
+        "ignore_eos": True,
+        "cache_salt": "bench-warmup",
+    }
     httpx.post(url + "/v1/chat/completions", json=body, timeout=600).raise_for_status()
 
 
 def _run_phase(ctx: _Context, setup: Setup, disk_dir: Path, out_dir: Path) -> Phase:
-    plan = ServerPlan(ctx.sizing, ctx.kv_bytes_per_token, disk_dir, ctx.opts.remote_url,
-                      extra=ctx.opts.server_args)
+    plan = ServerPlan(
+        ctx.sizing,
+        ctx.kv_bytes_per_token,
+        disk_dir,
+        ctx.opts.remote_url,
+        extra=ctx.opts.server_args,
+    )
     flags = [*server_flags(setup, plan), *thread_flags(ctx.opts.threads)]
     (out_dir / "server.log").unlink(missing_ok=True)
     server = BenchServer(flags, out_dir / "server.log", ctx.opts.startup_timeout_s)
@@ -182,9 +198,13 @@ def _run_phase(ctx: _Context, setup: Setup, disk_dir: Path, out_dir: Path) -> Ph
     with server:
         startup_s = time.perf_counter() - started
         _warm_up(server.url)
-        cfg = ClientConfig(server.url, cache_salt=ctx.salt,
-                           max_concurrency=ctx.opts.max_concurrency,
-                           progress=ctx.opts.progress, label=setup.name)
+        cfg = ClientConfig(
+            server.url,
+            cache_salt=ctx.salt,
+            max_concurrency=ctx.opts.max_concurrency,
+            progress=ctx.opts.progress,
+            label=setup.name,
+        )
         run = run_workload(ctx.workload, cfg)
         stats = server.get_json("/cache/stats")
     write_results(out_dir / "results.jsonl", run.results)
@@ -193,28 +213,44 @@ def _run_phase(ctx: _Context, setup: Setup, disk_dir: Path, out_dir: Path) -> Ph
     return Phase(run, stats, tuple(flags), startup_s, events)
 
 
-def _describe(ctx: _Context, setup: Setup, phase: Phase,
-              warm: Sequence[RequestResult] = ()) -> dict[str, Any]:
+def _describe(
+    ctx: _Context, setup: Setup, phase: Phase, warm: Sequence[RequestResult] = ()
+) -> dict[str, Any]:
     s = summarize(phase.run.results, phase.run.duration_s)
-    ideal = ideal_of_run(ctx.workload, phase.run.results, ctx.opts.model, ctx.opts.page_size,
-                         ctx.tokenizer, warm=warm)
+    ideal = ideal_of_run(
+        ctx.workload,
+        phase.run.results,
+        ctx.opts.model,
+        ctx.opts.page_size,
+        ctx.tokenizer,
+        warm=warm,
+    )
     return {
         "setup": setup.slug,
-        "mean_ttft_s": s.ttft.mean, "p50_ttft_s": s.ttft.p50, "p90_ttft_s": s.ttft.p90,
+        "mean_ttft_s": s.ttft.mean,
+        "p50_ttft_s": s.ttft.p50,
+        "p90_ttft_s": s.ttft.p90,
         "p99_ttft_s": s.ttft.p99,
-        "hit_rate": s.hit_rate, "ideal_hit_rate": ideal["hit_rate"],
+        "hit_rate": s.hit_rate,
+        "ideal_hit_rate": ideal["hit_rate"],
         "hit_rate_by_tier": s.hit_rate_by_tier,
-        "requests_per_s": s.requests_per_s, "output_tokens_per_s": s.output_tokens_per_s,
+        "requests_per_s": s.requests_per_s,
+        "output_tokens_per_s": s.output_tokens_per_s,
         "total_tokens_per_s": s.total_tokens_per_s,
-        "mean_itl_s": s.itl.mean, "mean_e2e_s": s.e2e.mean,
-        "requests": s.requests, "errors": s.errors, "duration_s": s.duration_s,
+        "mean_itl_s": s.itl.mean,
+        "mean_e2e_s": s.e2e.mean,
+        "requests": s.requests,
+        "errors": s.errors,
+        "duration_s": s.duration_s,
         **preemption_rate(phase.cache_stats.get("preemptions"), s.requests),
         "startup_s": phase.startup_s,
         # The engine's own running estimate: how fast this machine was during the run.
         "engine_prefill_tok_s": phase.cache_stats.get("prefill_tok_s_estimate"),
         "torch_threads_at_end": phase.cache_stats.get("torch_threads"),
         "load_events": phase.load_events,
-        "flags": list(phase.flags), "run": s.to_dict(), "ideal": ideal,
+        "flags": list(phase.flags),
+        "run": s.to_dict(),
+        "ideal": ideal,
         "cache_stats": phase.cache_stats,
     }
 
@@ -227,11 +263,17 @@ STORM_PREEMPTIONS_PER_REQUEST = 0.05
 def preemption_rate(preemptions: int | None, requests: int) -> dict[str, Any]:
     """The engine's preemptions, per request of the run, and whether that is a storm."""
     if preemptions is None or requests <= 0:
-        return {"preemptions": preemptions, "preemptions_per_request": None,
-                "preemption_storm": None}
+        return {
+            "preemptions": preemptions,
+            "preemptions_per_request": None,
+            "preemption_storm": None,
+        }
     rate = preemptions / requests
-    return {"preemptions": preemptions, "preemptions_per_request": rate,
-            "preemption_storm": rate > STORM_PREEMPTIONS_PER_REQUEST}
+    return {
+        "preemptions": preemptions,
+        "preemptions_per_request": rate,
+        "preemption_storm": rate > STORM_PREEMPTIONS_PER_REQUEST,
+    }
 
 
 def _run_setup(ctx: _Context, setup: Setup) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -260,8 +302,14 @@ def _context(opts: SweepOptions) -> _Context:
     frontend = load_frontend(opts.model)
     dtype = _server_dtype(opts.server_args)
     sizing = plan_sizing(workload, frontend.tokenizer, opts)
-    return _Context(opts, workload, frontend.tokenizer, frontend.kv_bytes_per_token(dtype),
-                    sizing, salt=f"sweep-{secrets.token_hex(4)}")
+    return _Context(
+        opts,
+        workload,
+        frontend.tokenizer,
+        frontend.kv_bytes_per_token(dtype),
+        sizing,
+        salt=f"sweep-{secrets.token_hex(4)}",
+    )
 
 
 def _server_dtype(server_args: Sequence[str]) -> str:
@@ -281,17 +329,25 @@ def sweep(opts: SweepOptions) -> dict[str, Any]:
     setups = pick_setups(opts.setups, opts.remote_url)
     opts.out.mkdir(parents=True, exist_ok=True)
     ctx = _context(opts)
-    log.info("working set %d tokens; L1 %d tokens, L2 %d tokens", ctx.sizing.working_set_tokens,
-             ctx.sizing.device_cache_tokens, ctx.sizing.host_cache_tokens)
+    log.info(
+        "working set %d tokens; L1 %d tokens, L2 %d tokens",
+        ctx.sizing.working_set_tokens,
+        ctx.sizing.device_cache_tokens,
+        ctx.sizing.host_cache_tokens,
+    )
     summary: dict[str, Any] = {
-        "workload": opts.workload, "base_workload": ctx.workload.name,
-        "params": dict(ctx.workload.params), "seed": opts.seed, "scale": opts.scale,
+        "workload": opts.workload,
+        "base_workload": ctx.workload.name,
+        "params": dict(ctx.workload.params),
+        "seed": opts.seed,
+        "scale": opts.scale,
         "requests": len(ctx.workload.requests),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "threads": opts.threads if opts.threads is not None else "auto",
         "sizing": {**asdict(ctx.sizing), "working_set_over_l1": ctx.sizing.working_set_over_l1},
-        "configs": {}, "failed": {},
+        "configs": {},
+        "failed": {},
     }
     if opts.restart:
         summary["before_restart"] = {}
@@ -306,8 +362,13 @@ def sweep(opts: SweepOptions) -> dict[str, Any]:
             summary["configs"][setup.name] = measured
             if first is not None:
                 summary["before_restart"][setup.name] = first
-            log.info("%s: mean TTFT %.3fs, hit rate %.3f (ideal %.3f)", setup.name,
-                     measured["mean_ttft_s"], measured["hit_rate"], measured["ideal_hit_rate"])
+            log.info(
+                "%s: mean TTFT %.3fs, hit rate %.3f (ideal %.3f)",
+                setup.name,
+                measured["mean_ttft_s"],
+                measured["hit_rate"],
+                measured["ideal_hit_rate"],
+            )
     finally:
         if not opts.keep_disk:
             for d in ctx.temp_dirs:
@@ -324,28 +385,53 @@ def _parser() -> argparse.ArgumentParser:
         description="Start the server in each tier configuration and play one workload.",
     )
     add_output_arguments(p, "summary.json (table.md, plots and logs beside it)", out_required=True)
-    p.add_argument("--restart-of", default="longdoc",
-                   help="the workload that --workload restart plays twice (default %(default)s)")
+    p.add_argument(
+        "--restart-of",
+        default="longdoc",
+        help="the workload that --workload restart plays twice (default %(default)s)",
+    )
     p.add_argument("--remote-url", help="Redis URL: adds the L1+L2+L3+L4 setup")
     p.add_argument("--setups", help="comma-separated subset, e.g. l1,l1-l2-l3 (default: all)")
-    p.add_argument("--l1-ratio", type=float, default=4.0,
-                   help="working set / L1 size (default %(default)s)")
-    p.add_argument("--l2-ratio", type=float, default=2.0,
-                   help="L2 size / L1 size (default %(default)s)")
-    p.add_argument("--max-running-requests", type=int,
-                   help="the engine's cap on running requests (default: the server's; it "
-                   "admits by L1 memory)")
-    p.add_argument("--threads", "--torch-threads", dest="threads", type=int,
-                   help="the servers' --threads (default: theirs, what other processes leave)")
-    p.add_argument("--server-arg", dest="server_args", action="append", default=[],
-                   metavar="ARG", help="pass ARG to every `asynchicache serve` (repeatable; "
-                   "use --server-arg=--flag for flags)")
+    p.add_argument(
+        "--l1-ratio", type=float, default=4.0, help="working set / L1 size (default %(default)s)"
+    )
+    p.add_argument(
+        "--l2-ratio", type=float, default=2.0, help="L2 size / L1 size (default %(default)s)"
+    )
+    p.add_argument(
+        "--max-running-requests",
+        type=int,
+        help="the engine's cap on running requests (default: the server's; it admits by L1 memory)",
+    )
+    p.add_argument(
+        "--threads",
+        "--torch-threads",
+        dest="threads",
+        type=int,
+        help="the servers' --threads (default: theirs, what other processes leave)",
+    )
+    p.add_argument(
+        "--server-arg",
+        dest="server_args",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="pass ARG to every `asynchicache serve` (repeatable; "
+        "use --server-arg=--flag for flags)",
+    )
     p.add_argument("--work-dir", type=Path, help="where the disk tier folders go (default: tmp)")
     p.add_argument("--keep-disk", action="store_true", help="keep the disk tier folders")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the workload's size and the tier sizes, start nothing")
-    p.add_argument("--startup-timeout", type=float, default=600.0,
-                   help="seconds to wait for each server (default %(default)s)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the workload's size and the tier sizes, start nothing",
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for each server (default %(default)s)",
+    )
     add_workload_arguments(p)
     return p
 
@@ -356,14 +442,26 @@ def options_from_args(args: argparse.Namespace) -> SweepOptions:
     if args.model is not None:  # the server loads the same model the prompts are tokenized for
         server_args = (*server_args, "--model", args.model)
     return SweepOptions(
-        workload=args.workload, out=args.out, restart_of=args.restart_of, seed=args.seed,
-        scale=args.scale, assignments=tuple(args.assignments), setups=setups,
-        remote_url=args.remote_url, model=args.model, page_size=args.page_size,
-        l1_ratio=args.l1_ratio, l2_ratio=args.l2_ratio,
-        max_running_requests=args.max_running_requests, max_concurrency=args.max_concurrency,
+        workload=args.workload,
+        out=args.out,
+        restart_of=args.restart_of,
+        seed=args.seed,
+        scale=args.scale,
+        assignments=tuple(args.assignments),
+        setups=setups,
+        remote_url=args.remote_url,
+        model=args.model,
+        page_size=args.page_size,
+        l1_ratio=args.l1_ratio,
+        l2_ratio=args.l2_ratio,
+        max_running_requests=args.max_running_requests,
+        max_concurrency=args.max_concurrency,
         threads=args.threads,
-        server_args=server_args, work_dir=args.work_dir, keep_disk=args.keep_disk,
-        progress=not args.no_progress, startup_timeout_s=args.startup_timeout,
+        server_args=server_args,
+        work_dir=args.work_dir,
+        keep_disk=args.keep_disk,
+        progress=not args.no_progress,
+        startup_timeout_s=args.startup_timeout,
     )
 
 
@@ -372,11 +470,13 @@ def plan(opts: SweepOptions) -> dict[str, Any]:
     ctx = _context(opts)
     filler = text.paragraph(random.Random(opts.seed), ctx.workload.max_tokens)
     convs = planned_messages(ctx.workload, filler)
-    return {"workload": ctx.workload.name, "params": dict(ctx.workload.params),
-            "requests": len(ctx.workload.requests),
-            "planned_prompt_tokens": sum(len(chat_ids(ctx.tokenizer, m)) for m in convs),
-            "sizing": {**asdict(ctx.sizing),
-                       "working_set_over_l1": ctx.sizing.working_set_over_l1}}
+    return {
+        "workload": ctx.workload.name,
+        "params": dict(ctx.workload.params),
+        "requests": len(ctx.workload.requests),
+        "planned_prompt_tokens": sum(len(chat_ids(ctx.tokenizer, m)) for m in convs),
+        "sizing": {**asdict(ctx.sizing), "working_set_over_l1": ctx.sizing.working_set_over_l1},
+    }
 
 
 def main(argv: Sequence[str]) -> int:

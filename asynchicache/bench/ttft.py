@@ -88,14 +88,18 @@ def _close(engine: Engine) -> None:
 def measure(model: LoadedModel, prompt_tokens: int = 2048) -> dict[str, float]:
     prompt = real_text_prompt(model, prompt_tokens)
     results: dict[str, float] = {}
-    plain = Engine(EngineConfig(), CacheConfig(enable_prefix_cache=False, disk_cache_dir=None),
-                   loaded=model)
+    plain = Engine(
+        EngineConfig(), CacheConfig(enable_prefix_cache=False, disk_cache_dir=None), loaded=model
+    )
     results["ttft_recompute_s"], expected = time_to_first_token(plain, prompt)
     _close(plain)
     with tempfile.TemporaryDirectory(prefix="asynchicache-ttft-") as tmp:
         folder = Path(tmp)
-        cache = CacheConfig(disk_cache_dir=folder / "kv", device_cache_tokens=prompt_tokens * 2,
-                            host_cache_gb=prompt_tokens * 2 * 50e3 / 2**30)
+        cache = CacheConfig(
+            disk_cache_dir=folder / "kv",
+            device_cache_tokens=prompt_tokens * 2,
+            host_cache_gb=prompt_tokens * 2 * 50e3 / 2**30,
+        )
         engine = _disk_engine(model, folder, cache)
         time_to_first_token(engine, prompt)  # cold: computes and writes every tier
         engine.cache.drain()

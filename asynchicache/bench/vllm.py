@@ -67,11 +67,9 @@ def messages(seed: int, approx_tokens: int) -> list[dict[str, str]]:
 
 def ttft(server: VllmServer, msgs: list[dict[str, str]]) -> float:
     """Seconds from sending the request to the first streamed content token."""
-    body = {"model": "model", "messages": msgs, "max_tokens": 4, "temperature": 0.0,
-            "stream": True}
+    body = {"model": "model", "messages": msgs, "max_tokens": 4, "temperature": 0.0, "stream": True}
     start = time.perf_counter()
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
-                      timeout=600) as resp:
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=600) as resp:
         resp.raise_for_status()
         for line in resp.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -117,8 +115,10 @@ class Arm:
 
 def _our_hits(server: VllmServer) -> float:
     metrics = server.metrics()
-    return sum(metric_sum(metrics, "vllm:asynchicache_hit_tokens_total", tier=t)
-               for t in ("host", "disk", "remote"))
+    return sum(
+        metric_sum(metrics, "vllm:asynchicache_hit_tokens_total", tier=t)
+        for t in ("host", "disk", "remote")
+    )
 
 
 def _external_hits(server: VllmServer) -> float:
@@ -127,15 +127,28 @@ def _external_hits(server: VllmServer) -> float:
 
 def _arms(config: BenchConfig, model: Path, work: Path) -> dict[str, Arm]:
     extra = () if config.block_size is None else ("--block-size", str(config.block_size))
-    common = {"max_model_len": config.max_model_len, "kv_cache_bytes": config.kv_cache_bytes,
-              "extra": extra}
-    ours = VllmFlags(model, connector="AsynchicacheConnector", extra_config={
-        "disk_cache_dir": str(work / "ours-kv"),
-        "cache_service": f"ipc://{work / 'run' / 'cache.sock'}",
-        "lookup_timeout": 5.0, "prefetch_timeout": 30.0,
-    }, **common)
-    example = VllmFlags(model, connector="ExampleConnector",
-                        extra_config={"shared_storage_path": str(work / "example-kv")}, **common)
+    common = {
+        "max_model_len": config.max_model_len,
+        "kv_cache_bytes": config.kv_cache_bytes,
+        "extra": extra,
+    }
+    ours = VllmFlags(
+        model,
+        connector="AsynchicacheConnector",
+        extra_config={
+            "disk_cache_dir": str(work / "ours-kv"),
+            "cache_service": f"ipc://{work / 'run' / 'cache.sock'}",
+            "lookup_timeout": 5.0,
+            "prefetch_timeout": 30.0,
+        },
+        **common,
+    )
+    example = VllmFlags(
+        model,
+        connector="ExampleConnector",
+        extra_config={"shared_storage_path": str(work / "example-kv")},
+        **common,
+    )
     plain = VllmFlags(model, **common)
     py = config.python
     return {
@@ -179,20 +192,28 @@ def run(config: BenchConfig) -> dict:
     return _report(config, times, hits, load_before)
 
 
-def _report(config: BenchConfig, times: dict[str, list[float]],
-            hits: dict[str, list[float]], load_before: float) -> dict:
+def _report(
+    config: BenchConfig,
+    times: dict[str, list[float]],
+    hits: dict[str, list[float]],
+    load_before: float,
+) -> dict:
     med = {arm: statistics.median(ts) for arm, ts in times.items()}
     out = {f"{arm}_ttft_s": round(med[arm], 4) for arm in ARMS}
-    out.update({
-        "rounds": {arm: [round(t, 4) for t in ts] for arm, ts in times.items()},
-        "hit_tokens": hits,
-        "prompt_tokens_target": config.prompt_tokens,
-        "block_size": config.block_size,
-        "ours_restart_vs_vllm_cold": round(med["ours_restart"] / med["vllm_cold"], 4),
-        "ours_restart_vs_example_restart": round(med["ours_restart"] / med["example_restart"], 4),
-        "ours_cold_vs_vllm_cold": round(med["ours_cold"] / med["vllm_cold"], 4),
-        "load_average": {"before": load_before, "after": os.getloadavg()[0]},
-    })
+    out.update(
+        {
+            "rounds": {arm: [round(t, 4) for t in ts] for arm, ts in times.items()},
+            "hit_tokens": hits,
+            "prompt_tokens_target": config.prompt_tokens,
+            "block_size": config.block_size,
+            "ours_restart_vs_vllm_cold": round(med["ours_restart"] / med["vllm_cold"], 4),
+            "ours_restart_vs_example_restart": round(
+                med["ours_restart"] / med["example_restart"], 4
+            ),
+            "ours_cold_vs_vllm_cold": round(med["ours_cold"] / med["vllm_cold"], 4),
+            "load_average": {"before": load_before, "after": os.getloadavg()[0]},
+        }
+    )
     return out
 
 
@@ -207,15 +228,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, default=None, help="HF folder (default: SmolLM2)")
     p.add_argument("--prompt-tokens", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--python", default=sys.executable,
-                   help="the Python with vLLM installed (e.g. .venv-vllm/bin/python)")
-    p.add_argument("--block-size", type=int, default=None,
-                   help="vLLM --block-size for all arms (CPU: a multiple of 32; default: vLLM's)")
+    p.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the Python with vLLM installed (e.g. .venv-vllm/bin/python)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="vLLM --block-size for all arms (CPU: a multiple of 32; default: vLLM's)",
+    )
     p.add_argument("--work-dir", type=Path, default=None, help="logs, disk caches (default: tmp)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     a = p.parse_args(argv)
-    result = run(BenchConfig(a.model, a.prompt_tokens, a.rounds, a.python, work_dir=a.work_dir,
-                             block_size=a.block_size))
+    result = run(
+        BenchConfig(
+            a.model,
+            a.prompt_tokens,
+            a.rounds,
+            a.python,
+            work_dir=a.work_dir,
+            block_size=a.block_size,
+        )
+    )
     text_out = json.dumps(result, indent=2)
     print(text_out)
     if a.out is not None:

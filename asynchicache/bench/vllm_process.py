@@ -60,30 +60,53 @@ class VllmServer(BenchServer):
     """One `vllm.entrypoints.openai.api_server`; `start` waits for /health."""
 
     def __init__(
-        self, flags: VllmFlags, log_path: Path, python: str = sys.executable,
-        env: Mapping[str, str] | None = None, startup_timeout_s: float = 600.0,
+        self,
+        flags: VllmFlags,
+        log_path: Path,
+        python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
+        startup_timeout_s: float = 600.0,
     ) -> None:
-        super().__init__(flags.argv(), log_path, startup_timeout_s,
-                         {"VLLM_SERVER_DEV_MODE": "1", **(env or {})})
+        super().__init__(
+            flags.argv(), log_path, startup_timeout_s, {"VLLM_SERVER_DEV_MODE": "1", **(env or {})}
+        )
         self.python = python
 
     def argv(self) -> list[str]:
-        return [self.python, "-m", "vllm.entrypoints.openai.api_server",
-                "--port", str(self.port), *self.flags]
+        return [
+            self.python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--port",
+            str(self.port),
+            *self.flags,
+        ]
 
-    def complete(self, prompt: str | Sequence[int], max_tokens: int = 8,
-                 **extra: Any) -> dict[str, Any]:
+    def complete(
+        self, prompt: str | Sequence[int], max_tokens: int = 8, **extra: Any
+    ) -> dict[str, Any]:
         """A greedy /v1/completions call; raises on an HTTP error."""
-        body = {"model": "model", "prompt": prompt, "max_tokens": max_tokens,
-                "temperature": 0.0, **extra}
+        body = {
+            "model": "model",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            **extra,
+        }
         resp = httpx.post(self.url + "/v1/completions", json=body, timeout=600)
         resp.raise_for_status()
         return resp.json()
 
-    def chat(self, messages: list[dict[str, str]], max_tokens: int = 16,
-             **extra: Any) -> dict[str, Any]:
-        body = {"model": "model", "messages": messages, "max_tokens": max_tokens,
-                "temperature": 0.0, **extra}
+    def chat(
+        self, messages: list[dict[str, str]], max_tokens: int = 16, **extra: Any
+    ) -> dict[str, Any]:
+        body = {
+            "model": "model",
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            **extra,
+        }
         resp = httpx.post(self.url + "/v1/chat/completions", json=body, timeout=600)
         resp.raise_for_status()
         return resp.json()

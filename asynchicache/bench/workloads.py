@@ -183,15 +183,24 @@ def multiturn(p: MultiturnParams, seed: int) -> Workload:
     system = "You are the archivist of a river town. Answer from these notes.\n\n"
     system += text.text(rng, p.system_tokens)
     sessions = tuple(
-        Session(system, "", tuple(text.question(rng, p.question_tokens) for _ in range(p.rounds)),
-                chat=True)
+        Session(
+            system,
+            "",
+            tuple(text.question(rng, p.question_tokens) for _ in range(p.rounds)),
+            chat=True,
+        )
         for _ in range(p.users)
     )
     # Round-robin: between two rounds of one user every other user speaks, so
     # the whole working set passes through the cache before a prefix returns.
     order = [(u, r) for r in range(p.rounds) for u in range(p.users)]
-    return Workload("multiturn", sessions, _with_arrivals(order, p.rate, seed), p.max_tokens,
-                    dataclasses.asdict(p))
+    return Workload(
+        "multiturn",
+        sessions,
+        _with_arrivals(order, p.rate, seed),
+        p.max_tokens,
+        dataclasses.asdict(p),
+    )
 
 
 def _doc_lengths(p: LongdocParams, rng: random.Random) -> list[int]:
@@ -215,8 +224,13 @@ def longdoc(p: LongdocParams, seed: int) -> Workload:
         sessions.append(Session(system, doc, qs, chat=False))
     # Cycle through every document before asking the next question of the first.
     order = [(d, q) for q in range(p.questions) for d in range(p.docs)]
-    return Workload("longdoc", tuple(sessions), _with_arrivals(order, p.rate, seed),
-                    p.max_tokens, dataclasses.asdict(p))
+    return Workload(
+        "longdoc",
+        tuple(sessions),
+        _with_arrivals(order, p.rate, seed),
+        p.max_tokens,
+        dataclasses.asdict(p),
+    )
 
 
 def sysprompt(p: SyspromptParams, seed: int) -> Workload:
@@ -234,8 +248,13 @@ def sysprompt(p: SyspromptParams, seed: int) -> Workload:
         questions[s].append(text.question(rng, p.question_tokens))
     pairs = zip(systems, questions, strict=True)
     sessions = tuple(Session(system, "", tuple(qs), chat=False) for system, qs in pairs)
-    return Workload("sysprompt", sessions, _with_arrivals(order, p.rate, seed), p.max_tokens,
-                    dataclasses.asdict(p))
+    return Workload(
+        "sysprompt",
+        sessions,
+        _with_arrivals(order, p.rate, seed),
+        p.max_tokens,
+        dataclasses.asdict(p),
+    )
 
 
 @dataclass(frozen=True)
@@ -244,11 +263,13 @@ class WorkloadKind:
     build: Callable[[typing.Any, int], Workload]
 
 
-WORKLOADS: Mapping[str, WorkloadKind] = MappingProxyType({
-    "multiturn": WorkloadKind(MultiturnParams(), multiturn),
-    "longdoc": WorkloadKind(LongdocParams(), longdoc),
-    "sysprompt": WorkloadKind(SyspromptParams(), sysprompt),
-})
+WORKLOADS: Mapping[str, WorkloadKind] = MappingProxyType(
+    {
+        "multiturn": WorkloadKind(MultiturnParams(), multiturn),
+        "longdoc": WorkloadKind(LongdocParams(), longdoc),
+        "sysprompt": WorkloadKind(SyspromptParams(), sysprompt),
+    }
+)
 
 
 def make_workload(

@@ -243,7 +243,10 @@ class HiRadixCache:
     # -- insert -------------------------------------------------------------------------------
 
     def insert(
-        self, tokens: Sequence[int], device_pages: Sequence[int], salt: str = "",
+        self,
+        tokens: Sequence[int],
+        device_pages: Sequence[int],
+        salt: str = "",
         store: bool = True,
     ) -> LockedPages:
         """Hand the full pages of a prompt (and output) to the tree.

@@ -99,8 +99,8 @@ class HostPool:
         # [slots, page_bytes]: the view storage backends read and write.
         self.slots: np.ndarray | None = raw.reshape(num_slots, layout.page_bytes)
         # [slots, layers, 2, page_size, kv_heads, head_dim], sharing memory with `slots`.
-        self.tensor: torch.Tensor | None = torch.from_numpy(raw).view(layout.dtype).view(
-            num_slots, *layout.page_shape
+        self.tensor: torch.Tensor | None = (
+            torch.from_numpy(raw).view(layout.dtype).view(num_slots, *layout.page_shape)
         )
         self._pinned = pinned and self._pin()
 

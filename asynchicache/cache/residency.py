@@ -70,8 +70,9 @@ class Residency:
         replay): call right after `changes()` so both agree."""
         events: list[StorageEvent] = [TierCleared(t) for t in TIERS]
         for tier, node, pages in self._resident():
-            events += _runs(self.tree, tier, node, [i for i in pages
-                                                    if node.hashes[i] in self._seen[tier]])
+            events += _runs(
+                self.tree, tier, node, [i for i in pages if node.hashes[i] in self._seen[tier]]
+            )
         return events
 
     def _resident(self) -> Iterator[tuple[str, RadixNode, list[int]]]:

@@ -90,8 +90,10 @@ class Writer:
         for n in claimed:
             n.no_store = False
         ready = [n for n in claimed if n.host is not None]
-        if ready and self.parts.storage is not None and self.admit(
-            max(n.hit_count for n in ready), prompt_tokens
+        if (
+            ready
+            and self.parts.storage is not None
+            and self.admit(max(n.hit_count for n in ready), prompt_tokens)
         ):
             self.store_nodes(ready)
 

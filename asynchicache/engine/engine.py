@@ -150,8 +150,10 @@ class Engine:
     def _run(self, batch: Batch) -> list[TokenOutput]:
         every = [s.request.needs_whole_prompt for s in batch.seqs]
         forward = ForwardBatch(
-            token_ids=[s.request.tokens[s.request.num_computed : s.request.num_computed + s.num_new]
-                       for s in batch.seqs],
+            token_ids=[
+                s.request.tokens[s.request.num_computed : s.request.num_computed + s.num_new]
+                for s in batch.seqs
+            ],
             starts=[s.request.num_computed for s in batch.seqs],
             page_tables=[s.request.page_table for s in batch.seqs],
             every_position=every if any(every) else (),
@@ -179,8 +181,12 @@ class Engine:
         outputs = [self._prompt_only(r) for r in ready if r.sampling.max_tokens == 0]
         ready = [r for r in ready if r.sampling.max_tokens > 0]
         rows = logits[[index[id(r)] for r in ready]]
-        picks = pick(rows, [r.sampling for r in ready], [r.generator for r in ready],
-                     [(r.prompt, r.output) for r in ready])
+        picks = pick(
+            rows,
+            [r.sampling for r in ready],
+            [r.generator for r in ready],
+            [(r.prompt, r.output) for r in ready],
+        )
         return outputs + [self._append(req, p) for req, p in zip(ready, picks, strict=True)]
 
     def _collect_prompt_logprobs(self, batch: Batch, logits: torch.Tensor) -> None:
@@ -314,10 +320,18 @@ def _token_output(
     if req.prompt_logprobs and len(req.output) <= 1 and req.index == 0:
         prompt_lps, req.prompt_logprobs = tuple(req.prompt_logprobs), []
     return TokenOutput(
-        req.rid, tokens, finished, req.finish_reason if finished else None, len(req.prompt),
-        len(req.output), req.cached, req.error if finished else None, req.index,
+        req.rid,
+        tokens,
+        finished,
+        req.finish_reason if finished else None,
+        len(req.prompt),
+        len(req.output),
+        req.cached,
+        req.error if finished else None,
+        req.index,
         (chosen.logprob,) if chosen is not None and chosen.logprob is not None else (),
-        prompt_lps, req.cumulative_logprob,
+        prompt_lps,
+        req.cumulative_logprob,
     )
 
 

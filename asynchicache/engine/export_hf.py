@@ -46,8 +46,10 @@ def hf_config(config: ModelConfig) -> dict[str, Any]:
     windows = {w for w in config.sliding_windows if w is not None}
     if len(windows) > 1 or (windows and None in config.sliding_windows):
         raise ValueError("per-layer sliding windows cannot be exported")
-    rope: dict[str, Any] = {"rope_type": config.rope.rope_type.value,
-                            "rope_theta": config.rope.theta}
+    rope: dict[str, Any] = {
+        "rope_type": config.rope.rope_type.value,
+        "rope_theta": config.rope.theta,
+    }
     if config.rope.rope_type is RopeType.LINEAR:
         rope["factor"] = config.rope.factor
     out: dict[str, Any] = {
@@ -119,8 +121,10 @@ def export_hf(out_dir: Path, model: Path | None = None) -> Path:
         tensors.pop("lm_head.weight", None)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     _write_json(out_dir / "config.json", hf_config(config))
-    generation = {"bos_token_id": config.bos_token_id,
-                  "eos_token_id": _one_or_list(config.eos_token_ids)}
+    generation = {
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": _one_or_list(config.eos_token_ids),
+    }
     _write_json(out_dir / "generation_config.json", generation)
     tokenizer.backend.save(str(out_dir / "tokenizer.json"))
     _write_json(
@@ -156,4 +160,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

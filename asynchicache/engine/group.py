@@ -77,8 +77,14 @@ def make_members(msg: GenerateRequest) -> list[Request]:
     for i in range(msg.n):
         sampling = dataclasses.replace(msg.sampling, seed=member_seed(msg.sampling.seed, i))
         members.append(
-            Request(msg.rid, list(msg.prompt_token_ids), sampling, msg.cache_salt,
-                    msg.cache_store, index=i)
+            Request(
+                msg.rid,
+                list(msg.prompt_token_ids),
+                sampling,
+                msg.cache_salt,
+                msg.cache_store,
+                index=i,
+            )
         )
     if msg.n > 1:
         members[0].group = RequestGroup(members[1:])

@@ -157,9 +157,13 @@ def run_engine(config: EngineProcessConfig) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    log.info("engine ready: model %s on %s, %d torch threads%s", engine.loaded.name,
-             config.engine.device, threads,
-             "" if governor.fixed is not None else " (then what the other processes leave)")
+    log.info(
+        "engine ready: model %s on %s, %d torch threads%s",
+        engine.loaded.name,
+        config.engine.device,
+        threads,
+        "" if governor.fixed is not None else " (then what the other processes leave)",
+    )
     try:
         loop.run()
     finally:

@@ -83,7 +83,9 @@ class SamplingParams:
     def penalized(self) -> bool:
         """Whether the logits are changed before sampling (penalties or biases)."""
         return bool(
-            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
             or self.logit_bias
         )
 
@@ -131,8 +133,12 @@ class CachedTokens:
 
     def less(self, n: int) -> CachedTokens:
         """These counts with the last `n` tokens (the deepest tiers' first) computed instead."""
-        counts = {"remote": self.remote, "disk": self.disk, "host": self.host,
-                  "device": self.device}
+        counts = {
+            "remote": self.remote,
+            "disk": self.disk,
+            "host": self.host,
+            "device": self.device,
+        }
         for tier, have in counts.items():
             take = min(n, have)
             counts[tier] = have - take

@@ -118,10 +118,12 @@ class _BatchPlan:
             (t for ids in batch.token_ids for t in ids), dtype=np.int64, count=int(self.ends[-1])
         )
         self.tables = [self._table(i, num_pages) for i in range(batch.num_seqs)]
-        self.positions = np.concatenate([
-            np.arange(s, s + n, dtype=np.int64)
-            for s, n in zip(batch.starts, lengths, strict=True)
-        ])
+        self.positions = np.concatenate(
+            [
+                np.arange(s, s + n, dtype=np.int64)
+                for s, n in zip(batch.starts, lengths, strict=True)
+            ]
+        )
 
     def _table(self, i: int, num_pages: int) -> np.ndarray:
         """Sequence i's page ids covering [0, start + new), validated."""
@@ -138,11 +140,14 @@ class _BatchPlan:
         return table
 
     def metadata(self, device: torch.device) -> AttentionMetadata:
-        write_pages = np.concatenate([
-            table[np.arange(s, s + len(ids)) // self.page_size]
-            for table, s, ids in zip(self.tables, self.batch.starts, self.batch.token_ids,
-                                     strict=True)
-        ])
+        write_pages = np.concatenate(
+            [
+                table[np.arange(s, s + len(ids)) // self.page_size]
+                for table, s, ids in zip(
+                    self.tables, self.batch.starts, self.batch.token_ids, strict=True
+                )
+            ]
+        )
         return AttentionMetadata(
             write_pages=torch.from_numpy(write_pages).to(device),
             write_offsets=torch.from_numpy(self.positions % self.page_size).to(device),
@@ -153,7 +158,9 @@ class _BatchPlan:
     def _prefills(self, device: torch.device) -> tuple[PrefillSpan, ...]:
         return tuple(
             PrefillSpan(
-                int(self.begins[i]), int(self.ends[i]), self.batch.starts[i],
+                int(self.begins[i]),
+                int(self.ends[i]),
+                self.batch.starts[i],
                 torch.from_numpy(self.tables[i]).to(device),
             )
             for i in range(self.batch.num_seqs)
@@ -166,8 +173,9 @@ class _BatchPlan:
         groups = length_groups([len(self.tables[i]) for i in seqs], GROUP_OVERHEAD_PAGES)
         whole = len(seqs) == self.batch.num_seqs and len(groups) == 1
         # Within a group, batch order: a decode-only batch of one group is the batch as is.
-        return tuple(self._decode_group([seqs[j] for j in sorted(g)], device, whole)
-                     for g in groups)
+        return tuple(
+            self._decode_group([seqs[j] for j in sorted(g)], device, whole) for g in groups
+        )
 
     def _decode_group(self, seqs: list[int], device: torch.device, whole: bool) -> DecodeGroup:
         max_pages = max(len(self.tables[i]) for i in seqs)
@@ -204,9 +212,7 @@ def length_groups(pages: Sequence[int], overhead: int) -> list[list[int]]:
     cut = [0] * (n + 1)  # where the last run of that best partition begins
     for j in range(1, n + 1):
         longest = pages[order[j - 1]]
-        best[j], cut[j] = min(
-            (best[i] + (j - i) * longest + overhead, i) for i in range(j)
-        )
+        best[j], cut[j] = min((best[i] + (j - i) * longest + overhead, i) for i in range(j))
     groups: list[list[int]] = []
     j = n
     while j > 0:

@@ -58,7 +58,10 @@ class Scheduler:
     """Owns request queues and page bookkeeping; the engine runs the model."""
 
     def __init__(
-        self, engine_config: EngineConfig, cache_config: CacheConfig, cache: HiRadixCache,
+        self,
+        engine_config: EngineConfig,
+        cache_config: CacheConfig,
+        cache: HiRadixCache,
         cost: CostModel,
     ) -> None:
         self.config = engine_config
@@ -84,8 +87,11 @@ class Scheduler:
 
     def abort(self, rid: str, index: int | None = None) -> bool:
         """End `rid`: one member of its group, or (index None) every member."""
-        found = [r for r in [*self.waiting, *self.running, *self.loading.values()]
-                 if r.rid == rid and index in (None, r.index)]
+        found = [
+            r
+            for r in [*self.waiting, *self.running, *self.loading.values()]
+            if r.rid == rid and index in (None, r.index)
+        ]
         for req in found:
             self.finish(req, "abort")
         return bool(found)
@@ -137,8 +143,12 @@ class Scheduler:
                 req.cached = CachedTokens(device=len(match.device_pages) * self.page_size)
                 self.loading[ticket.id] = req
                 return True
-        self._take_prefix(req, match.handle, list(match.device_pages), CachedTokens(
-            device=len(match.device_pages) * self.page_size))
+        self._take_prefix(
+            req,
+            match.handle,
+            list(match.device_pages),
+            CachedTokens(device=len(match.device_pages) * self.page_size),
+        )
         return True
 
     def _take_prefix(
@@ -212,8 +222,9 @@ class Scheduler:
                 remote=remote * ps,
             )
             self._take_prefix(req, ticket.handle, list(ticket.device_pages), cached)
-            self.cost.observe_load(ticket.pages_from_host, ticket.pages_from_storage,
-                                   ticket.elapsed_s)
+            self.cost.observe_load(
+                ticket.pages_from_host, ticket.pages_from_storage, ticket.elapsed_s
+            )
 
     def _admit(self) -> None:
         """Start the oldest waiting requests while L1 can hold them (engine/admission.py)."""
@@ -381,4 +392,3 @@ class Scheduler:
     def drain_finished(self) -> list[Request]:
         done, self.finished = self.finished, []
         return done
-

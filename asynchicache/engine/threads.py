@@ -93,7 +93,9 @@ class ThreadGovernor:
     """
 
     def __init__(
-        self, fixed: int | None = None, cores: int | None = None,
+        self,
+        fixed: int | None = None,
+        cores: int | None = None,
         sample_every_s: float = SAMPLE_EVERY_S,
     ) -> None:
         self.cores = available_cores() if cores is None else cores

@@ -40,30 +40,32 @@ def _byte_level() -> pre_tokenizers.PreTokenizer:
 
 
 def _digits_then_byte_level() -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), _byte_level()]
-    )
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _byte_level()])
 
 
 def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
 # tokenizer.ggml.pre -> how llama.cpp splits text before BPE (same regexes).
-_GGUF_PRE_TOKENIZERS = MappingProxyType({
-    "default": _byte_level,
-    "gpt2": _byte_level,
-    "gpt-2": _byte_level,
-    "smollm": _digits_then_byte_level,
-    "starcoder": _digits_then_byte_level,
-    "refact": _digits_then_byte_level,
-    "llama3": lambda: _split_then_bytes(_LLAMA3_SPLIT),
-    "llama-bpe": lambda: _split_then_bytes(_LLAMA3_SPLIT),
-    "qwen2": lambda: _split_then_bytes(_QWEN2_SPLIT),
-})
+_GGUF_PRE_TOKENIZERS = MappingProxyType(
+    {
+        "default": _byte_level,
+        "gpt2": _byte_level,
+        "gpt-2": _byte_level,
+        "smollm": _digits_then_byte_level,
+        "starcoder": _digits_then_byte_level,
+        "refact": _digits_then_byte_level,
+        "llama3": lambda: _split_then_bytes(_LLAMA3_SPLIT),
+        "llama-bpe": lambda: _split_then_bytes(_LLAMA3_SPLIT),
+        "qwen2": lambda: _split_then_bytes(_QWEN2_SPLIT),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -158,10 +160,12 @@ class Tokenizer:
             raise FileNotFoundError(f"{folder} has no tokenizer.json (needed for the tokenizer)")
         backend = HFTokenizer.from_file(str(path))
         config = _read_json(folder / "tokenizer_config.json")
-        special = SpecialTokens(**{
-            name: _token_text(config.get(name))
-            for name in ("bos_token", "eos_token", "unk_token", "pad_token")
-        })
+        special = SpecialTokens(
+            **{
+                name: _token_text(config.get(name))
+                for name in ("bos_token", "eos_token", "unk_token", "pad_token")
+            }
+        )
         eos = _eos_ids(backend, special, folder)
         spec = TokenizerSpec(eos, special, _hf_chat_template(folder, config))
         return cls(backend, spec)
@@ -184,7 +188,8 @@ class Tokenizer:
         bos = None if vocab.bos_token_id is None else vocab.tokens[vocab.bos_token_id]
         if vocab.add_bos_token and bos is not None:
             backend.post_processor = processors.TemplateProcessing(
-                single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                single=f"{bos} $A",
+                pair=f"{bos} $A {bos} $B",
                 special_tokens=[(bos, vocab.bos_token_id)],
             )
         special = SpecialTokens(
@@ -299,8 +304,11 @@ def _raise_exception(message: str) -> None:
 
 
 def _tojson(
-    value: Any, ensure_ascii: bool = False, indent: int | None = None,
-    separators: tuple[str, str] | None = None, sort_keys: bool = False,
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
 ) -> str:
     return json.dumps(
         value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys

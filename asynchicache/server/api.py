@@ -127,7 +127,5 @@ def create_app(ctx: AppContext) -> FastAPI:
     install_error_handlers(app)
     _routes(app, ctx)
     if ctx.api_key is not None or ctx.admin_api_key is not None:
-        app.add_middleware(
-            APIKeyMiddleware, api_key=ctx.api_key, admin_api_key=ctx.admin_api_key
-        )
+        app.add_middleware(APIKeyMiddleware, api_key=ctx.api_key, admin_api_key=ctx.admin_api_key)
     return app

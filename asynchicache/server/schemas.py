@@ -138,9 +138,11 @@ class ClearRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    scope: Literal["device", "host", "disk", "remote", "all"] | list[
+    scope: (
         Literal["device", "host", "disk", "remote", "all"]
-    ] | None = None
+        | list[Literal["device", "host", "disk", "remote", "all"]]
+        | None
+    ) = None
     cache_salt: Text | None = None
     include_pinned: bool = False
 

@@ -334,4 +334,3 @@ class RedisBackend(StorageBackend):
 
     def _outage(self, exc: BaseException) -> None:
         self._link.outage(exc)
-

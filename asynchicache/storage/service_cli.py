@@ -40,9 +40,7 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
         default=d.io_threads,
         help="parallel file I/O per namespace",
     )
-    p.add_argument(
-        "--workers", type=int, default=d.workers, help="requests served at once"
-    )
+    p.add_argument("--workers", type=int, default=d.workers, help="requests served at once")
     p.add_argument(
         "--disk-sync",
         choices=[m.value for m in SyncMode],

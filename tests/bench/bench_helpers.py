@@ -73,12 +73,18 @@ class ScriptedServer:
                 await asyncio.sleep(self.gap_s)
             yield _event({"choices": [{"delta": {"content": f" t{turn}.{i}"}}]})
         cached = 16 * turn
-        tiers = {"device": cached if turn % 2 == 0 else 0, "host": 0,
-                 "disk": cached if turn % 2 else 0, "remote": 0}
+        tiers = {
+            "device": cached if turn % 2 == 0 else 0,
+            "host": 0,
+            "disk": cached if turn % 2 else 0,
+            "remote": 0,
+        }
         words = sum(len(m["content"].split()) for m in body["messages"])
-        usage = {"prompt_tokens": words, "completion_tokens": self.tokens,
-                 "prompt_tokens_details": {"cached_tokens": cached,
-                                           "cached_tokens_by_tier": tiers}}
+        usage = {
+            "prompt_tokens": words,
+            "completion_tokens": self.tokens,
+            "prompt_tokens_details": {"cached_tokens": cached, "cached_tokens_by_tier": tiers},
+        }
         # Recorded before the last bytes go out, so it precedes the client seeing the end.
         self.calls.append(Call(received, time.monotonic(), body))
         yield _event({"choices": [], "usage": usage})

@@ -21,8 +21,12 @@ def _turn(body: dict) -> int:
 
 
 def test_multiturn_waits_for_answers_and_times_tokens(scripted_server: ScriptedServer) -> None:
-    w = make_workload("multiturn", seed=0, scale=0.1,
-                      assignments=["users=2", "rounds=3", "rate=100", "max_tokens=3"])
+    w = make_workload(
+        "multiturn",
+        seed=0,
+        scale=0.1,
+        assignments=["users=2", "rounds=3", "rate=100", "max_tokens=3"],
+    )
     run = run_workload(w, _cfg(scripted_server, cache_salt="tenant"))
     assert [r.error for r in run.results] == [None] * 6
     turns = sorted(_turn(c.body) for c in scripted_server.calls)
@@ -38,7 +42,9 @@ def test_multiturn_waits_for_answers_and_times_tokens(scripted_server: ScriptedS
             assert nxt.received >= prev.finished
             turn = _turn(prev.body)
             assert nxt.body["messages"][-2] == {
-                "role": "assistant", "content": f" t{turn}.0 t{turn}.1 t{turn}.2"}
+                "role": "assistant",
+                "content": f" t{turn}.0 t{turn}.1 t{turn}.2",
+            }
     body = scripted_server.calls[0].body
     assert body["stream"] and body["stream_options"] == {"include_usage": True}
     assert body["ignore_eos"] and body["max_tokens"] == 3 and body["temperature"] == 0
@@ -73,8 +79,9 @@ def test_a_failed_turn_is_recorded_and_its_successors_are_not_sent(
 
 
 def test_max_concurrency_one_serialises_requests(scripted_server: ScriptedServer) -> None:
-    run = run_workload(_manual(("a", "b", "c", "d"), chat=False),
-                       _cfg(scripted_server, max_concurrency=1))
+    run = run_workload(
+        _manual(("a", "b", "c", "d"), chat=False), _cfg(scripted_server, max_concurrency=1)
+    )
     assert all(r.ok for r in run.results)
     calls = sorted(scripted_server.calls, key=lambda c: c.received)
     for prev, nxt in itertools.pairwise(calls):
@@ -84,9 +91,23 @@ def test_max_concurrency_one_serialises_requests(scripted_server: ScriptedServer
 def test_bench_serve_writes_results_and_summary(
     scripted_server: ScriptedServer, tmp_path: Path
 ) -> None:
-    code = main(["--url", scripted_server.url, "--workload", "sysprompt", "--scale", "0.05",
-                 "--set", "requests=5", "--set", "rate=50", "--out", str(tmp_path),
-                 "--no-progress"])
+    code = main(
+        [
+            "--url",
+            scripted_server.url,
+            "--workload",
+            "sysprompt",
+            "--scale",
+            "0.05",
+            "--set",
+            "requests=5",
+            "--set",
+            "rate=50",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
     assert len(lines) == 5 and all(json.loads(x)["error"] is None for x in lines)

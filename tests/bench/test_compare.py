@@ -20,8 +20,17 @@ def test_peer_commands_fill_their_placeholders() -> None:
     peer = parse_peer("other=srv --port {port} --model {model} --name {name} --dir '{disk}/x y'")
     assert peer.name == "other"
     cmd = peer.command(Path("/m"), Path("/d"))
-    assert cmd == ["srv", "--port", "{port}", "--model", "/m", "--name", "smollm2",
-                   "--dir", "/d/x y"]  # {port} is the launcher's to fill
+    assert cmd == [
+        "srv",
+        "--port",
+        "{port}",
+        "--model",
+        "/m",
+        "--name",
+        "smollm2",
+        "--dir",
+        "/d/x y",
+    ]  # {port} is the launcher's to fill
     assert "{model}" in peer.shell()  # the recorded command is the template
     with pytest.raises(ValueError, match="port"):
         parse_peer("x=srv --model {model}")
@@ -34,16 +43,24 @@ def test_peer_commands_fill_their_placeholders() -> None:
 def test_the_vllm_command_is_the_recorded_one() -> None:
     cmd = vllm(Path("/v/bin/python"), 123, ["--max-num-seqs", "64"]).command(Path("/m"), Path("/d"))
     assert cmd[:3] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
-    for flag in ("--enable-prefix-caching", "--dtype", "float32", "--kv-cache-memory-bytes",
-                 "123", "--max-num-seqs"):
+    for flag in (
+        "--enable-prefix-caching",
+        "--dtype",
+        "float32",
+        "--kv-cache-memory-bytes",
+        "123",
+        "--max-num-seqs",
+    ):
         assert flag in cmd
     assert "--disk-cache-dir" in ours().command(Path("/m"), Path("/d"))
 
 
 def test_medians_ratios_and_rotating_order() -> None:
-    rounds = [_Round(0, {"a": {"t_s": 1.0, "x_tok_s": 10.0}, "b": {"t_s": 2.0, "x_tok_s": 5.0}}),
-              _Round(1, {"a": {"t_s": 3.0, "x_tok_s": 30.0}, "b": {"t_s": 4.0}}),
-              _Round(2, {"a": {"t_s": 2.0, "x_tok_s": 20.0}, "b": {"t_s": 8.0, "x_tok_s": 5.0}})]
+    rounds = [
+        _Round(0, {"a": {"t_s": 1.0, "x_tok_s": 10.0}, "b": {"t_s": 2.0, "x_tok_s": 5.0}}),
+        _Round(1, {"a": {"t_s": 3.0, "x_tok_s": 30.0}, "b": {"t_s": 4.0}}),
+        _Round(2, {"a": {"t_s": 2.0, "x_tok_s": 20.0}, "b": {"t_s": 8.0, "x_tok_s": 5.0}}),
+    ]
     med = medians(rounds, ["a", "b"])
     assert med == {"a": {"t_s": 2.0, "x_tok_s": 20.0}, "b": {"t_s": 4.0, "x_tok_s": 5.0}}
     assert ratios(med, "a") == {"b": {"t_s": 0.5, "x_tok_s": 4.0}}
@@ -65,26 +82,60 @@ def test_clients_workload_is_single_turn_and_all_due_at_once() -> None:
 @pytest.mark.timeout(900)
 def test_compare_two_of_our_servers_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "cmp"
-    peer = ("ours-1t=" + sys.executable + " -m asynchicache serve --port {port} --model {model}"
-            " --served-model-name {name} --disk-cache-dir {disk} --threads 1")
-    argv = [sys.executable, "-m", "asynchicache", "bench", "compare", "--out", str(out),
-            "--model", str(default_model_path()), "--no-vllm", "--peer-cmd", peer,
-            "--rounds", "2", "--clients", "2", "--requests-per-client", "1",
-            "--max-tokens", "3", "--cold-prompt-tokens", "120", "--work-dir", str(tmp_path)]
+    peer = (
+        "ours-1t=" + sys.executable + " -m asynchicache serve --port {port} --model {model}"
+        " --served-model-name {name} --disk-cache-dir {disk} --threads 1"
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "asynchicache",
+        "bench",
+        "compare",
+        "--out",
+        str(out),
+        "--model",
+        str(default_model_path()),
+        "--no-vllm",
+        "--peer-cmd",
+        peer,
+        "--rounds",
+        "2",
+        "--clients",
+        "2",
+        "--requests-per-client",
+        "1",
+        "--max-tokens",
+        "3",
+        "--cold-prompt-tokens",
+        "120",
+        "--work-dir",
+        str(tmp_path),
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=880)
     assert proc.returncode == 0, proc.stderr[-4000:]
     printed = json.loads(proc.stdout)
     record = json.loads((out / "compare.json").read_text())
     assert printed["median"] == record["median"] and record["failed"] == {}
     assert set(record["commands"]) == {"ours", "ours-1t"}
-    keys = {"startup_s", "ttft_cold_s", "ttft_warm_s", "ttft_restart_s", "c2_tok_s",
-            "c2_mean_ttft_s", "c2_p50_ttft_s", "c2_p99_ttft_s"}
+    keys = {
+        "startup_s",
+        "ttft_cold_s",
+        "ttft_warm_s",
+        "ttft_restart_s",
+        "c2_tok_s",
+        "c2_mean_ttft_s",
+        "c2_p50_ttft_s",
+        "c2_p99_ttft_s",
+    }
     for name in ("ours", "ours-1t"):
         assert set(record["median"][name]) == keys
         assert all(v > 0 for v in record["median"][name].values())
     assert set(record["ratios"]["ours-1t"]) == keys
-    assert [list(r["figures"]) for r in record["rounds"]] == [["ours", "ours-1t"],
-                                                              ["ours-1t", "ours"]]
+    assert [list(r["figures"]) for r in record["rounds"]] == [
+        ["ours", "ours-1t"],
+        ["ours-1t", "ours"],
+    ]
     details = record["rounds"][0]["details"]["ours"]
     # The same prompt after the restart came from our disk tier.
     assert details["long_prompt"]["cached_restart"] >= 96

@@ -71,8 +71,15 @@ def test_ideal_of_a_multiturn_run_counts_shared_history(tokenizer: Tokenizer) ->
     system prompt."""
     w = make_workload("multiturn", seed=0, scale=0.5, assignments=["users=2", "rounds=2"])
     results = [
-        RequestResult(i, s.session, s.turn, s.arrival_s, float(i), ttft_s=0.1,
-                      answer=f"answer {s.session}-{s.turn} about the quiet harbour")
+        RequestResult(
+            i,
+            s.session,
+            s.turn,
+            s.arrival_s,
+            float(i),
+            ttft_s=0.1,
+            answer=f"answer {s.session}-{s.turn} about the quiet harbour",
+        )
         for i, s in enumerate(w.requests)
     ]
     ideal = ideal_of_run(w, results, None, 16, tokenizer)
@@ -81,8 +88,11 @@ def test_ideal_of_a_multiturn_run_counts_shared_history(tokenizer: Tokenizer) ->
     # shares the system prompt's full pages with user 0's; each second round
     # continues its own user's first prompt, whose answer (w.max_tokens decoded
     # tokens) may be cached too.
-    expected = (common_tokens(ids[0], ids[1]) + continued_tokens(ids[0], ids[2], w.max_tokens)
-                + continued_tokens(ids[1], ids[3], w.max_tokens))
+    expected = (
+        common_tokens(ids[0], ids[1])
+        + continued_tokens(ids[0], ids[2], w.max_tokens)
+        + continued_tokens(ids[1], ids[3], w.max_tokens)
+    )
     assert expected > common_tokens(ids[0], ids[2]) + common_tokens(ids[1], ids[3])
     assert ideal["hit_tokens"] == expected
     assert ideal["prompt_tokens"] == sum(len(t) for t in ids)
@@ -128,8 +138,9 @@ def test_the_ideal_bounds_a_real_engine_and_is_reached_when_answers_repeat(
     system prompt. The ideal must be >= what the engine cached, and here ==.
     """
     sampling = SamplingParams(max_tokens=21, temperature=0.0, ignore_eos=True)
-    engine = Engine(EngineConfig(), CacheConfig(disk_cache_dir=None, host_cache_gb=0),
-                    loaded=smollm)
+    engine = Engine(
+        EngineConfig(), CacheConfig(disk_cache_dir=None, host_cache_gb=0), loaded=smollm
+    )
     try:
         system = {"role": "system", "content": "You answer in short, plain sentences. " * 4}
 
@@ -160,8 +171,9 @@ def test_a_prompt_cached_whole_hits_all_but_its_last_token(
     """The engine computes only the last token of a page-aligned prompt it holds whole;
     the ideal counts the same, so it still bounds the engine (and equals it here)."""
     sampling = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    engine = Engine(EngineConfig(), CacheConfig(disk_cache_dir=None, host_cache_gb=0),
-                    loaded=smollm)
+    engine = Engine(
+        EngineConfig(), CacheConfig(disk_cache_dir=None, host_cache_gb=0), loaded=smollm
+    )
     try:
         prompt = tokenizer.encode("The harbour lights came on one by one. " * 12)
         prompt = prompt[: len(prompt) // 16 * 16]

@@ -15,19 +15,38 @@ TIERS0 = {"device": 0.0, "host": 0.0, "disk": 0.0, "remote": 0.0}
 def _config(slug: str, ttft: float, tiers: dict[str, float]) -> dict[str, Any]:
     by_tier = {**TIERS0, **tiers}
     return {
-        "setup": slug, "mean_ttft_s": ttft, "p50_ttft_s": ttft, "p90_ttft_s": 2 * ttft,
-        "p99_ttft_s": 3 * ttft, "hit_rate": sum(by_tier.values()), "ideal_hit_rate": 0.8,
-        "hit_rate_by_tier": by_tier, "requests_per_s": 1 / ttft, "output_tokens_per_s": 10.0,
-        "total_tokens_per_s": 300.0 / ttft, "requests": 4, "errors": 0, "preemptions": 1,
+        "setup": slug,
+        "mean_ttft_s": ttft,
+        "p50_ttft_s": ttft,
+        "p90_ttft_s": 2 * ttft,
+        "p99_ttft_s": 3 * ttft,
+        "hit_rate": sum(by_tier.values()),
+        "ideal_hit_rate": 0.8,
+        "hit_rate_by_tier": by_tier,
+        "requests_per_s": 1 / ttft,
+        "output_tokens_per_s": 10.0,
+        "total_tokens_per_s": 300.0 / ttft,
+        "requests": 4,
+        "errors": 0,
+        "preemptions": 1,
     }
 
 
 def _summary() -> dict[str, Any]:
     return {
-        "workload": "multiturn", "seed": 0, "scale": 1.0, "requests": 4, "date": "2026-01-01",
+        "workload": "multiturn",
+        "seed": 0,
+        "scale": 1.0,
+        "requests": 4,
+        "date": "2026-01-01",
         "params": {"rate": 1.0},
-        "sizing": {"working_set_tokens": 4000, "working_set_over_l1": 4.0,
-                   "device_cache_tokens": 1000, "host_cache_tokens": 2000, "page_size": 16},
+        "sizing": {
+            "working_set_tokens": 4000,
+            "working_set_over_l1": 4.0,
+            "device_cache_tokens": 1000,
+            "host_cache_tokens": 2000,
+            "page_size": 16,
+        },
         "configs": {
             "no prefix cache": _config("no-cache", 4.0, {}),
             "L1": _config("l1", 2.0, {"device": 0.2}),
@@ -46,8 +65,10 @@ def _png_size(path: Path) -> tuple[int, int]:
 def test_write_report_makes_table_and_three_readable_pngs(tmp_path: Path) -> None:
     summary = _summary()
     for c in summary["configs"].values():
-        rs = [RequestResult(i, i, 0, 0.0, 0.0, ttft_s=c["mean_ttft_s"] * (0.5 + i / 3))
-              for i in range(4)]
+        rs = [
+            RequestResult(i, i, 0, 0.0, 0.0, ttft_s=c["mean_ttft_s"] * (0.5 + i / 3))
+            for i in range(4)
+        ]
         write_results(tmp_path / c["setup"] / "results.jsonl", rs)
     written = write_report(tmp_path, summary)
     names = sorted(p.name for p in written)
@@ -74,10 +95,18 @@ def test_markdown_names_the_working_set() -> None:
 
 
 def test_table_shows_preemptions_per_request_and_storms() -> None:
-    calm = {**_config("l1", 2.0, {}), "preemptions": 1, "preemptions_per_request": 0.01,
-            "preemption_storm": False}
-    storm = {**_config("no-cache", 4.0, {}), "preemptions": 40, "preemptions_per_request": 0.4,
-             "preemption_storm": True}
+    calm = {
+        **_config("l1", 2.0, {}),
+        "preemptions": 1,
+        "preemptions_per_request": 0.01,
+        "preemption_storm": False,
+    }
+    storm = {
+        **_config("no-cache", 4.0, {}),
+        "preemptions": 40,
+        "preemptions_per_request": 0.4,
+        "preemption_storm": True,
+    }
     rows = config_table({"L1": calm, "no prefix cache": storm}).splitlines()
     assert "| 1 (0.010/req) |" in rows[2]
     assert "| 40 (0.400/req, STORM) |" in rows[3]

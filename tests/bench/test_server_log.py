@@ -39,15 +39,36 @@ def test_missing_log_and_quiet_log(tmp_path: Path) -> None:
 
 
 def test_report_names_the_setup_that_recomputed() -> None:
-    config = {"setup": "l1-l2-l3", "mean_ttft_s": 1.0, "p50_ttft_s": 1.0, "p90_ttft_s": 1.0,
-              "p99_ttft_s": 1.0, "hit_rate": 0.5, "ideal_hit_rate": 0.6,
-              "hit_rate_by_tier": {"disk": 0.5}, "requests_per_s": 1.0,
-              "total_tokens_per_s": 1.0, "requests": 1, "errors": 0,
-              "load_events": load_events(LOG)}
-    summary = {"workload": "longdoc", "seed": 0, "scale": 1.0, "requests": 1, "date": "d",
-               "sizing": {"working_set_tokens": 1, "working_set_over_l1": 4.0,
-                          "device_cache_tokens": 1, "host_cache_tokens": 2, "page_size": 16},
-               "configs": {"L1+L2+L3": config}}
+    config = {
+        "setup": "l1-l2-l3",
+        "mean_ttft_s": 1.0,
+        "p50_ttft_s": 1.0,
+        "p90_ttft_s": 1.0,
+        "p99_ttft_s": 1.0,
+        "hit_rate": 0.5,
+        "ideal_hit_rate": 0.6,
+        "hit_rate_by_tier": {"disk": 0.5},
+        "requests_per_s": 1.0,
+        "total_tokens_per_s": 1.0,
+        "requests": 1,
+        "errors": 0,
+        "load_events": load_events(LOG),
+    }
+    summary = {
+        "workload": "longdoc",
+        "seed": 0,
+        "scale": 1.0,
+        "requests": 1,
+        "date": "d",
+        "sizing": {
+            "working_set_tokens": 1,
+            "working_set_over_l1": 4.0,
+            "device_cache_tokens": 1,
+            "host_cache_tokens": 2,
+            "page_size": 16,
+        },
+        "configs": {"L1+L2+L3": config},
+    }
     text = markdown(summary)
     assert "- L1+L2+L3: 1 loads given up as late, 3 short loads, 1 failed stores" in text
     assert '2x "storage delivered N of N pages: timeout", 1x "no L2 room' in text

@@ -35,10 +35,19 @@ def test_percentile_by_hand_and_edges() -> None:
 
 def _result(i: int, ttft: float, prompt: int, tiers: dict[str, int], **kw: object) -> RequestResult:
     return RequestResult(
-        index=i, session=i, turn=0, scheduled_s=0.0, sent_s=float(i), ttft_s=ttft,
-        e2e_s=ttft + 1.0, itl_s=(0.1, 0.3), prompt_tokens=prompt, completion_tokens=3,
+        index=i,
+        session=i,
+        turn=0,
+        scheduled_s=0.0,
+        sent_s=float(i),
+        ttft_s=ttft,
+        e2e_s=ttft + 1.0,
+        itl_s=(0.1, 0.3),
+        prompt_tokens=prompt,
+        completion_tokens=3,
         cached_tokens=sum(tiers.values()),
-        cached_by_tier={"device": 0, "host": 0, "disk": 0, "remote": 0, **tiers}, **kw,
+        cached_by_tier={"device": 0, "host": 0, "disk": 0, "remote": 0, **tiers},
+        **kw,
     )
 
 
@@ -54,7 +63,8 @@ def test_summarize_totals_rates_and_tiers() -> None:
     assert (s.prompt_tokens, s.completion_tokens, s.cached_tokens) == (400, 9, 208)
     assert s.hit_rate == pytest.approx(208 / 400)
     assert s.hit_rate_by_tier == pytest.approx(
-        {"device": 32 / 400, "host": 16 / 400, "disk": 160 / 400, "remote": 0.0})
+        {"device": 32 / 400, "host": 16 / 400, "disk": 160 / 400, "remote": 0.0}
+    )
     assert s.requests_per_s == pytest.approx(0.3)  # errors do not count as served
     assert s.output_tokens_per_s == pytest.approx(0.9)
     assert s.total_tokens_per_s == pytest.approx(40.9)
@@ -70,8 +80,10 @@ def test_summary_of_nothing_is_defined() -> None:
 
 
 def test_results_round_trip(tmp_path: Path) -> None:
-    rs = [_result(0, 0.5, 10, {"remote": 8}, answer="hé\n\"quoted\""),
-          RequestResult(1, 1, 2, 0.3, 0.4, error="x")]
+    rs = [
+        _result(0, 0.5, 10, {"remote": 8}, answer='hé\n"quoted"'),
+        RequestResult(1, 1, 2, 0.3, 0.4, error="x"),
+    ]
     write_results(tmp_path / "r" / "results.jsonl", rs)
     back = read_results(tmp_path / "r" / "results.jsonl")
     assert back == rs

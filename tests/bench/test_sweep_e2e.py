@@ -12,13 +12,34 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 KEYS = {"mean_ttft_s", "p90_ttft_s", "hit_rate", "ideal_hit_rate", "hit_rate_by_tier"}
-TINY = ["--scale", "0.05", "--set", "users=2", "--set", "rounds=2", "--set", "max_tokens=2",
-        "--set", "rate=20", "--no-progress"]
+TINY = [
+    "--scale",
+    "0.05",
+    "--set",
+    "users=2",
+    "--set",
+    "rounds=2",
+    "--set",
+    "max_tokens=2",
+    "--set",
+    "rate=20",
+    "--no-progress",
+]
 
 
 def _sweep(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "asynchicache", "bench", "sweep", "--out", str(out),
-            "--work-dir", str(out / "disk"), *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "asynchicache",
+        "bench",
+        "sweep",
+        "--out",
+        str(out),
+        "--work-dir",
+        str(out / "disk"),
+        *args,
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=560)
 
 
@@ -51,10 +72,28 @@ def test_sweep_multiturn_every_setup(tmp_path: Path) -> None:
 
 def test_sweep_restart_serves_from_disk_after_the_restart(tmp_path: Path) -> None:
     out = tmp_path / "restart"
-    proc = _sweep(out, "--workload", "restart", "--restart-of", "sysprompt", "--setups",
-                  "l1-l2-l3", "--scale", "0.05", "--set", "requests=3", "--set", "prompts=1",
-                  "--set", "max_tokens=2", "--set", "rate=20", "--set", "system_tokens=400",
-                  "--no-progress")
+    proc = _sweep(
+        out,
+        "--workload",
+        "restart",
+        "--restart-of",
+        "sysprompt",
+        "--setups",
+        "l1-l2-l3",
+        "--scale",
+        "0.05",
+        "--set",
+        "requests=3",
+        "--set",
+        "prompts=1",
+        "--set",
+        "max_tokens=2",
+        "--set",
+        "rate=20",
+        "--set",
+        "system_tokens=400",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     after = summary["configs"]["L1+L2+L3"]

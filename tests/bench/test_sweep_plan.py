@@ -12,8 +12,9 @@ from asynchicache.bench.sweep import SweepOptions, options_from_args, plan, thre
 
 
 def test_plan_sizes_l1_to_a_quarter_of_the_working_set(tmp_path: Path) -> None:
-    opts = SweepOptions("multiturn", tmp_path, scale=0.5,
-                        assignments=("users=24", "rounds=3", "max_tokens=8"))
+    opts = SweepOptions(
+        "multiturn", tmp_path, scale=0.5, assignments=("users=24", "rounds=3", "max_tokens=8")
+    )
     p = plan(opts)
     s = p["sizing"]
     assert p["requests"] == 72
@@ -27,8 +28,9 @@ def test_plan_sizes_l1_to_a_quarter_of_the_working_set(tmp_path: Path) -> None:
 
 
 def test_restart_plans_its_base_workload(tmp_path: Path) -> None:
-    opts = SweepOptions("restart", tmp_path, restart_of="sysprompt", scale=0.1,
-                        assignments=("requests=4",))
+    opts = SweepOptions(
+        "restart", tmp_path, restart_of="sysprompt", scale=0.1, assignments=("requests=4",)
+    )
     assert plan(opts)["workload"] == "sysprompt"
     with pytest.raises(ValueError, match="restart-of"):
         SweepOptions("restart", tmp_path, restart_of="restart")
@@ -37,8 +39,19 @@ def test_restart_plans_its_base_workload(tmp_path: Path) -> None:
 
 
 def test_dry_run_cli_prints_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = sweep.main(["--workload", "longdoc", "--scale", "0.1", "--set", "docs=3",
-                       "--out", str(tmp_path), "--dry-run"])
+    code = sweep.main(
+        [
+            "--workload",
+            "longdoc",
+            "--scale",
+            "0.1",
+            "--set",
+            "docs=3",
+            "--out",
+            str(tmp_path),
+            "--dry-run",
+        ]
+    )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["workload"] == "longdoc" and out["requests"] == 9
@@ -62,6 +75,9 @@ def test_thread_flags_leave_the_default_to_the_server() -> None:
 
 def test_preemptions_per_request_flag_a_storm() -> None:
     assert sweep.preemption_rate(3, 100) == {
-        "preemptions": 3, "preemptions_per_request": 0.03, "preemption_storm": False}
+        "preemptions": 3,
+        "preemptions_per_request": 0.03,
+        "preemption_storm": False,
+    }
     assert sweep.preemption_rate(6, 100)["preemption_storm"] is True
     assert sweep.preemption_rate(None, 100)["preemption_storm"] is None

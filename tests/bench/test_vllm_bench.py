@@ -11,19 +11,27 @@ from asynchicache.bench.vllm_process import VllmFlags, metric_sum
 
 def test_every_arm_gets_the_same_vllm_flags_and_only_its_connector() -> None:
     plain = VllmFlags(Path("/m"), extra=("--block-size", "32")).argv()
-    ours = VllmFlags(Path("/m"), connector="AsynchicacheConnector",
-                     extra_config={"disk_cache_dir": "/d"}, extra=("--block-size", "32")).argv()
-    example = VllmFlags(Path("/m"), connector="ExampleConnector",
-                        extra_config={"shared_storage_path": "/s"},
-                        extra=("--block-size", "32")).argv()
+    ours = VllmFlags(
+        Path("/m"),
+        connector="AsynchicacheConnector",
+        extra_config={"disk_cache_dir": "/d"},
+        extra=("--block-size", "32"),
+    ).argv()
+    example = VllmFlags(
+        Path("/m"),
+        connector="ExampleConnector",
+        extra_config={"shared_storage_path": "/s"},
+        extra=("--block-size", "32"),
+    ).argv()
     cut = ours.index("--kv-transfer-config")
     assert ours[:cut] + ours[cut + 2 :] == plain
     config = json.loads(ours[cut + 1])
     assert config["kv_connector_module_path"] == "asynchicache.integrations.vllm"
     assert config["kv_connector_extra_config"] == {"disk_cache_dir": "/d"}
     assert "--enforce-eager" in plain
-    assert "kv_connector_module_path" not in json.loads(example[example.index(
-        "--kv-transfer-config") + 1])
+    assert "kv_connector_module_path" not in json.loads(
+        example[example.index("--kv-transfer-config") + 1]
+    )
 
 
 def test_prompts_are_long_distinct_and_reproducible() -> None:
@@ -42,8 +50,11 @@ def test_report_has_the_medians_and_ratios_the_issue_names() -> None:
 
 
 def test_metric_sum_matches_labels() -> None:
-    metrics = {'x_total{engine="0",tier="disk"}': 3.0, 'x_total{engine="0",tier="host"}': 2.0,
-               'y_total{engine="0"}': 7.0}
+    metrics = {
+        'x_total{engine="0",tier="disk"}': 3.0,
+        'x_total{engine="0",tier="host"}': 2.0,
+        'y_total{engine="0"}': 7.0,
+    }
     assert metric_sum(metrics, "x_total") == 5.0
     assert metric_sum(metrics, "x_total", tier="disk") == 3.0
     assert metric_sum(metrics, "y_total") == 7.0

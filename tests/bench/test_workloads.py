@@ -72,8 +72,12 @@ def test_longdoc_lengths_order_and_tokens(tokenizer: Tokenizer) -> None:
 
 
 def test_sysprompt_few_long_prompts_many_short_questions(tokenizer: Tokenizer) -> None:
-    w = make_workload("sysprompt", seed=5, scale=0.2,
-                      assignments=["prompts=3", "requests=30", "question_tokens=20"])
+    w = make_workload(
+        "sysprompt",
+        seed=5,
+        scale=0.2,
+        assignments=["prompts=3", "requests=30", "question_tokens=20"],
+    )
     assert len(w.requests) == 30 and len(w.sessions) == 3
     assert sum(len(s.questions) for s in w.sessions) == 30
     assert len({s.system for s in w.sessions}) == 3

@@ -48,8 +48,13 @@ def fill_page(cache: HiRadixCache, page: int, value: float) -> None:
 
 
 def put(
-    cache: HiRadixCache, tokens: list[int], value: float = 1.0, *, salt: str = "",
-    keep_lock: bool = False, store: bool = True,
+    cache: HiRadixCache,
+    tokens: list[int],
+    value: float = 1.0,
+    *,
+    salt: str = "",
+    keep_lock: bool = False,
+    store: bool = True,
 ) -> LockedPages:
     """Allocate pages, write page i = value + i into them, insert as a finished request
     would (unlocked unless `keep_lock`), and check the cache."""

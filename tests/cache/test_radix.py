@@ -64,9 +64,9 @@ def test_match_splits_a_partly_matched_node() -> None:
     walk = t.walk(toks(1, 2, 9))
     assert walk.path == [] and walk.partial is leaf and walk.partial_pages == 2
     path = t.match(toks(1, 2, 9))
-    assert len(path) == 1 and path[0].device == [0, 1] and path[0].children == {
-        tuple(toks(3)): leaf
-    }
+    assert (
+        len(path) == 1 and path[0].device == [0, 1] and path[0].children == {tuple(toks(3)): leaf}
+    )
 
 
 def test_insert_keeps_existing_pages_and_reports_duplicates() -> None:

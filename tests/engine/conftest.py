@@ -19,12 +19,23 @@ import torch
 
 from asynchicache.engine.loader import LoadedModel, default_model_path, load_model
 
-TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1024,
+}
 
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 16}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 
 
 @dataclass(frozen=True)
@@ -36,12 +47,15 @@ class TinySpec:
 
 
 TINY_SPECS = {
-    "llama3-rope-tied": TinySpec("LlamaConfig", {"rope_parameters": LLAMA3_ROPE,
-                                                 "tie_word_embeddings": True}),
-    "llama-untied-bias": TinySpec("LlamaConfig", {"tie_word_embeddings": False,
-                                                  "attention_bias": True, "mlp_bias": True}),
-    "mistral-window": TinySpec("MistralConfig", {"sliding_window": 16,
-                                                 "tie_word_embeddings": False}),
+    "llama3-rope-tied": TinySpec(
+        "LlamaConfig", {"rope_parameters": LLAMA3_ROPE, "tie_word_embeddings": True}
+    ),
+    "llama-untied-bias": TinySpec(
+        "LlamaConfig", {"tie_word_embeddings": False, "attention_bias": True, "mlp_bias": True}
+    ),
+    "mistral-window": TinySpec(
+        "MistralConfig", {"sliding_window": 16, "tie_word_embeddings": False}
+    ),
     "qwen2": TinySpec("Qwen2Config", {"tie_word_embeddings": True}),
     "qwen3": TinySpec("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": False}),
 }

@@ -14,12 +14,16 @@ def make_pool(model: LoadedModel, num_pages: int, page_size: int) -> torch.Tenso
     c = model.config
     dtype = model.model.embed_tokens.weight.dtype
     # [pages, layers, 2, page_size, kv_heads, head_dim]
-    return torch.zeros(num_pages, c.num_layers, 2, page_size, c.num_kv_heads, c.head_dim,
-                       dtype=dtype)
+    return torch.zeros(
+        num_pages, c.num_layers, 2, page_size, c.num_kv_heads, c.head_dim, dtype=dtype
+    )
 
 
 def greedy_generate(
-    runner: ModelRunner, prompt: list[int], page_table: list[int], steps: int,
+    runner: ModelRunner,
+    prompt: list[int],
+    page_table: list[int],
+    steps: int,
     stop: Callable[[int], bool] = lambda _: False,
 ) -> list[int]:
     """Prefill `prompt` in one go, then decode greedily for `steps` tokens."""

@@ -74,8 +74,12 @@ class LoopHarness:
                 if out.finished:
                     final[out.rid] = out
         return [
-            TokenOutput(**{**{k: getattr(final[r], k) for k in final[r].__dataclass_fields__},
-                           "token_ids": tuple(tokens[r])})
+            TokenOutput(
+                **{
+                    **{k: getattr(final[r], k) for k in final[r].__dataclass_fields__},
+                    "token_ids": tuple(tokens[r]),
+                }
+            )
             for r in rids
         ]
 

@@ -38,8 +38,11 @@ class Rig:
 
 
 def make_rig(
-    device_pages: int = 8, host_slots: int = 4, storage: bool = False,
-    engine: EngineConfig | None = None, **cache: object,
+    device_pages: int = 8,
+    host_slots: int = 4,
+    storage: bool = False,
+    engine: EngineConfig | None = None,
+    **cache: object,
 ) -> Rig:
     config = CacheConfig(
         page_size=PAGE,

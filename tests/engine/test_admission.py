@@ -37,8 +37,7 @@ def test_requests_are_admitted_while_l1_holds_them_and_none_is_preempted(
 
 def test_a_preempted_request_waits_until_another_ends(make_rig: RigMaker) -> None:
     # Admission reserves room for one answer token only: decoding outgrows it.
-    rig = make_rig(device_pages=12, engine=EngineConfig(min_load_tokens=0,
-                                                        decode_reserve_tokens=1))
+    rig = make_rig(device_pages=12, engine=EngineConfig(min_load_tokens=0, decode_reserve_tokens=1))
     long = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     first, second, third = (Request(f"r{k}", _prompt(k, 3), long) for k in range(3))
     for req in (first, second, third):

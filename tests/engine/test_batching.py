@@ -10,8 +10,9 @@ from asynchicache.engine.request import Request
 
 
 def test_a_step_prefills_several_requests_up_to_max_prefill_tokens(make_rig: RigMaker) -> None:
-    config = EngineConfig(min_load_tokens=0, chunked_prefill_size=3 * PAGE,
-                          max_prefill_tokens=8 * PAGE)
+    config = EngineConfig(
+        min_load_tokens=0, chunked_prefill_size=3 * PAGE, max_prefill_tokens=8 * PAGE
+    )
     rig = make_rig(device_pages=64, engine=config)
     one = SamplingParams(max_tokens=1, temperature=0.0)
     for k in range(4):

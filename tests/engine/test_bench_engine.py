@@ -13,12 +13,33 @@ from asynchicache.bench.engine import main
 def test_bench_prints_one_json_record(
     tiny_checkpoints: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["--model", str(tiny_checkpoints["qwen2"]), "--threads", "1", "--prompt-tokens", "64",
-            "--decode-tokens", "4", "--batch", "3", "--repeats", "1"]
+    argv = [
+        "--model",
+        str(tiny_checkpoints["qwen2"]),
+        "--threads",
+        "1",
+        "--prompt-tokens",
+        "64",
+        "--decode-tokens",
+        "4",
+        "--batch",
+        "3",
+        "--repeats",
+        "1",
+    ]
     assert main(argv) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    for key in ("prefill_tok_s", "hf_prefill_tok_s", "decode_b1_tok_s", "decode_b3_tok_s",
-                "hf_decode_b1_tok_s", "ttft_recompute_s", "ttft_l1_s", "ttft_l2_s", "ttft_l3_s"):
+    for key in (
+        "prefill_tok_s",
+        "hf_prefill_tok_s",
+        "decode_b1_tok_s",
+        "decode_b3_tok_s",
+        "hf_decode_b1_tok_s",
+        "ttft_recompute_s",
+        "ttft_l1_s",
+        "ttft_l2_s",
+        "ttft_l3_s",
+    ):
         assert record[key] > 0, key
     for tier in ("l1", "l2", "l3"):  # every tier served the whole prompt; its last token computes
         assert record[f"ttft_{tier}_cached_tokens"] == 63, tier

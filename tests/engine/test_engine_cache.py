@@ -30,8 +30,11 @@ def _prompt(model: LoadedModel, n_repeats: int, question: str) -> list[int]:
 
 
 def _engine(model: LoadedModel, **cache: object) -> Engine:
-    engine_kw = {k: cache.pop(k) for k in ("chunked_prefill_size", "max_running_requests",
-                                           "decode_reserve_tokens") if k in cache}
+    engine_kw = {
+        k: cache.pop(k)
+        for k in ("chunked_prefill_size", "max_running_requests", "decode_reserve_tokens")
+        if k in cache
+    }
     cache.setdefault("disk_cache_dir", None)
     cache.setdefault("host_cache_gb", 0.25)
     return Engine(EngineConfig(**engine_kw), CacheConfig(**cache), loaded=model)  # type: ignore[arg-type]
@@ -131,8 +134,12 @@ def test_batch_of_mixed_requests_matches_each_alone(
 def test_l1_pressure_preempts_and_still_matches(smollm: LoadedModel, engines: list[Engine]) -> None:
     tok = smollm.tokenizer
     # No shared prefix (the question first): each request needs pages of its own.
-    prompts = [tok.encode(tok.apply_chat_template(
-        [{"role": "user", "content": f"Question {i}? " + TEXT * 3}])) for i in range(4)]
+    prompts = [
+        tok.encode(
+            tok.apply_chat_template([{"role": "user", "content": f"Question {i}? " + TEXT * 3}])
+        )
+        for i in range(4)
+    ]
     longer = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     roomy = _engine(smollm, enable_prefix_cache=False)
     # Admission reserves room for one answer token only, and L1 holds two prompts with
@@ -178,8 +185,13 @@ def test_a_late_load_is_given_up_and_the_rest_recomputed(
 ) -> None:
     prompt = _prompt(smollm, 6, "Which ships passed?")
     storage = MemoryStorage(None)  # a storage tier whose reads wait until released
-    config = CacheConfig(disk_cache_dir=None, host_cache_gb=0.25, device_cache_tokens=4096,
-                         prefetch_policy="timeout", prefetch_timeout_s=1e-9)
+    config = CacheConfig(
+        disk_cache_dir=None,
+        host_cache_gb=0.25,
+        device_cache_tokens=4096,
+        prefetch_policy="timeout",
+        prefetch_timeout_s=1e-9,
+    )
     engine = Engine(EngineConfig(), config, storage=storage, loaded=smollm)
     storage.pool = engine.cache.host_pool
     engines.append(engine)

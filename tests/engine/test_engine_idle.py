@@ -32,7 +32,9 @@ def test_a_given_up_load_landing_while_idle_leaves_nothing_locked(smollm: Loaded
     tok = smollm.tokenizer
     prompt = tok.encode(TEXT * 8)
     cache = CacheConfig(
-        disk_cache_dir=None, host_cache_gb=0.25, prefetch_policy="timeout",
+        disk_cache_dir=None,
+        host_cache_gb=0.25,
+        prefetch_policy="timeout",
         prefetch_timeout_s=1e-9,
     )
     storage = MemoryStorage(None)

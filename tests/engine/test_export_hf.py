@@ -21,8 +21,14 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_folder_has_what_vllm_and_transformers_load(exported: Path) -> None:
     names = {p.name for p in exported.iterdir()}
-    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-            "tokenizer_config.json", "chat_template.jinja"} <= names
+    assert {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    } <= names
     config = json.loads((exported / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
     assert config["num_hidden_layers"] == 30 and config["num_key_value_heads"] == 3
@@ -48,6 +54,10 @@ def test_same_config_tokens_template_and_weights_as_the_gguf(
 
 def test_cli_writes_the_folder_and_refuses_a_non_gguf(tmp_path: Path) -> None:
     run = [sys.executable, "-m", "asynchicache", "model", "export-hf"]
-    bad = subprocess.run([*run, str(tmp_path / "x"), "--model", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [*run, str(tmp_path / "x"), "--model", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "must be a .gguf file" in bad.stderr

@@ -11,8 +11,10 @@ from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.models import gemm
 from asynchicache.engine.models.llama import Linear
 
-needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
-                                  reason="this torch build has no oneDNN (packing falls back)")
+needs_onednn = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(),
+    reason="this torch build has no oneDNN (packing falls back)",
+)
 
 
 @needs_onednn
@@ -25,8 +27,7 @@ def test_packed_linear_computes_the_same_product(rows: int) -> None:
     packed = gemm.pack(weight)
     assert packed is not None
     expected = F.linear(x, weight, bias)
-    torch.testing.assert_close(gemm.linear(x, weight, packed, bias), expected,
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gemm.linear(x, weight, packed, bias), expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(gemm.linear(x, weight, None, bias), expected)  # unpacked: torch's
 
 

@@ -20,7 +20,12 @@ def test_default_is_the_embedded_smollm2(smollm: LoadedModel) -> None:
     assert smollm.name == "SmolLM2-135M-Instruct"
     c = smollm.config
     assert (c.arch, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim) == (
-        "LlamaForCausalLM", 30, 576, 9, 3, 64
+        "LlamaForCausalLM",
+        30,
+        576,
+        9,
+        3,
+        64,
     )
     assert c.tie_embeddings and c.vocab_size == 49152 and c.rope.theta == 100000.0
     assert len(smollm.fingerprint) == 32
@@ -32,8 +37,9 @@ def test_smollm2_answers_the_france_question(smollm: LoadedModel) -> None:
         tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     )
     runner = ModelRunner(smollm.model, make_pool(smollm, 8, 16), 16)
-    out = greedy_generate(runner, prompt, [7, 2, 5, 0, 3, 6, 1, 4], 40,
-                          stop=lambda t: t in tok.eos_token_ids)
+    out = greedy_generate(
+        runner, prompt, [7, 2, 5, 0, 3, 6, 1, 4], 40, stop=lambda t: t in tok.eos_token_ids
+    )
     answer = tok.decode(out)
     assert "Paris" in answer, answer
     assert out[-1] in tok.eos_token_ids  # a complete sentence, then end of turn
@@ -98,8 +104,11 @@ def test_unknown_architecture_lists_the_known(
     config = json.loads((folder / "config.json").read_text())
     config["architectures"] = ["GPTNeoXForCausalLM"]
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"GPTNeoXForCausalLM.*known: LlamaForCausalLM, "
-                                         r"MistralForCausalLM, Qwen2ForCausalLM"):
+    with pytest.raises(
+        ValueError,
+        match=r"GPTNeoXForCausalLM.*known: LlamaForCausalLM, "
+        r"MistralForCausalLM, Qwen2ForCausalLM",
+    ):
         load_model(folder)
     with pytest.raises(ValueError, match=r"known:.*llama \(GGUF\)"):
         get_architecture("falcon")
@@ -125,8 +134,11 @@ def test_missing_weight_is_named(tiny_checkpoints: dict[str, Path], tmp_path: Pa
     tensors = load_file(str(folder / "model.safetensors"))
     del tensors["model.layers.1.self_attn.k_proj.weight"], tensors["lm_head.weight"]
     save_file(tensors, str(folder / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"lacks 2 weights: .*model\.layers\.1\.self_attn"
-                                         r"\.k_proj\.weight.*lm_head\.weight"):
+    with pytest.raises(
+        ValueError,
+        match=r"lacks 2 weights: .*model\.layers\.1\.self_attn"
+        r"\.k_proj\.weight.*lm_head\.weight",
+    ):
         load_model(folder)
 
 

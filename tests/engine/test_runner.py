@@ -25,8 +25,9 @@ def runner_for(loaded: LoadedModel, pool: torch.Tensor | None = None) -> ModelRu
     return ModelRunner(loaded.model, make_pool(loaded, PAGES, PAGE) if pool is None else pool, PAGE)
 
 
-def prefill_chunks(runner: ModelRunner, prompt: list[int], table: list[int],
-                   sizes: list[int]) -> torch.Tensor:
+def prefill_chunks(
+    runner: ModelRunner, prompt: list[int], table: list[int], sizes: list[int]
+) -> torch.Tensor:
     """Feed `prompt` in chunks of the given sizes (cycled); returns the last logits [vocab]."""
     start, i = 0, 0
     logits = None
@@ -38,8 +39,9 @@ def prefill_chunks(runner: ModelRunner, prompt: list[int], table: list[int],
     return logits
 
 
-def greedy_after(runner: ModelRunner, logits: torch.Tensor, start: int, table: list[int],
-                 steps: int) -> list[int]:
+def greedy_after(
+    runner: ModelRunner, logits: torch.Tensor, start: int, table: list[int], steps: int
+) -> list[int]:
     out = []
     for _ in range(steps):
         token = int(logits.argmax())
@@ -55,14 +57,17 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 @pytest.fixture(scope="module")
 def models(tiny_checkpoints: dict[str, Path]) -> dict[str, LoadedModel]:
-    return {name: load_model(tiny_checkpoints[name])
-            for name in ("llama3-rope-tied", "mistral-window", "qwen3")}
+    return {
+        name: load_model(tiny_checkpoints[name])
+        for name in ("llama3-rope-tied", "mistral-window", "qwen3")
+    }
 
 
 @pytest.mark.parametrize("name", ["llama3-rope-tied", "mistral-window", "qwen3"])
 @pytest.mark.parametrize("sizes", [[45], [1], [5], [3, 13], [8, 7, 9]])
-def test_chunked_prefill_equals_whole(models: dict[str, LoadedModel], name: str,
-                                      sizes: list[int]) -> None:
+def test_chunked_prefill_equals_whole(
+    models: dict[str, LoadedModel], name: str, sizes: list[int]
+) -> None:
     loaded = models[name]
     prompt = prompt_of(45, seed=3)
     table = list(range(10, 17))  # 7 pages of 8 hold 45 + 10 tokens

@@ -24,9 +24,7 @@ def test_greedy_takes_the_argmax() -> None:
 def test_seeded_requests_repeat_whatever_the_batch() -> None:
     logits = logits_rows(3)
     params = SamplingParams(temperature=1.0, seed=7)
-    alone = [
-        sample(logits[1:2], [params], [request_generator(7)])[0] for _ in range(3)
-    ]
+    alone = [sample(logits[1:2], [params], [request_generator(7)])[0] for _ in range(3)]
     batched = []
     for trial in range(3):
         others = SamplingParams(temperature=1.3, seed=trial)
@@ -68,8 +66,9 @@ def test_temperature_follows_the_distribution() -> None:
     logits = torch.tensor([[0.0, 1.0, 2.0]])
     gen = request_generator(3)
     params = [SamplingParams(temperature=2.0)]
-    counts = torch.bincount(torch.tensor([sample(logits, params, [gen])[0]
-                                          for _ in range(3000)]), minlength=3)
+    counts = torch.bincount(
+        torch.tensor([sample(logits, params, [gen])[0] for _ in range(3000)]), minlength=3
+    )
     expected = (logits / 2.0).softmax(-1)[0] * 3000
     assert torch.allclose(counts.float(), expected, rtol=0.15)
 

@@ -25,13 +25,20 @@ def test_default_leaves_one_core_to_the_other_processes() -> None:
 
 
 def test_the_governor_sets_torch_in_this_process_only() -> None:
-    code = ("import torch; from asynchicache.engine.threads import ThreadGovernor, default_threads;"
-            "a = ThreadGovernor().apply(); b = torch.get_num_threads();"
-            "c = ThreadGovernor(3).apply();"
-            "print(a == default_threads() == b, c == torch.get_num_threads() == 3)")
+    code = (
+        "import torch; from asynchicache.engine.threads import ThreadGovernor, default_threads;"
+        "a = ThreadGovernor().apply(); b = torch.get_num_threads();"
+        "c = ThreadGovernor(3).apply();"
+        "print(a == default_threads() == b, c == torch.get_num_threads() == 3)"
+    )
     # The affinity mask of the child decides its default: pin it to one core.
-    out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code],
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        ["taskset", "-c", "0", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert out.stdout.split() == ["True", "True"]
 
 

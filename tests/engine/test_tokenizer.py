@@ -118,9 +118,10 @@ def test_rich_template_renders_like_transformers(
     hf_tokenizer_dir: Path, hf_folder_reference: Any
 ) -> None:
     tok = Tokenizer.from_hf_folder(hf_tokenizer_dir)
-    tok = Tokenizer(tok.backend, type(tok.spec)(tok.spec.eos_token_ids, tok.spec.special,
-                                                RICH_TEMPLATE))
-    messages = [*CONVERSATIONS[2], {"role": "assistant", "content": "  six ✓ \"quoted\"  "}]
+    tok = Tokenizer(
+        tok.backend, type(tok.spec)(tok.spec.eos_token_ids, tok.spec.special, RICH_TEMPLATE)
+    )
+    messages = [*CONVERSATIONS[2], {"role": "assistant", "content": '  six ✓ "quoted"  '}]
     ref = hf_folder_reference.apply_chat_template(
         messages, chat_template=RICH_TEMPLATE, tokenize=False, add_generation_prompt=True
     )

@@ -202,8 +202,11 @@ class Outcome:
         if self.idle_stats is None:
             return None
         cache = self.idle_stats["cache"]
-        return {"device": cache["device"]["in_use"], "host": (cache.get("host") or {}).get(
-            "in_use"), "quarantined": total(self.idle_stats, QUARANTINED_NOW)}
+        return {
+            "device": cache["device"]["in_use"],
+            "host": (cache.get("host") or {}).get("in_use"),
+            "quarantined": total(self.idle_stats, QUARANTINED_NOW),
+        }
 
     def record(self, seconds: float) -> None:
         audit = self.audit or {}

@@ -23,6 +23,8 @@ from traffic import by_tier, inventory, timed_chat
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
+
+
 def wait_uploads_settle(server: RedisServer, at_least: int, timeout_s: float = 60.0) -> int:
     """Wait until the key count reaches `at_least` and stops changing (uploads are async)."""
     raw = redis.Redis(port=server.port)

@@ -153,15 +153,24 @@ class FakeEngine:
     def _out(self, job: _Job, tokens: tuple[int, ...], reason: str | None) -> TokenOutput:
         n = len(job.req.prompt_token_ids)
         sp = job.req.sampling
-        logprobs = () if sp.logprobs is None else tuple(_lp(t, job.index, sp.logprobs)
-                                                        for t in tokens)
+        logprobs = (
+            () if sp.logprobs is None else tuple(_lp(t, job.index, sp.logprobs) for t in tokens)
+        )
         prompt_lps: tuple[TokenLogprob, ...] = ()
         if sp.prompt_logprobs is not None and job.index == 0 and job.emitted <= 1:
             prompt_lps = tuple(_lp(t, 0, sp.prompt_logprobs) for t in job.req.prompt_token_ids[1:])
         cumulative = -(job.index + 1) / 10 * job.emitted if sp.logprobs is not None else 0.0
         return TokenOutput(
-            job.req.rid, tokens, reason is not None, reason, n, job.emitted, job.cached,
-            index=job.index, logprobs=logprobs, prompt_logprobs=prompt_lps,
+            job.req.rid,
+            tokens,
+            reason is not None,
+            reason,
+            n,
+            job.emitted,
+            job.cached,
+            index=job.index,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_lps,
             cumulative_logprob=cumulative,
         )
 

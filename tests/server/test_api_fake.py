@@ -261,8 +261,11 @@ BAD_BODIES = [
         None,
     ),
     ("/v1/chat/completions", [1, 2, 3], None),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0},
-     None),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0},
+        None,
+    ),
     (
         "/v1/chat/completions",
         {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},

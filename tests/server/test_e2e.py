@@ -25,6 +25,7 @@ from asynchicache.storage.shm import list_segments
 
 pytestmark = pytest.mark.slow
 
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     root = tmp_path_factory.mktemp("e2e")

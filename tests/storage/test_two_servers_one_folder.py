@@ -17,6 +17,8 @@ pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
 CAPACITY_GIB = 0.1  # 144 default-model page files: one long prompt fits, two do not
+
+
 def chat(server: ServeProcess, seed: int) -> tuple[str, dict[str, int]]:
     body = {"model": MODEL, "messages": inventory(seed), "max_tokens": 8, "temperature": 0}
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=300)

@@ -24,9 +24,16 @@ from asynchicache.engine.export_hf import export_hf
 if importlib.util.find_spec("vllm.entrypoints") is None:
     collect_ignore_glob = ["test_*.py"]
 
-TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-        "max_position_embeddings": 4096, "tie_word_embeddings": True}
+TINY = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+}
 
 
 @pytest.fixture(scope="session")

@@ -79,10 +79,10 @@ def vllms(
             "remote_url": redis_server.url,
             "host_cache_gb": 0.004,
             # a loaded test machine must not turn hits into misses
-            "lookup_timeout": 5.0, "prefetch_timeout": 30.0,
+            "lookup_timeout": 5.0,
+            "prefetch_timeout": 30.0,
         }
-        return VllmFlags(tiny_hf, kv_cache_bytes=32 << 20, connector=CONNECTOR,
-                         extra_config=extra)
+        return VllmFlags(tiny_hf, kv_cache_bytes=32 << 20, connector=CONNECTOR, extra_config=extra)
 
     servers = [
         server(VllmFlags(tiny_hf, kv_cache_bytes=32 << 20), root / "plain.log"),
@@ -91,8 +91,9 @@ def vllms(
     ]
     try:
         start_all(servers)
-        yield Instances(*servers, root / "a" / "kv",
-                        f"ipc://{root / 'a' / 'run' / 'cache.sock'}", redis_server)
+        yield Instances(
+            *servers, root / "a" / "kv", f"ipc://{root / 'a' / 'run' / 'cache.sock'}", redis_server
+        )
     finally:
         for s in servers:
             s.stop()
@@ -186,8 +187,12 @@ def test_corrupt_and_truncated_page_files_are_misses_then_hits_resume(
         vllms.evict_l2(vllms.a)
         assert text_of(vllms.a, p) == want  # the bad pages are misses: recomputed
         # The service removed the bad files; the recomputed pages were saved again.
-        wait_for(lambda: cut.exists() and cut.stat().st_size == size
-                 and flipped.read_bytes() != bytes(data), what="the bad files replaced")
+        wait_for(
+            lambda: (
+                cut.exists() and cut.stat().st_size == size and flipped.read_bytes() != bytes(data)
+            ),
+            what="the bad files replaced",
+        )
         vllms.evict_l2(vllms.a)
         disk = hits(vllms.a, "disk")
         assert text_of(vllms.a, p) == want
@@ -209,8 +214,11 @@ def test_service_killed_mid_load_recomputes_then_hits_resume(vllms: Instances) -
         killed = kill_service(vllms.a_socket)  # while their lookups and loads are in flight
         got = [f.result() for f in futures]
     assert got == wants[:4]  # no failed request, no wrong output
-    wait_for(lambda: (pid := service_pid(vllms.a_socket)) not in (None, killed)
-             and pid_alive(pid), timeout_s=60, what="the connector to start a new service")
+    wait_for(
+        lambda: (pid := service_pid(vllms.a_socket)) not in (None, killed) and pid_alive(pid),
+        timeout_s=60,
+        what="the connector to start a new service",
+    )
 
     def connected() -> bool:  # a cold probe's lookup reached the new service
         vllms.fillers += 1

@@ -18,8 +18,9 @@ def kernel_cache(isa: str, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
     """A CPU_ATTN layer tensor with `k`, `v` ([tokens, H, D]) written by vLLM's kernel."""
     cache = torch.zeros(B, H, N, 2 * D)
     key_cache, value_cache = cache.view(B, H, 2 * N, D).chunk(2, dim=2)  # as cpu_attn.py
-    ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, slots, isa,
-                                   k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
+    ops.cpu_attn_reshape_and_cache(
+        k, v, key_cache, value_cache, slots, isa, k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto"
+    )
     return cache
 
 
@@ -48,5 +49,9 @@ def test_a_page_loaded_into_part_of_a_block_is_what_the_kernel_would_have_writte
     want_k, want_v = canonical_kv(want, BlockFormat.HEAD_MAJOR_SPLIT)
     torch.testing.assert_close(view_k[0, :P], want_k[0, :P], rtol=0, atol=0)
     torch.testing.assert_close(view_v[0, :P], want_v[0, :P], rtol=0, atol=0)
-    torch.testing.assert_close(cache[0].view(-1)[want[0].view(-1) != 0],
-                               want[0].view(-1)[want[0].view(-1) != 0], rtol=0, atol=0)
+    torch.testing.assert_close(
+        cache[0].view(-1)[want[0].view(-1) != 0],
+        want[0].view(-1)[want[0].view(-1) != 0],
+        rtol=0,
+        atol=0,
+    )

@@ -22,8 +22,13 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def _flags(model: Path, disk: Path) -> VllmFlags:
-    extra = {"disk_cache_dir": str(disk), "cache_service": f"ipc://{disk.parent}/run/c.sock",
-             "host_cache_gb": 0.5, "lookup_timeout": 5.0, "prefetch_timeout": 30.0}
+    extra = {
+        "disk_cache_dir": str(disk),
+        "cache_service": f"ipc://{disk.parent}/run/c.sock",
+        "host_cache_gb": 0.5,
+        "lookup_timeout": 5.0,
+        "prefetch_timeout": 30.0,
+    }
     return VllmFlags(model, kv_cache_bytes=256 << 20, connector=CONNECTOR, extra_config=extra)
 
 
@@ -32,9 +37,7 @@ def _usage_tokens(reply: dict) -> int:
 
 
 @pytest.mark.slow
-def test_paris_then_restart_serves_a_long_prompt_from_disk(
-    smollm_hf: Path, tmp_path: Path
-) -> None:
+def test_paris_then_restart_serves_a_long_prompt_from_disk(smollm_hf: Path, tmp_path: Path) -> None:
     flags = _flags(smollm_hf, tmp_path / "kv")
     document = text(random.Random(7), 1400)
     messages = [{"role": "user", "content": f"{document}\n\nSummarise the text in one line."}]

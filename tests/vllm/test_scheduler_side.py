@@ -63,8 +63,12 @@ def spec() -> VllmKVSpec:
 @pytest.fixture
 def config(tmp_path: Path) -> ConnectorConfig:
     return ConnectorConfig(
-        disk_cache_dir=tmp_path / "kv", cache_service=f"ipc://{tmp_path}/run/c.sock",
-        host_cache_gb=0.0001, page_size=PAGE, lookup_timeout=10.0, prefetch_timeout=10.0,
+        disk_cache_dir=tmp_path / "kv",
+        cache_service=f"ipc://{tmp_path}/run/c.sock",
+        host_cache_gb=0.0001,
+        page_size=PAGE,
+        lookup_timeout=10.0,
+        prefetch_timeout=10.0,
         service_start_timeout=60.0,
     )
 
@@ -91,8 +95,9 @@ def answer(side: SchedulerSide, req: FakeRequest, computed: int = 0) -> tuple[in
     return tokens, load_async
 
 
-def compute_and_save(side: SchedulerSide, req: FakeRequest, blocks: list[int],
-                     finish: bool = True) -> torch.Tensor:
+def compute_and_save(
+    side: SchedulerSide, req: FakeRequest, blocks: list[int], finish: bool = True
+) -> torch.Tensor:
     """vLLM computes the whole prompt in one step; the 'worker' writes its pages into L2.
     Returns the page bytes written, `[pages, layers, 2, PAGE, heads, dim]`."""
     side.on_new_request(req)  # type: ignore[arg-type]
@@ -101,8 +106,9 @@ def compute_and_save(side: SchedulerSide, req: FakeRequest, blocks: list[int],
     side.kv_cache_manager.blocks[req.request_id] = blocks  # type: ignore[union-attr]
     out = SimpleNamespace(
         scheduled_new_reqs=[SimpleNamespace(req_id=req.request_id, num_computed_tokens=0)],
-        scheduled_cached_reqs=SimpleNamespace(req_ids=[], resumed_req_ids=set(),
-                                              num_computed_tokens=[]),
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=[], resumed_req_ids=set(), num_computed_tokens=[]
+        ),
         num_scheduled_tokens={req.request_id: len(req.all_token_ids)},
     )
     meta = side.build_connector_meta(out)  # type: ignore[arg-type]
@@ -152,10 +158,15 @@ def test_saved_pages_come_back_from_disk_into_a_new_instances_l2(
         assert pool is not None
         torch.testing.assert_close(pool[lk.slots], written, rtol=0, atol=0)
         fresh.update_state_after_alloc(req, FakeBlocks([3, 4, 5, 6, 7, 8]), 5 * BLOCK + PAGE)
-        meta = fresh.build_connector_meta(SimpleNamespace(
-            scheduled_new_reqs=[], num_scheduled_tokens={},
-            scheduled_cached_reqs=SimpleNamespace(req_ids=[], resumed_req_ids=set(),
-                                                  num_computed_tokens=[])))
+        meta = fresh.build_connector_meta(
+            SimpleNamespace(
+                scheduled_new_reqs=[],
+                num_scheduled_tokens={},
+                scheduled_cached_reqs=SimpleNamespace(
+                    req_ids=[], resumed_req_ids=set(), num_computed_tokens=[]
+                ),
+            )
+        )
         (load,) = meta.loads
         assert list(load.block_ids) == [3, 4, 5, 6, 7, 8] and list(load.slots) == lk.slots
         # vLLM already holding the first two blocks: only the rest is offered.
@@ -178,10 +189,15 @@ def test_later_steps_save_the_pages_they_complete(side: SchedulerSide) -> None:
     compute_and_save(side, req, [7, 8], finish=False)
     side.kv_cache_manager.blocks["grow"] = [7, 8, 9]  # type: ignore[union-attr]
     req.all_token_ids = tokens + list(range(9000, 9000 + 2 * PAGE))  # decoded (one step here)
-    meta = side.build_connector_meta(SimpleNamespace(  # type: ignore[arg-type]
-        scheduled_new_reqs=[], num_scheduled_tokens={"grow": 2 * PAGE},
-        scheduled_cached_reqs=SimpleNamespace(req_ids=["grow"], resumed_req_ids=set(),
-                                              num_computed_tokens=[len(tokens)])))
+    meta = side.build_connector_meta(
+        SimpleNamespace(  # type: ignore[arg-type]
+            scheduled_new_reqs=[],
+            num_scheduled_tokens={"grow": 2 * PAGE},
+            scheduled_cached_reqs=SimpleNamespace(
+                req_ids=["grow"], resumed_req_ids=set(), num_computed_tokens=[len(tokens)]
+            ),
+        )
+    )
     (job,) = meta.saves  # pages 3 (block 8's second) and 4 (block 9's first)
     assert (job.block_ids, job.first_page, len(job.slots)) == ((8, 9), 1, 2)
     side.on_worker_meta(AsynchicacheWorkerMeta(saves_done=[job.job]))
@@ -218,8 +234,9 @@ def test_service_killed_mid_load_is_a_miss_then_hits_resume(
     n = 0
     while any(side.index.slot_of(h) is not None for h in hashes):
         n += 1
-        compute_and_save(side, FakeRequest(f"f{n}", [n * 7919 + i for i in range(4 * BLOCK)]),
-                         [1, 2, 3, 4])
+        compute_and_save(
+            side, FakeRequest(f"f{n}", [n * 7919 + i for i in range(4 * BLOCK)]), [1, 2, 3, 4]
+        )
     pid = service_pid(config.service_address)
     assert pid is not None
     req = FakeRequest("r", tokens)
@@ -234,13 +251,18 @@ def test_service_killed_mid_load_is_a_miss_then_hits_resume(
     finally:
         os.kill(pid, signal.SIGKILL)  # (a stopped service would never stop by itself)
     assert answer(side, req) == (0, False)  # a miss: vLLM recomputes
-    wait_for(lambda: side._poll() or side.index.counts()["writing"] == 0,
-             what="the dead service's slots released")
+    wait_for(
+        lambda: side._poll() or side.index.counts()["writing"] == 0,
+        what="the dead service's slots released",
+    )
     side.index.check_integrity()
     side.request_finished(req)  # type: ignore[arg-type]
     # The connector starts a new service; the disk still has the pages.
-    wait_for(lambda: (p := service_pid(config.service_address)) not in (None, pid)
-             and pid_alive(p), timeout_s=60, what="a new service")
+    wait_for(
+        lambda: (p := service_pid(config.service_address)) not in (None, pid) and pid_alive(p),
+        timeout_s=60,
+        what="a new service",
+    )
     wait_for(lambda: side.link.connected, timeout_s=60, what="the link to reconnect")
     assert answer(side, FakeRequest("again", tokens)) == (4 * BLOCK, True)
 

@@ -49,8 +49,9 @@ def prompt(seed: int, n: int) -> list[int]:
 
 
 def text_of(s: VllmServer, tokens: Sequence[int] | str, **extra: Any) -> str:
-    return s.complete(list(tokens) if not isinstance(tokens, str) else tokens,
-                      **extra)["choices"][0]["text"]
+    return s.complete(list(tokens) if not isinstance(tokens, str) else tokens, **extra)["choices"][
+        0
+    ]["text"]
 
 
 def hits(s: VllmServer, tier: str) -> float:

@@ -24,9 +24,7 @@ import torch.nn.functional as F
 class AttentionBackend(Protocol):
     """What a decoder layer calls to store its new K/V and attend."""
 
-    def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, heads, hd], k/v [T, kv_heads, hd] -> [T, heads, hd]."""
         ...
 
@@ -83,9 +81,7 @@ class PagedAttention:
         self._decode_masks: dict[tuple[int, int | None], torch.Tensor] = {}
         self._prefill_masks: dict[tuple[int, int | None], torch.Tensor] = {}
 
-    def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self._write(layer, k, v)
         window = self.windows[layer]
         decodes = self.meta.decodes

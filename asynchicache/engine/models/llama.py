@@ -33,9 +33,7 @@ class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.bias = (
-            nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        )
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.packed: torch.Tensor | None = None
 
     def prepack(self) -> bool:
@@ -101,8 +99,9 @@ class Attention(nn.Module):
             apply_rotary_(q, cos, sin)
             apply_rotary_(k, cos, sin)
         else:  # q and k side by side in qkv: rotate both in one pass
-            apply_rotary_(qkv[:, : self.split[0] + self.split[1]].view(t, heads + kv_heads, hd),
-                          cos, sin)
+            apply_rotary_(
+                qkv[:, : self.split[0] + self.split[1]].view(t, heads + kv_heads, hd), cos, sin
+            )
         out = attn.attend(self.layer, q, k, v)  # [T, heads, hd]
         return self.o_proj(out.reshape(t, -1))
 
@@ -114,9 +113,7 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(
             config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias
         )
-        self.down_proj = Linear(
-            config.intermediate_size, config.hidden_size, bias=config.mlp_bias
-        )
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # [T, inter] each

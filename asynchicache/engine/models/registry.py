@@ -61,9 +61,8 @@ class Architecture:
             rope=rope_from_hf(cfg),
             max_position=int(cfg.get("max_position_embeddings", 2048)),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=self.bias is BiasRule.QKV or (
-                self.bias is BiasRule.FROM_CONFIG and attention_bias
-            ),
+            qkv_bias=self.bias is BiasRule.QKV
+            or (self.bias is BiasRule.FROM_CONFIG and attention_bias),
             o_bias=self.bias is BiasRule.FROM_CONFIG and attention_bias,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             qk_norm=self.qk_norm,
@@ -73,22 +72,26 @@ class Architecture:
         )
 
 
-ARCHITECTURES: MappingProxyType[str, Architecture] = MappingProxyType({
-    a.name: a
-    for a in (
-        Architecture("LlamaForCausalLM", BiasRule.FROM_CONFIG, gguf_permute_qk=True),
-        Architecture("MistralForCausalLM", BiasRule.NONE, gguf_permute_qk=True),
-        Architecture("Qwen2ForCausalLM", BiasRule.QKV),
-        Architecture("Qwen3ForCausalLM", BiasRule.FROM_CONFIG, qk_norm=True),
-    )
-})
+ARCHITECTURES: MappingProxyType[str, Architecture] = MappingProxyType(
+    {
+        a.name: a
+        for a in (
+            Architecture("LlamaForCausalLM", BiasRule.FROM_CONFIG, gguf_permute_qk=True),
+            Architecture("MistralForCausalLM", BiasRule.NONE, gguf_permute_qk=True),
+            Architecture("Qwen2ForCausalLM", BiasRule.QKV),
+            Architecture("Qwen3ForCausalLM", BiasRule.FROM_CONFIG, qk_norm=True),
+        )
+    }
+)
 
 # GGUF's general.architecture -> our name (Mistral GGUFs say "llama").
-GGUF_ARCHITECTURES: MappingProxyType[str, str] = MappingProxyType({
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-})
+GGUF_ARCHITECTURES: MappingProxyType[str, str] = MappingProxyType(
+    {
+        "llama": "LlamaForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+    }
+)
 
 
 def get_architecture(name: str) -> Architecture:

@@ -43,11 +43,20 @@ class ConnectorConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disk_cache_dir", Path(self.disk_cache_dir).expanduser())
-        for name in ("disk_cache_gb", "host_cache_gb", "page_size", "lookup_timeout",
-                     "prefetch_timeout", "store_timeout", "service_start_timeout"):
+        for name in (
+            "disk_cache_gb",
+            "host_cache_gb",
+            "page_size",
+            "lookup_timeout",
+            "prefetch_timeout",
+            "store_timeout",
+            "service_start_timeout",
+        ):
             if getattr(self, name) <= 0:
-                raise ValueError(f"kv_connector_extra_config.{name} must be positive, "
-                                 f"got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"kv_connector_extra_config.{name} must be positive, "
+                    f"got {getattr(self, name)!r}"
+                )
         if self.min_load_tokens < 0:
             raise ValueError("kv_connector_extra_config.min_load_tokens must be >= 0")
         if self.remote_ttl is not None and self.remote_ttl <= 0:

@@ -75,10 +75,10 @@ class AsynchicacheConnector(KVConnectorBase_V1):
                 f"kv_connector_extra_config.page_size {self._config.page_size} must divide "
                 f"vLLM's block size {spec.block_size}"
             )
-        self._sched = SchedulerSide(spec, self._config) if role is KVConnectorRole.SCHEDULER \
-            else None
-        self._worker = WorkerSide(spec, self._config) if role is KVConnectorRole.WORKER \
-            else None
+        self._sched = (
+            SchedulerSide(spec, self._config) if role is KVConnectorRole.SCHEDULER else None
+        )
+        self._worker = WorkerSide(spec, self._config) if role is KVConnectorRole.WORKER else None
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -99,7 +99,10 @@ class AsynchicacheConnector(KVConnectorBase_V1):
         return  # loads complete in start_load_kv
 
     def save_kv_layer(
-        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
         **kwargs: Any,
     ) -> None:
         return  # whole blocks are saved after the forward pass, in wait_for_save
@@ -195,8 +198,9 @@ class AsynchicacheConnector(KVConnectorBase_V1):
         labelnames: list[str],
         per_engine_labelvalues: dict[int, list[object]],
     ) -> KVConnectorPromMetrics | None:
-        return AsynchicachePromMetrics(vllm_config, metric_types, labelnames,
-                                       per_engine_labelvalues)
+        return AsynchicachePromMetrics(
+            vllm_config, metric_types, labelnames, per_engine_labelvalues
+        )
 
     # -- helpers --------------------------------------------------------------
 

@@ -150,8 +150,12 @@ class HostIndex:
         ready = len(self._lru)
         pinned = sum(1 for slot in self._lru if self._slots[slot].readers)
         free = self._ledger.num_free
-        return {"free": free, "ready": ready, "pinned": pinned,
-                "writing": self.num_slots - free - ready}
+        return {
+            "free": free,
+            "ready": ready,
+            "pinned": pinned,
+            "writing": self.num_slots - free - ready,
+        }
 
     def check_integrity(self) -> None:
         problems = self._ledger.problems()

@@ -45,12 +45,14 @@ class BlockFormat(StrEnum):
 
 # Attention backend name -> how its 4D `[blocks, kv_heads, block_size, 2 * head_dim]`
 # per-layer tensor holds K and V (read from vLLM 0.32's backends' forward()).
-BACKEND_FORMATS: MappingProxyType[str, BlockFormat] = MappingProxyType({
-    "CPU_ATTN": BlockFormat.HEAD_MAJOR_SPLIT,
-    "FLASH_ATTN": BlockFormat.TOKEN_INTERLEAVED,
-    "TRITON_ATTN": BlockFormat.TOKEN_INTERLEAVED,
-    "FLEX_ATTENTION": BlockFormat.TOKEN_INTERLEAVED,
-})
+BACKEND_FORMATS: MappingProxyType[str, BlockFormat] = MappingProxyType(
+    {
+        "CPU_ATTN": BlockFormat.HEAD_MAJOR_SPLIT,
+        "FLASH_ATTN": BlockFormat.TOKEN_INTERLEAVED,
+        "TRITON_ATTN": BlockFormat.TOKEN_INTERLEAVED,
+        "FLEX_ATTENTION": BlockFormat.TOKEN_INTERLEAVED,
+    }
+)
 
 # CPU_ATTN's kernels whose block layout HEAD_MAJOR_SPLIT describes (others, e.g. amx for
 # bfloat16, pack K differently: refused at start rather than copied wrong).
@@ -97,15 +99,14 @@ def canonical_kv(tensor: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor, 
         kv = tensor.unflatten(3, (2, head_dim)).permute(0, 2, 1, 3, 4)
         return kv[:, :, :, 0], kv[:, :, :, 1]
     if tensor.stride(3) != 1 or tensor.stride(2) != width:
-        raise ValueError(
-            f"a head-major KV block must be dense per head; strides {tensor.stride()}"
-        )
+        raise ValueError(f"a head-major KV block must be dense per head; strides {tensor.stride()}")
     s_block, s_head = tensor.stride(0), tensor.stride(1)
     shape = (blocks, tokens, heads, head_dim)
     # Per (block, head): K^T [D, N] (token t's K[d] at d * N + t), then V [N, D].
     k = tensor.as_strided(shape, (s_block, 1, s_head, tokens))
-    v = tensor.as_strided(shape, (s_block, head_dim, s_head, 1),
-                          tensor.storage_offset() + tokens * head_dim)
+    v = tensor.as_strided(
+        shape, (s_block, head_dim, s_head, 1), tensor.storage_offset() + tokens * head_dim
+    )
     return k, v
 
 
@@ -172,8 +173,7 @@ class BlockCopier:
         end, n = first + len(slots), len(block_ids)
         if n and not (0 <= first < ppb and (n - 1) * ppb < end <= n * ppb):
             raise ValueError(
-                f"{n} blocks of {ppb} pages cannot hold {len(slots)} slots "
-                f"from page {first}"
+                f"{n} blocks of {ppb} pages cannot hold {len(slots)} slots from page {first}"
             )
         if not block_ids and slots:
             raise ValueError(f"{len(slots)} slots and no blocks")
@@ -212,7 +212,10 @@ class BlockCopier:
         return self._scratch("rows", shape, self.device)
 
     def save(
-        self, block_ids: Sequence[int], pool: torch.Tensor, slots: Sequence[int],
+        self,
+        block_ids: Sequence[int],
+        pool: torch.Tensor,
+        slots: Sequence[int],
         first_page: int = 0,
     ) -> int:
         """vLLM blocks -> L2 slots: pages `first_page ..` of `block_ids` (in token order)
@@ -224,8 +227,9 @@ class BlockCopier:
         n, k = len(ids), self.pages_per_kernel_block
         _, two, p, h, d = self.page_shape
         # [kernel blocks, pages per kernel block, layers, 2, P, H, D] on the host
-        staging = self._scratch("staging", (n, k, self.num_layers, two, p, h, d),
-                                torch.device("cpu"))
+        staging = self._scratch(
+            "staging", (n, k, self.num_layers, two, p, h, d), torch.device("cpu")
+        )
         rows = self._rows(n)
         blocks = canonical_kv(rows, self.fmt)  # K, V [n, N, H, D] over `rows`
         for layer, tensor in enumerate(self.tensors):
@@ -258,8 +262,7 @@ class BlockCopier:
         n, k = len(ids), self.pages_per_kernel_block
         _, two, p, h, d = self.page_shape
         index = torch.as_tensor(list(slots), dtype=torch.long)
-        pages = self._scratch("pages", (n * k, self.num_layers, two, p, h, d),
-                              torch.device("cpu"))
+        pages = self._scratch("pages", (n * k, self.num_layers, two, p, h, d), torch.device("cpu"))
         torch.index_select(pool, 0, index, out=pages)
         pages_by_block = pages.view(n, k, self.num_layers, two, p, h, d)
         rows = self._rows(n)

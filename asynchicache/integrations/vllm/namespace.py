@@ -60,8 +60,10 @@ class ModelIdentity:
 
     @property
     def engine_marker(self) -> str:
-        return (f"{ENGINE}-{self.vllm_version}/{self.device}/{self.attention_backend}"
-                f"/block{self.block_size}")
+        return (
+            f"{ENGINE}-{self.vllm_version}/{self.device}/{self.attention_backend}"
+            f"/block{self.block_size}"
+        )
 
 
 def weights_fingerprint(model: str, revision: str | None) -> str:
@@ -70,8 +72,9 @@ def weights_fingerprint(model: str, revision: str | None) -> str:
     if path.is_file():
         files = [path]
     elif path.is_dir():
-        files = sorted(p for p in path.iterdir()
-                       if p.suffix in _WEIGHT_SUFFIXES or p.name == "config.json")
+        files = sorted(
+            p for p in path.iterdir() if p.suffix in _WEIGHT_SUFFIXES or p.name == "config.json"
+        )
     else:
         return f"{model}@{revision or 'main'}"
     digest = xxhash.xxh3_128()

@@ -72,8 +72,9 @@ class SchedulerSide:
         self.page_size = config.page_size
         self.block_size = spec.block_size
         self.pages_per_block = spec.block_size // config.page_size
-        layout = KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim,
-                          config.page_size, spec.dtype)
+        layout = KVLayout(
+            spec.num_layers, spec.num_kv_heads, spec.head_dim, config.page_size, spec.dtype
+        )
         slots = max(config.host_cache_bytes // layout.page_bytes, 2 * self.pages_per_block)
         self.namespace = spec.namespace(config.page_size)
         self.pool = HostPool.create(layout, slots, tag="vllm")
@@ -88,8 +89,10 @@ class SchedulerSide:
         # Start-up may wait for a service we start; one we only connect to answers at once.
         wait = config.service_start_timeout if config.start_service else 2.0
         if not self.link.wait_connected(wait):
-            log.warning("no asynchicache cache service at %s yet; recomputing until one answers",
-                        config.service_address)
+            log.warning(
+                "no asynchicache cache service at %s yet; recomputing until one answers",
+                config.service_address,
+            )
         self.stats = AsynchicacheStats()
         self.kv_cache_manager: KVCacheManager | None = None
         self._ids = itertools.count(1)
@@ -101,8 +104,13 @@ class SchedulerSide:
         self._loads: list[CopyJob] = []  # for the worker, with the next metadata
         self._covered: dict[str, int] = {}  # leading pages known stored or being saved
         self._yielded = False  # a waiting lookup slept in this scheduler step
-        log.info("asynchicache connector: %d L2 slots of %d tokens in %s, service %s",
-                 slots, config.page_size, self.pool.name, config.service_address)
+        log.info(
+            "asynchicache connector: %d L2 slots of %d tokens in %s, service %s",
+            slots,
+            config.page_size,
+            self.pool.name,
+            config.service_address,
+        )
 
     # -- lookups ------------------------------------------------------------
 
@@ -173,8 +181,10 @@ class SchedulerSide:
             self._answer(lk)
             return
         chain = self._chains[lk.req_id]
-        refs = [PageRef(h, (), s) for h, s in zip(chain.hashes[lk.next_page : target], slots,
-                                                  strict=True)]
+        refs = [
+            PageRef(h, (), s)
+            for h, s in zip(chain.hashes[lk.next_page : target], slots, strict=True)
+        ]
         job = next(self._ids)
         self._jobs[job] = Job(JobKind.PREFETCH, lk.req_id, slots, refs, lk.key)
         self.link.load(job, [r.page_hash for r in refs], slots)
@@ -184,8 +194,9 @@ class SchedulerSide:
         ok = done.pages_ok if done.settled else 0
         if done.error and ok < done.pages_requested:
             self.stats.add("prefetch_failures")
-            log.info("asynchicache prefetch: %s (%d of %d pages)", done.error, ok,
-                     done.pages_requested)
+            log.info(
+                "asynchicache prefetch: %s (%d of %d pages)", done.error, ok, done.pages_requested
+            )
         ready = []
         for ref in job.pages[:ok]:
             self.index.publish(ref.slot, ref.page_hash)  # a duplicate frees its slot
@@ -218,9 +229,15 @@ class SchedulerSide:
         lk.phase = Phase.ANSWERED
         if pages:
             self.stats.add("lookup_hits")
-            log.info("asynchicache hit for %s: %d tokens (%d host, %d disk, %d remote pages) "
-                     "in %.3f s", lk.req_id, pages * self.page_size, split.host, split.disk,
-                     split.remote, time.monotonic() - lk.started)
+            log.info(
+                "asynchicache hit for %s: %d tokens (%d host, %d disk, %d remote pages) in %.3f s",
+                lk.req_id,
+                pages * self.page_size,
+                split.host,
+                split.disk,
+                split.remote,
+                time.monotonic() - lk.started,
+            )
 
     def _drop(self, lk: Lookup) -> None:
         """Forget an uncommitted lookup: its pins go; a pending answer is ignored."""
@@ -300,16 +317,29 @@ class SchedulerSide:
                 return
             meta.saves.append(self._save_job(request, chain, run, slots, block_ids))
 
-    def _save_job(self, request: Request, chain: RequestChain, pages: range,
-                  slots: list[int], block_ids: list[int]) -> CopyJob:
+    def _save_job(
+        self,
+        request: Request,
+        chain: RequestChain,
+        pages: range,
+        slots: list[int],
+        block_ids: list[int],
+    ) -> CopyJob:
         tokens, size, ppb = request.all_token_ids, self.page_size, self.pages_per_block
-        refs = [PageRef(chain.hashes[p], tuple(tokens[p * size : (p + 1) * size]), s,
-                        chain.parent(p)) for p, s in zip(pages, slots, strict=True)]
+        refs = [
+            PageRef(chain.hashes[p], tuple(tokens[p * size : (p + 1) * size]), s, chain.parent(p))
+            for p, s in zip(pages, slots, strict=True)
+        ]
         job = next(self._ids)
         self._jobs[job] = Job(JobKind.SAVE_COPY, request.request_id, slots, refs)
         first, last = pages[0] // ppb, (pages[-1] // ppb) + 1
-        return CopyJob(job, request.request_id, tuple(block_ids[first:last]), tuple(slots),
-                       pages[0] - first * ppb)
+        return CopyJob(
+            job,
+            request.request_id,
+            tuple(block_ids[first:last]),
+            tuple(slots),
+            pages[0] - first * ppb,
+        )
 
     # -- worker and service reports -------------------------------------------
 

@@ -221,8 +221,17 @@ class ServiceLink:
             return
         if done.settled:
             del tickets[done.ticket]
-        self._outbox.put(TicketDone(job, done.kind, done.pages_ok, done.pages_requested,
-                                    done.pages_from_remote, done.error, done.settled))
+        self._outbox.put(
+            TicketDone(
+                job,
+                done.kind,
+                done.pages_ok,
+                done.pages_requested,
+                done.pages_from_remote,
+                done.error,
+                done.settled,
+            )
+        )
 
     def _should_spawn(self, down_for: float, since_spawn: float) -> bool:
         if not self.config.start_service or down_for < _RESPAWN_AFTER_S:

@@ -78,10 +78,14 @@ def lock_path(address: str) -> Path:
 def service_args(config: ConnectorConfig) -> list[str]:
     """The service's own flags for what the connector was configured with."""
     args = [
-        "--disk-cache-dir", str(config.disk_cache_dir),
-        "--socket", config.service_address,
-        "--disk-cache-gb", str(config.disk_cache_gb),
-        "--log-level", config.service_log_level,
+        "--disk-cache-dir",
+        str(config.disk_cache_dir),
+        "--socket",
+        config.service_address,
+        "--disk-cache-gb",
+        str(config.disk_cache_gb),
+        "--log-level",
+        config.service_log_level,
     ]
     if config.remote_url:
         args += ["--remote-url", config.remote_url]
@@ -97,8 +101,14 @@ def spawn_service(config: ConnectorConfig) -> subprocess.Popen:
     lock = lock_path(address)
     lock.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "asynchicache.integrations.vllm.service_process",
-        "--lock", str(lock), "--parent-pid", str(os.getpid()), "--",
+        sys.executable,
+        "-m",
+        "asynchicache.integrations.vllm.service_process",
+        "--lock",
+        str(lock),
+        "--parent-pid",
+        str(os.getpid()),
+        "--",
         *service_args(config),
     ]
     log.info("starting an asynchicache cache service at %s", address)

@@ -26,9 +26,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 TIERS = ("host", "disk", "remote")
 DIRECTIONS = ("load", "save")
 EVENTS = (
-    "lookups", "lookup_hits", "lookup_timeouts", "service_unavailable", "prefetch_failures",
+    "lookups",
+    "lookup_hits",
+    "lookup_timeouts",
+    "service_unavailable",
+    "prefetch_failures",
     "load_errors",
-    "pages_stored", "store_failures", "saves_skipped", "save_errors",
+    "pages_stored",
+    "store_failures",
+    "saves_skipped",
+    "save_errors",
 )
 
 
@@ -82,7 +89,8 @@ class AsynchicachePromMetrics(KVConnectorPromMetrics):
         self._bound: dict[tuple[int, str], Any] = {}
         for metric, (label, values, doc) in made.items():
             counter = self._counter_cls(
-                name=f"vllm:asynchicache_{metric}", documentation=doc,
+                name=f"vllm:asynchicache_{metric}",
+                documentation=doc,
                 labelnames=[*labelnames, label],
             )
             for engine, labelvalues in per_engine_labelvalues.items():
@@ -95,4 +103,3 @@ class AsynchicachePromMetrics(KVConnectorPromMetrics):
             bound = self._bound.get((engine_idx, name))
             if bound is not None and value:
                 bound.inc(value)
-

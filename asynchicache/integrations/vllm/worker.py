@@ -56,27 +56,36 @@ class WorkerSide:
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], backend: str) -> None:
         tensors = [kv_caches[name] for name in self.spec.layer_names]
-        geometry = BlockGeometry(self.spec.num_blocks, self.spec.block_size,
-                                 self.spec.num_kv_heads, self.spec.head_dim)
+        geometry = BlockGeometry(
+            self.spec.num_blocks, self.spec.block_size, self.spec.num_kv_heads, self.spec.head_dim
+        )
         fmt = detect_format(backend, tensors[0].shape, geometry)
         kernel_blocks = canonical_kv(tensors[0], fmt)[0].shape[0]
         if kernel_blocks % self.spec.num_blocks:
-            raise ValueError(f"{kernel_blocks} kernel blocks do not split "
-                             f"{self.spec.num_blocks} blocks evenly")
+            raise ValueError(
+                f"{kernel_blocks} kernel blocks do not split {self.spec.num_blocks} blocks evenly"
+            )
         ratio = kernel_blocks // self.spec.num_blocks
         self.copier = BlockCopier(tensors, fmt, ratio, self.config.page_size)
         spec = self.spec
         self.copier.warm_up(-(-spec.max_model_len // spec.block_size))
-        log.info("asynchicache connector: %s layout %s, %d layers of %s, %d kernel blocks per "
-                 "block", backend, fmt.value, len(tensors), tuple(tensors[0].shape), ratio)
+        log.info(
+            "asynchicache connector: %s layout %s, %d layers of %s, %d kernel blocks per block",
+            backend,
+            fmt.value,
+            len(tensors),
+            tuple(tensors[0].shape),
+            ratio,
+        )
 
     def _pool(self, segment: str) -> HostPool:
         if self.pool is None or self.pool.name != segment:
             if self.pool is not None:
                 self.pool.close()
             spec = self.spec
-            layout = KVLayout(spec.num_layers, spec.num_kv_heads, spec.head_dim,
-                              self.config.page_size, spec.dtype)
+            layout = KVLayout(
+                spec.num_layers, spec.num_kv_heads, spec.head_dim, self.config.page_size, spec.dtype
+            )
             self.pool = HostPool.attach(segment, layout)
         return self.pool
 
@@ -141,8 +150,10 @@ def attention_backend(vllm_config: VllmConfig, layer_names: tuple[str, ...]) -> 
     if name == "CPU_ATTN":
         isa = _cpu_attention_isa(vllm_config)
         if isa not in CPU_ISAS:
-            raise ValueError(f"CPU attention kernel {isa!r} is not supported by "
-                             f"AsynchicacheConnector; known: {', '.join(sorted(CPU_ISAS))}")
+            raise ValueError(
+                f"CPU attention kernel {isa!r} is not supported by "
+                f"AsynchicacheConnector; known: {', '.join(sorted(CPU_ISAS))}"
+            )
     return name
 
 
