@@ -14,17 +14,19 @@ from ports import free_port
 from asynchicache.server.launch import make_run_dir, ready_message
 
 
-def _serve(*argv: str) -> subprocess.CompletedProcess[str]:
+def _serve(*argv: str, tmp: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TMPDIR": str(tmp)} if tmp is not None else None
     return subprocess.run(
         [sys.executable, "-m", "asynchicache", "serve", "--device", "cpu", *argv],
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
 
 
-def _run_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("asynchicache-*") if p.is_dir()}
+def _run_dirs(tmp: Path) -> set[str]:
+    return {p.name for p in tmp.glob("asynchicache-*") if p.is_dir()}
 
 
 def test_busy_port_fails_at_once() -> None:
@@ -38,7 +40,9 @@ def test_busy_port_fails_at_once() -> None:
 
 
 def test_missing_model_exits_2_and_cleans_up(tmp_path: Path) -> None:
-    before = _run_dirs()
+    # The server's own temp folder: other servers on the machine come and go in /tmp.
+    tmp = Path(tempfile.mkdtemp(prefix="acl-"))  # short: ipc socket paths live in it
+    before = _run_dirs(tmp)
     proc = _serve(
         "--port",
         str(free_port()),
@@ -46,10 +50,12 @@ def test_missing_model_exits_2_and_cleans_up(tmp_path: Path) -> None:
         str(tmp_path / "nope.gguf"),
         "--disk-cache-dir",
         str(tmp_path / "kv"),
+        tmp=tmp,
     )
     assert proc.returncode == 2
     assert "nope.gguf" in proc.stderr
-    assert _run_dirs() - before == set()
+    assert _run_dirs(tmp) - before == set()
+    tmp.rmdir()  # nothing else was left in it either
 
 
 def test_run_dir_is_private() -> None:
