@@ -47,7 +47,7 @@ test: $(STAMP) $(VLLM_STAMP)
 	bash scripts/ensure-services.sh
 	$(BIN)/ruff check asynchicache tests
 	$(BIN)/ruff format --check asynchicache tests
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 	$(VLLM_VENV)/bin/python -m pytest -q tests/vllm
 
 # The tests under a real vLLM alone (they also run in `make test`).
