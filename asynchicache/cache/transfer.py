@@ -164,7 +164,13 @@ class TransferEngine:
 
     def poll(self) -> list[TransferDone]:
         """Copies finished since the last call, in submission order. Never blocks."""
-        done = [t for t, job in self._pending.items() if self._finished(job)]
+        done = []
+        for t, job in self._pending.items():
+            # Copies finish in submission order (one worker, one stream); checking each in
+            # turn, a later one could finish between two checks and be reported first.
+            if not self._finished(job):
+                break
+            done.append(t)
         return [self._result(t, self._pending.pop(t)) for t in done]
 
     def wait(self, ticket: int, timeout: float | None = None) -> TransferDone:
