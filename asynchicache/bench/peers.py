@@ -52,6 +52,19 @@ class Peer:
         return shlex.join(self.argv)
 
 
+# Every peer is an OpenAI server: where it listens and the model it serves, by name.
+_SERVED_AS = (
+    "--host",
+    "127.0.0.1",
+    "--port",
+    "{port}",
+    "--model",
+    "{model}",
+    "--served-model-name",
+    "{name}",
+)
+
+
 def ours(extra: Sequence[str] = ()) -> Peer:
     """`asynchicache serve` with its defaults (disk tier on a per-round folder)."""
     argv = (
@@ -59,14 +72,7 @@ def ours(extra: Sequence[str] = ()) -> Peer:
         "-m",
         "asynchicache",
         "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "{port}",
-        "--model",
-        "{model}",
-        "--served-model-name",
-        "{name}",
+        *_SERVED_AS,
         "--disk-cache-dir",
         "{disk}",
         *extra,
@@ -85,14 +91,7 @@ def vllm(python: Path, kv_cache_bytes: int, extra: Sequence[str] = ()) -> Peer:
         str(python),
         "-m",
         "vllm.entrypoints.openai.api_server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "{port}",
-        "--model",
-        "{model}",
-        "--served-model-name",
-        "{name}",
+        *_SERVED_AS,
         "--dtype",
         "float32",
         "--enable-prefix-caching",
