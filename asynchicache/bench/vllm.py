@@ -53,10 +53,20 @@ class BenchConfig:
     kv_cache_bytes: int = 1 << 30
     work_dir: Path | None = None
     block_size: int | None = None  # vLLM's --block-size for every arm (None: its default)
+    # vLLM's CPU worker keeps cores free for its scheduler, one more when a KV
+    # connector is configured; on 2 cores that second reservation fails and the
+    # connector arms run the model on both cores while vLLM alone runs on one.
+    # Every arm gets the same reservation so they differ only by the connector.
+    reserved_cpus: int = 1
 
     def __post_init__(self) -> None:
         if self.rounds <= 0 or self.prompt_tokens <= 0:
             raise ValueError("--rounds and --prompt-tokens must be positive")
+        if self.reserved_cpus < 0:
+            raise ValueError("--reserved-cpus must be >= 0")
+
+    def env(self) -> dict[str, str]:
+        return {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(self.reserved_cpus)}
 
 
 def messages(seed: int, approx_tokens: int) -> list[dict[str, str]]:
@@ -89,12 +99,13 @@ class Arm:
     log: Path
     python: str
     hits: Callable[[VllmServer], float]
+    env: dict[str, str] = field(default_factory=dict)
     server: VllmServer | None = None
     hit_tokens: list[float] = field(default_factory=list)
 
     def start(self) -> VllmServer:
         self.stop()
-        self.server = VllmServer(self.flags, self.log, python=self.python)
+        self.server = VllmServer(self.flags, self.log, python=self.python, env=self.env)
         self.server.start()
         self.server.chat([{"role": "user", "content": "Say hello."}], max_tokens=2)  # warm-up
         return self.server
@@ -150,11 +161,11 @@ def _arms(config: BenchConfig, model: Path, work: Path) -> dict[str, Arm]:
         **common,
     )
     plain = VllmFlags(model, **common)
-    py = config.python
+    py, env = config.python, config.env()
     return {
-        "vllm": Arm("vllm", plain, work / "vllm.log", py, _external_hits),
-        "ours": Arm("ours", ours, work / "ours.log", py, _our_hits),
-        "example": Arm("example", example, work / "example.log", py, _external_hits),
+        "vllm": Arm("vllm", plain, work / "vllm.log", py, _external_hits, env),
+        "ours": Arm("ours", ours, work / "ours.log", py, _our_hits, env),
+        "example": Arm("example", example, work / "example.log", py, _external_hits, env),
     }
 
 
@@ -206,6 +217,7 @@ def _report(
             "hit_tokens": hits,
             "prompt_tokens_target": config.prompt_tokens,
             "block_size": config.block_size,
+            "env": config.env(),
             "ours_restart_vs_vllm_cold": round(med["ours_restart"] / med["vllm_cold"], 4),
             "ours_restart_vs_example_restart": round(
                 med["ours_restart"] / med["example_restart"], 4
@@ -239,6 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="vLLM --block-size for all arms (CPU: a multiple of 32; default: vLLM's)",
     )
+    p.add_argument(
+        "--reserved-cpus",
+        type=int,
+        default=1,
+        help="VLLM_CPU_NUM_OF_RESERVED_CPU for every arm (cores kept off the model; "
+        "vLLM alone reserves 1, with a connector it asks for 2)",
+    )
     p.add_argument("--work-dir", type=Path, default=None, help="logs, disk caches (default: tmp)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     a = p.parse_args(argv)
@@ -250,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             a.python,
             work_dir=a.work_dir,
             block_size=a.block_size,
+            reserved_cpus=a.reserved_cpus,
         )
     )
     text_out = json.dumps(result, indent=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asynchicache.bench.vllm import ARMS, BenchConfig, _report, messages
+from asynchicache.bench.vllm import ARMS, BenchConfig, _arms, _report, messages
 from asynchicache.bench.vllm_process import VllmFlags, metric_sum
 
 
@@ -58,3 +58,16 @@ def test_metric_sum_matches_labels() -> None:
     assert metric_sum(metrics, "x_total") == 5.0
     assert metric_sum(metrics, "x_total", tier="disk") == 3.0
     assert metric_sum(metrics, "y_total") == 7.0
+
+
+def test_every_arm_reserves_the_same_cores() -> None:
+    # vLLM reserves one more core when a connector is set; on 2 cores that
+    # gives the connector arms two model threads and vLLM alone one, which
+    # measured our cold arm 2x faster than vLLM alone (2.28 s vs 4.51 s).
+    arms = _arms(BenchConfig(None, reserved_cpus=1), Path("/m"), Path("/w"))
+    assert {name: arm.env for name, arm in arms.items()} == {
+        name: {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"} for name in ("vllm", "ours", "example")
+    }
+    assert _report(BenchConfig(None, reserved_cpus=0), {a: [1.0] for a in ARMS}, {}, 0.0)[
+        "env"
+    ] == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
