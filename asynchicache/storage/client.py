@@ -71,6 +71,7 @@ from asynchicache.storage.messages import (
     ExistsReply,
     Load,
     LoadReply,
+    PagesReply,
     Register,
     RegisterReply,
     Reply,
@@ -78,7 +79,6 @@ from asynchicache.storage.messages import (
     Stats,
     StatsReply,
     Store,
-    StoreReply,
     decode,
     encode,
 )
@@ -388,7 +388,7 @@ class StorageClient(AdminRequests):
             self._events.received(reply)
         elif isinstance(reply, RegisterReply):
             self._on_registered(reply)
-        elif isinstance(reply, LoadReply | StoreReply):
+        elif isinstance(reply, PagesReply):
             remote = reply.pages_from_remote if isinstance(reply, LoadReply) else 0
             self._book.answered(reply.req_id, reply.pages_ok, reply.error, remote)
         elif isinstance(reply, CancelReply):

@@ -106,11 +106,18 @@ class Load:
 
 
 @dataclass(frozen=True)
-class LoadReply:
+class PagesReply:
+    """The one final reply to a Load or a Store: its first `pages_ok` of `pages_requested`
+    pages were done; `error` says why the rest were not."""
+
     req_id: int
     pages_ok: int
     pages_requested: int
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadReply(PagesReply):
     pages_from_remote: int = 0  # of pages_ok, read from L4 (Redis) rather than disk
 
 
@@ -130,11 +137,8 @@ class Store:
 
 
 @dataclass(frozen=True)
-class StoreReply:
-    req_id: int
-    pages_ok: int
-    pages_requested: int
-    error: str | None = None
+class StoreReply(PagesReply):
+    """A Store's final reply."""
 
 
 @dataclass(frozen=True)
