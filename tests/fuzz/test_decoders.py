@@ -170,7 +170,7 @@ def _decode_cleanly(decode: typing.Callable[[bytes], Any], data: bytes) -> None:
     assert well_typed(msg), f"decoded a mistyped message: {msg!r}"
 
 
-# ---------------------------------------------------------------- storage messages
+# ---------------------------------------------------------------- messages (both codecs)
 
 
 @pytest.mark.parametrize("msg", STORAGE_SAMPLES + ENGINE_SAMPLES, ids=lambda m: type(m).__name__)
@@ -180,51 +180,47 @@ def test_samples_round_trip(msg: Any) -> None:
     assert well_typed(msg)
 
 
-@FUZZ
-@given(st.binary(max_size=512))
-def test_storage_decoder_random_bytes(data: bytes) -> None:
-    _decode_cleanly(messages.decode, data)
-
-
-@FUZZ
-@given(mutations([messages.encode(m) for m in STORAGE_SAMPLES]))
-def test_storage_decoder_mutated(data: bytes) -> None:
-    _decode_cleanly(messages.decode, data)
-
-
 STORAGE_NAMES = [*messages.MESSAGE_TYPES, "PageLayout", "PageRef", "BackendStats"]
 
+# Each codec: its decoder, its samples mutated, and maps of its own type and field names.
+FUZZED = {
+    "storage": (
+        messages.decode,
+        mutations([messages.encode(m) for m in STORAGE_SAMPLES]),
+        typed_garbage(
+            STORAGE_NAMES, _field_names([*messages.MESSAGE_TYPES.values(), PageLayout, PageRef])
+        ),
+    ),
+    "engine": (
+        protocol.decode,
+        mutations([protocol.encode(m) for m in ENGINE_SAMPLES]),
+        typed_garbage(list(protocol.MESSAGE_TYPES), _field_names(protocol.MESSAGE_TYPES.values())),
+    ),
+}
+CODECS = pytest.mark.parametrize("codec", list(FUZZED))
 
+
+@CODECS
 @FUZZ
-@given(
-    typed_garbage(
-        STORAGE_NAMES,
-        _field_names([*messages.MESSAGE_TYPES.values(), PageLayout, PageRef]),
-    )
-)
-def test_storage_decoder_wrong_shapes(data: bytes) -> None:
-    _decode_cleanly(messages.decode, data)
+@given(data=st.binary(max_size=512))
+def test_decoder_random_bytes(codec: str, data: bytes) -> None:
+    _decode_cleanly(FUZZED[codec][0], data)
 
 
-# ---------------------------------------------------------------- engine protocol
-
-
+@CODECS
 @FUZZ
-@given(st.binary(max_size=512))
-def test_engine_decoder_random_bytes(data: bytes) -> None:
-    _decode_cleanly(protocol.decode, data)
+@given(data=st.data())
+def test_decoder_mutated(codec: str, data: st.DataObject) -> None:
+    decode, mutated, _ = FUZZED[codec]
+    _decode_cleanly(decode, data.draw(mutated))
 
 
+@CODECS
 @FUZZ
-@given(mutations([protocol.encode(m) for m in ENGINE_SAMPLES]))
-def test_engine_decoder_mutated(data: bytes) -> None:
-    _decode_cleanly(protocol.decode, data)
-
-
-@FUZZ
-@given(typed_garbage(list(protocol.MESSAGE_TYPES), _field_names(protocol.MESSAGE_TYPES.values())))
-def test_engine_decoder_wrong_shapes(data: bytes) -> None:
-    _decode_cleanly(protocol.decode, data)
+@given(data=st.data())
+def test_decoder_wrong_shapes(codec: str, data: st.DataObject) -> None:
+    decode, _, garbage = FUZZED[codec]
+    _decode_cleanly(decode, data.draw(garbage))
 
 
 def test_deep_nesting_is_a_clean_error() -> None:
