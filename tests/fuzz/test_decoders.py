@@ -182,45 +182,32 @@ def test_samples_round_trip(msg: Any) -> None:
 
 STORAGE_NAMES = [*messages.MESSAGE_TYPES, "PageLayout", "PageRef", "BackendStats"]
 
-# Each codec: its decoder, its samples mutated, and maps of its own type and field names.
-FUZZED = {
-    "storage": (
-        messages.decode,
-        mutations([messages.encode(m) for m in STORAGE_SAMPLES]),
-        typed_garbage(
+# Each codec's decoder, and the frames it is fuzzed with: random bytes, its samples
+# mutated, and maps tagged with its own type names whose (real) fields hold anything.
+DECODERS = {"storage": messages.decode, "engine": protocol.decode}
+FRAMES = {
+    "storage": {
+        "random": st.binary(max_size=512),
+        "mutated": mutations([messages.encode(m) for m in STORAGE_SAMPLES]),
+        "wrong_shapes": typed_garbage(
             STORAGE_NAMES, _field_names([*messages.MESSAGE_TYPES.values(), PageLayout, PageRef])
         ),
-    ),
-    "engine": (
-        protocol.decode,
-        mutations([protocol.encode(m) for m in ENGINE_SAMPLES]),
-        typed_garbage(list(protocol.MESSAGE_TYPES), _field_names(protocol.MESSAGE_TYPES.values())),
-    ),
+    },
+    "engine": {
+        "random": st.binary(max_size=512),
+        "mutated": mutations([protocol.encode(m) for m in ENGINE_SAMPLES]),
+        "wrong_shapes": typed_garbage(
+            list(protocol.MESSAGE_TYPES), _field_names(protocol.MESSAGE_TYPES.values())
+        ),
+    },
 }
-CODECS = pytest.mark.parametrize("codec", list(FUZZED))
 
 
-@CODECS
-@FUZZ
-@given(data=st.binary(max_size=512))
-def test_decoder_random_bytes(codec: str, data: bytes) -> None:
-    _decode_cleanly(FUZZED[codec][0], data)
-
-
-@CODECS
+@pytest.mark.parametrize(("codec", "frames"), [(c, f) for c in FRAMES for f in FRAMES[c]])
 @FUZZ
 @given(data=st.data())
-def test_decoder_mutated(codec: str, data: st.DataObject) -> None:
-    decode, mutated, _ = FUZZED[codec]
-    _decode_cleanly(decode, data.draw(mutated))
-
-
-@CODECS
-@FUZZ
-@given(data=st.data())
-def test_decoder_wrong_shapes(codec: str, data: st.DataObject) -> None:
-    decode, _, garbage = FUZZED[codec]
-    _decode_cleanly(decode, data.draw(garbage))
+def test_decoder_fails_cleanly(codec: str, frames: str, data: st.DataObject) -> None:
+    _decode_cleanly(DECODERS[codec], data.draw(FRAMES[codec][frames]))
 
 
 def test_deep_nesting_is_a_clean_error() -> None:
