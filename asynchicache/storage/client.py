@@ -83,6 +83,7 @@ from asynchicache.storage.messages import (
     encode,
 )
 from asynchicache.storage.service import CacheService, ServiceConfig
+from asynchicache.storage.sockets import queued
 from asynchicache.storage.tickets import OpenTicket, TicketBook
 
 log = logging.getLogger(__name__)
@@ -373,11 +374,7 @@ class StorageClient(AdminRequests):
                 self._book.disconnected()
 
     def _pump_replies(self) -> None:
-        while True:
-            try:
-                payload = self._sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for payload in queued(self._sock.recv):
             try:
                 self._on_reply(decode(payload))
             except ValueError as exc:

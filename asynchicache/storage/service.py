@@ -43,6 +43,7 @@ storage.service_cli.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -85,6 +86,7 @@ from asynchicache.storage.service_config import (
 )
 from asynchicache.storage.service_jobs import WORK_TYPES, Work, execute, failed
 from asynchicache.storage.shm import SharedSegment, owner_pid
+from asynchicache.storage.sockets import queued
 from asynchicache.storage.tiered import TieredBackend, open_tiered
 
 __all__ = [
@@ -177,11 +179,7 @@ class CacheService:
             self._shutdown()
 
     def _take_requests(self) -> None:
-        for _ in range(_MAX_BATCH):
-            try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for frames in itertools.islice(queued(self._sock.recv_multipart), _MAX_BATCH):
             if len(frames) != 2:
                 self._count("malformed")
                 continue
