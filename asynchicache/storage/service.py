@@ -84,7 +84,7 @@ from asynchicache.storage.service_config import (
     default_runtime_dir,
     prepare_address,
 )
-from asynchicache.storage.service_jobs import WORK_TYPES, Work, execute, failed
+from asynchicache.storage.service_jobs import Work, execute, failed
 from asynchicache.storage.shm import SharedSegment, owner_pid
 from asynchicache.storage.sockets import queued
 from asynchicache.storage.tiered import TieredBackend, open_tiered
@@ -215,7 +215,7 @@ class CacheService:
         elif isinstance(msg, Exists):
             disk, remote = client.backend.exists_by_tier(msg.hashes)
             self._send(ident, ExistsReply(msg.req_id, disk + remote, remote))
-        elif isinstance(msg, WORK_TYPES):
+        elif isinstance(msg, Work):
             self._submit(ident, client, msg)
         else:  # a reply type sent as a request
             self._send(ident, ErrorReply(msg.req_id, "malformed", type(msg).__name__))
