@@ -50,6 +50,12 @@ def _non_negative(name: str, value: float) -> None:
         raise ValueError(f"{name} must be >= 0, got {value}")
 
 
+def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        listed = f"{', '.join(choices[:-1])} or {choices[-1]}"
+        raise ValueError(f"{name} must be {listed}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """The tiers: sizes, policies and where they live."""
@@ -145,8 +151,7 @@ class EngineConfig:
     threads: int | None = None  # torch threads of the engine; None = engine.threads default
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        _one_of("--dtype", self.dtype, ("float32", "bfloat16", "float16"))
         _positive("--max-running-requests", self.max_running_requests)
         _positive("--decode-reserve-tokens", self.decode_reserve_tokens)
         _positive("--chunked-prefill-size", self.chunked_prefill_size)
@@ -176,11 +181,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must be in 1..65535, got {self.port}")
-        if self.log_level not in ("debug", "info", "warning", "error", "critical"):
-            raise ValueError(
-                f"--log-level must be debug, info, warning, error or critical, "
-                f"got {self.log_level!r}"
-            )
+        _one_of("--log-level", self.log_level, ("debug", "info", "warning", "error", "critical"))
         if self.api_key is not None and not self.api_key:
             raise ValueError("--api-key must not be empty")
         if self.admin_api_key is not None and not self.admin_api_key:
@@ -199,8 +200,7 @@ class ServiceTuning:
     client_ttl_s: float = 120.0  # an engine silent this long is forgotten
 
     def __post_init__(self) -> None:
-        if self.disk_sync not in ("batch", "file", "none"):
-            raise ValueError(f"--disk-sync must be batch, file or none, got {self.disk_sync!r}")
+        _one_of("--disk-sync", self.disk_sync, ("batch", "file", "none"))
         _positive("--io-threads", self.io_threads)
         _positive("--workers", self.workers)
         _positive("--client-ttl", self.client_ttl_s)

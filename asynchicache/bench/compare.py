@@ -46,6 +46,7 @@ from asynchicache.bench.output import add_output_arguments, print_report
 from asynchicache.bench.peers import Peer, ours, parse_peer, vllm
 from asynchicache.bench.server_process import BenchServer, ServerError, stop_servers_on_sigterm
 from asynchicache.bench.sweep import machine
+from asynchicache.config_flags import add_config_flags, config_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -264,28 +265,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ARG",
         help="pass ARG to vLLM's api_server (repeatable)",
     )
-    p.add_argument("--rounds", type=int, default=3, help="rounds; figures are medians")
     p.add_argument("--clients", default="8,32,64", help="client counts (default %(default)s)")
-    p.add_argument(
-        "--requests-per-client",
-        type=int,
-        default=2,
-        help="requests each client sends in turn (default %(default)s)",
-    )
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
-    p.add_argument(
-        "--cold-prompt-tokens",
-        type=int,
-        default=1557,
-        help="length of the TTFT prompt (default %(default)s)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="prompt text (default 0)")
-    p.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=900.0,
-        help="seconds to wait for each server (default %(default)s)",
-    )
+    add_config_flags(p, CompareOptions, {
+        "--rounds": "rounds; figures are medians",
+        "--requests-per-client": "requests each client sends in turn",
+        "--max-tokens": "tokens per answer",
+        "--cold-prompt-tokens": "length of the TTFT prompt",
+        "--seed": "prompt text",
+        "--startup-timeout": "seconds to wait for each server",
+    })  # fmt: skip
     p.add_argument("--work-dir", type=Path, help="where disk cache folders go (default: tmp)")
     return p
 
@@ -335,17 +323,9 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
     peers += [parse_peer(spec) for spec in args.peer_cmd]
     clients = tuple(int(c) for c in args.clients.split(",") if c.strip())
     return CompareOptions(
-        out=args.out,
-        model=model.absolute(),
-        peers=tuple(peers),
-        rounds=args.rounds,
-        clients=clients,
-        requests_per_client=args.requests_per_client,
-        max_tokens=args.max_tokens,
-        cold_prompt_tokens=args.cold_prompt_tokens,
-        seed=args.seed,
-        startup_timeout_s=args.startup_timeout,
-        work_dir=args.work_dir,
+        **config_kwargs(
+            CompareOptions, args, model=model.absolute(), peers=tuple(peers), clients=clients
+        )
     )
 
 

@@ -52,6 +52,7 @@ from asynchicache.bench.setups import (
 )
 from asynchicache.bench.summary import summarize
 from asynchicache.bench.workloads import WORKLOADS, Workload, make_workload
+from asynchicache.config_flags import add_config_flags, config_kwargs
 from asynchicache.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -385,19 +386,14 @@ def _parser() -> argparse.ArgumentParser:
         description="Start the server in each tier configuration and play one workload.",
     )
     add_output_arguments(p, "summary.json (table.md, plots and logs beside it)", out_required=True)
-    p.add_argument(
-        "--restart-of",
-        default="longdoc",
-        help="the workload that --workload restart plays twice (default %(default)s)",
-    )
+    add_config_flags(p, SweepOptions, {
+        "--restart-of": "the workload that --workload restart plays twice",
+        "--l1-ratio": "working set / L1 size",
+        "--l2-ratio": "L2 size / L1 size",
+        "--startup-timeout": "seconds to wait for each server",
+    })  # fmt: skip
     p.add_argument("--remote-url", help="Redis URL: adds the L1+L2+L3+L4 setup")
     p.add_argument("--setups", help="comma-separated subset, e.g. l1,l1-l2-l3 (default: all)")
-    p.add_argument(
-        "--l1-ratio", type=float, default=4.0, help="working set / L1 size (default %(default)s)"
-    )
-    p.add_argument(
-        "--l2-ratio", type=float, default=2.0, help="L2 size / L1 size (default %(default)s)"
-    )
     p.add_argument(
         "--max-running-requests",
         type=int,
@@ -426,12 +422,6 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the workload's size and the tier sizes, start nothing",
     )
-    p.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=600.0,
-        help="seconds to wait for each server (default %(default)s)",
-    )
     add_workload_arguments(p)
     return p
 
@@ -442,26 +432,14 @@ def options_from_args(args: argparse.Namespace) -> SweepOptions:
     if args.model is not None:  # the server loads the same model the prompts are tokenized for
         server_args = (*server_args, "--model", args.model)
     return SweepOptions(
-        workload=args.workload,
-        out=args.out,
-        restart_of=args.restart_of,
-        seed=args.seed,
-        scale=args.scale,
-        assignments=tuple(args.assignments),
-        setups=setups,
-        remote_url=args.remote_url,
-        model=args.model,
-        page_size=args.page_size,
-        l1_ratio=args.l1_ratio,
-        l2_ratio=args.l2_ratio,
-        max_running_requests=args.max_running_requests,
-        max_concurrency=args.max_concurrency,
-        threads=args.threads,
-        server_args=server_args,
-        work_dir=args.work_dir,
-        keep_disk=args.keep_disk,
-        progress=not args.no_progress,
-        startup_timeout_s=args.startup_timeout,
+        **config_kwargs(
+            SweepOptions,
+            args,
+            assignments=tuple(args.assignments),
+            setups=setups,
+            server_args=server_args,
+            progress=not args.no_progress,
+        )
     )
 
 

@@ -86,28 +86,18 @@ class VllmServer(BenchServer):
         self, prompt: str | Sequence[int], max_tokens: int = 8, **extra: Any
     ) -> dict[str, Any]:
         """A greedy /v1/completions call; raises on an HTTP error."""
-        body = {
-            "model": "model",
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            **extra,
-        }
-        resp = httpx.post(self.url + "/v1/completions", json=body, timeout=600)
-        resp.raise_for_status()
-        return resp.json()
+        return self._greedy("/v1/completions", prompt=prompt, max_tokens=max_tokens, **extra)
 
     def chat(
         self, messages: list[dict[str, str]], max_tokens: int = 16, **extra: Any
     ) -> dict[str, Any]:
-        body = {
-            "model": "model",
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            **extra,
-        }
-        resp = httpx.post(self.url + "/v1/chat/completions", json=body, timeout=600)
+        return self._greedy(
+            "/v1/chat/completions", messages=messages, max_tokens=max_tokens, **extra
+        )
+
+    def _greedy(self, path: str, **fields: Any) -> dict[str, Any]:
+        body = {"model": "model", "temperature": 0.0, **fields}
+        resp = httpx.post(self.url + path, json=body, timeout=600)
         resp.raise_for_status()
         return resp.json()
 

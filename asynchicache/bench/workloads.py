@@ -89,7 +89,19 @@ def _scaled(tokens: int, scale: float) -> int:
 
 
 @dataclass(frozen=True)
-class MultiturnParams:
+class WorkloadParams:
+    """A workload's knobs; `scaled` multiplies the prompt lengths named in `SCALED`."""
+
+    SCALED: typing.ClassVar[tuple[str, ...]] = ()
+
+    def scaled(self, x: float) -> typing.Self:
+        return dataclasses.replace(self, **{n: _scaled(getattr(self, n), x) for n in self.SCALED})
+
+
+@dataclass(frozen=True)
+class MultiturnParams(WorkloadParams):
+    SCALED = ("system_tokens", "question_tokens")
+
     users: int = 16
     rounds: int = 4
     system_tokens: int = 200
@@ -97,16 +109,11 @@ class MultiturnParams:
     max_tokens: int = 8
     rate: float = 0.5  # requests/s
 
-    def scaled(self, x: float) -> MultiturnParams:
-        return dataclasses.replace(
-            self,
-            system_tokens=_scaled(self.system_tokens, x),
-            question_tokens=_scaled(self.question_tokens, x),
-        )
-
 
 @dataclass(frozen=True)
-class LongdocParams:
+class LongdocParams(WorkloadParams):
+    SCALED = ("min_doc_tokens", "max_doc_tokens")
+
     docs: int = 8
     min_doc_tokens: int = 2000
     max_doc_tokens: int = 8000
@@ -115,25 +122,17 @@ class LongdocParams:
     max_tokens: int = 8
     rate: float = 0.2
 
-    def scaled(self, x: float) -> LongdocParams:
-        return dataclasses.replace(
-            self,
-            min_doc_tokens=_scaled(self.min_doc_tokens, x),
-            max_doc_tokens=_scaled(self.max_doc_tokens, x),
-        )
-
 
 @dataclass(frozen=True)
-class SyspromptParams:
+class SyspromptParams(WorkloadParams):
+    SCALED = ("system_tokens",)
+
     prompts: int = 4
     system_tokens: int = 1500
     requests: int = 64
     question_tokens: int = 30
     max_tokens: int = 8
     rate: float = 2.0
-
-    def scaled(self, x: float) -> SyspromptParams:
-        return dataclasses.replace(self, system_tokens=_scaled(self.system_tokens, x))
 
 
 Params = MultiturnParams | LongdocParams | SyspromptParams

@@ -40,6 +40,7 @@ from asynchicache.engine.storage_mirror import STORAGE_TIERS, StorageMirror
 from asynchicache.storage.admin_messages import ContentsReply
 from asynchicache.storage.client import StorageClient
 from asynchicache.storage.events import PagesRemoved, PagesStored, StorageEvent
+from asynchicache.storage.sockets import queued
 
 log = logging.getLogger(__name__)
 
@@ -178,11 +179,7 @@ class KvEventPublisher:
     def _answer_replays(self) -> None:
         if self._replay is None:
             return
-        while True:
-            try:
-                frames = self._replay.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for frames in queued(self._replay.recv_multipart):
             # [identity, (b"" from a REQ socket), request...]: echo the envelope.
             envelope = frames[:2] if len(frames) >= 2 and frames[1] == b"" else frames[:1]
             batch = self.snapshot()

@@ -29,6 +29,7 @@ from asynchicache.engine.kv_event_messages import (
     decode,
     read_seq,
 )
+from asynchicache.storage.sockets import queued
 
 
 class KvEventSubscriber:
@@ -89,12 +90,9 @@ class KvEventSubscriber:
         if not poller.poll(timeout_ms):
             return 0
         applied = self._take_replay()
-        while self._sub is not None:
-            try:
-                _topic, seq, payload = self._sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            applied += self._live(read_seq(seq), payload)
+        if self._sub is not None:
+            for _topic, seq, payload in queued(self._sub.recv_multipart):
+                applied += self._live(read_seq(seq), payload)
         return applied + self._take_replay()
 
     def catch_up(self, timeout_ms: int = 30_000) -> int:

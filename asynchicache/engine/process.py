@@ -32,6 +32,7 @@ from asynchicache.engine.protocol import (
 from asynchicache.engine.threads import ThreadGovernor
 from asynchicache.engine.upkeep import Upkeep
 from asynchicache.storage.base import StorageTier
+from asynchicache.storage.sockets import queued
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +105,7 @@ class EngineLoop:
     def _drain(self, wait_ms: int) -> None:
         if not self.pull.poll(wait_ms):
             return
-        while True:
-            try:
-                raw = self.pull.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for raw in queued(self.pull.recv):
             self._handle(raw)
 
     def _govern_threads(self) -> None:

@@ -1,18 +1,15 @@
 """`asynchicache serve`'s flags, one argument group per concern.
 
-A flag that sets a config field of the same name (its dest, or dest + "_s" for seconds)
-is written as one line of a table: flag -> help. Its type and default come from the
-config's default instance (an enum field offers its values as choices), and its help
-ends with the default. Every other flag is spelled out.
+A flag that sets a config field of the same name is written as one line of a table
+(asynchicache.config_flags): its type and default come from the config's default
+instance. Every other flag is spelled out.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from enum import Enum
 from pathlib import Path
-from typing import Any
 
 from asynchicache.config import (
     CacheConfig,
@@ -22,30 +19,17 @@ from asynchicache.config import (
     ServiceTuning,
     default_disk_cache_dir,
 )
+from asynchicache.config_flags import WITH_DEFAULT, add_config_flags
 
 API_KEY_ENV = "ASYNCHICACHE_API_KEY"
 ADMIN_API_KEY_ENV = "ASYNCHICACHE_ADMIN_API_KEY"
 DEFAULT_STORAGE_TIMEOUT_S = LaunchConfig.storage_timeout_s
-_WITH_DEFAULT = " (default %(default)s)"
-
-
-def _from_config(g: argparse._ArgumentGroup, config: object, helps: dict[str, str]) -> None:
-    """One flag per `helps` entry, typed and defaulted by `config`'s field of its name."""
-    for flag, text in helps.items():
-        dest = flag.lstrip("-").replace("-", "_")
-        default = getattr(config, dest) if hasattr(config, dest) else getattr(config, dest + "_s")
-        kw: dict[str, Any] = {"default": default}
-        if isinstance(default, Enum):
-            kw.update(default=default.value, choices=[x.value for x in type(default)])
-        elif not isinstance(default, str):
-            kw["type"] = type(default)
-        g.add_argument(flag, help=text + _WITH_DEFAULT, **kw)
 
 
 def _add_server(p: argparse.ArgumentParser) -> None:
     s = ServerConfig()
     g = p.add_argument_group("server")
-    _from_config(g, s, {"--host": "address to listen on", "--port": "port to listen on"})
+    add_config_flags(g, s, {"--host": "address to listen on", "--port": "port to listen on"})
     g.add_argument(
         "--api-key",
         default=os.environ.get(API_KEY_ENV),
@@ -65,7 +49,7 @@ def _add_server(p: argparse.ArgumentParser) -> None:
         choices=["debug", "info", "warning", "error", "critical"],
         help="log verbosity",
     )
-    _from_config(g, s, {
+    add_config_flags(g, s, {
         "--startup-timeout": "seconds to wait for the engine to load the model",
         "--shutdown-timeout": "seconds each child gets to stop before SIGKILL",
     })  # fmt: skip
@@ -85,9 +69,9 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         "--dtype",
         default=e.dtype,
         choices=["float32", "bfloat16", "float16"],
-        help="weights and KV dtype" + _WITH_DEFAULT,
+        help="weights and KV dtype" + WITH_DEFAULT,
     )
-    _from_config(g, e, {
+    add_config_flags(g, e, {
         "--max-running-requests": "at most this many requests run at once; below it, a "
         "request is admitted when L1 can hold it",
     })  # fmt: skip
@@ -98,7 +82,7 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         help="L1 room admission keeps per request for its answer, in tokens (at most its "
         "max_tokens; default %(default)s)",
     )
-    _from_config(g, e, {
+    add_config_flags(g, e, {
         "--chunked-prefill-size": "prompt tokens of one request prefilled per step",
         "--max-prefill-tokens": "prompt tokens of all requests prefilled per step",
     })  # fmt: skip
@@ -106,7 +90,7 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         "--max-model-len", type=int, help="cap the context length (default: the model's)"
     )
     g.add_argument("--seed", type=int, default=e.seed, help="sampling seed of requests without one")
-    _from_config(g, e, {
+    add_config_flags(g, e, {
         "--min-load-tokens": "load a prefix from L2/L3/L4 only when it has at least this "
         "many tokens",
     })  # fmt: skip
@@ -121,7 +105,7 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
 def _add_cache(p: argparse.ArgumentParser) -> None:
     c = CacheConfig(disk_cache_dir=None)
     g = p.add_argument_group("cache")
-    _from_config(g, c, {
+    add_config_flags(g, c, {
         "--page-size": "tokens per KV page",
         "--device-cache-tokens": "L1 capacity in tokens, on the engine device",
         "--host-cache-gb": "L2 shared-memory pool size in GiB (2**30 bytes); 0 disables it",
@@ -131,9 +115,9 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         "--disk-cache-dir",
         type=Path,
         default=default_disk_cache_dir(),
-        help="L3 folder, kept across restarts" + _WITH_DEFAULT,
+        help="L3 folder, kept across restarts" + WITH_DEFAULT,
     )
-    _from_config(g, c, {
+    add_config_flags(g, c, {
         "--disk-cache-gb": "L3 capacity in GiB (2**30 bytes), files already there included",
     })  # fmt: skip
     g.add_argument("--no-disk-cache", action="store_true", help="disable the L3 disk tier")
@@ -143,7 +127,7 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--remote-ttl", type=int, help="L4 value expiry in seconds (default: the server evicts)"
     )
-    _from_config(g, c, {
+    add_config_flags(g, c, {
         "--write-policy": "when L1 pages are copied to L2",
         "--write-through-threshold": "hits before write_through_selective copies a page",
         "--prefetch-policy": "how long a request waits for its L3/L4 prefix",
@@ -163,7 +147,7 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long the engine waits for one L3/L4 load or store of the cache service "
         "before it recomputes instead; a service silent for 3x this long is restarted"
-        + _WITH_DEFAULT,
+        + WITH_DEFAULT,
     )
 
 
@@ -175,9 +159,9 @@ def _add_service(p: argparse.ArgumentParser) -> None:
         default=t.disk_sync,
         choices=["batch", "file", "none"],
         help="durability of stored pages: one syncfs per store, fdatasync per file, or none"
-        + _WITH_DEFAULT,
+        + WITH_DEFAULT,
     )
-    _from_config(g, t, {
+    add_config_flags(g, t, {
         "--io-threads": "parallel file reads and writes per namespace",
         "--workers": "cache-service requests (loads, stores) served at once",
         "--client-ttl": "seconds after which the service forgets a silent engine",

@@ -172,3 +172,7 @@ class StorageEvents:
     req_id: int
     seq: int
     events: tuple[StorageEvent, ...]
+
+
+AdminRequest = Clear | PinChain | Unpin | Pins | Contents
+AdminReply = ClearReply | PinReply | UnpinReply | PinsReply | ContentsReply | StorageEvents

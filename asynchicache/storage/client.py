@@ -71,6 +71,7 @@ from asynchicache.storage.messages import (
     ExistsReply,
     Load,
     LoadReply,
+    PagesReply,
     Register,
     RegisterReply,
     Reply,
@@ -78,11 +79,11 @@ from asynchicache.storage.messages import (
     Stats,
     StatsReply,
     Store,
-    StoreReply,
     decode,
     encode,
 )
 from asynchicache.storage.service import CacheService, ServiceConfig
+from asynchicache.storage.sockets import queued
 from asynchicache.storage.tickets import OpenTicket, TicketBook
 
 log = logging.getLogger(__name__)
@@ -373,11 +374,7 @@ class StorageClient(AdminRequests):
                 self._book.disconnected()
 
     def _pump_replies(self) -> None:
-        while True:
-            try:
-                payload = self._sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for payload in queued(self._sock.recv):
             try:
                 self._on_reply(decode(payload))
             except ValueError as exc:
@@ -388,7 +385,7 @@ class StorageClient(AdminRequests):
             self._events.received(reply)
         elif isinstance(reply, RegisterReply):
             self._on_registered(reply)
-        elif isinstance(reply, LoadReply | StoreReply):
+        elif isinstance(reply, PagesReply):
             remote = reply.pages_from_remote if isinstance(reply, LoadReply) else 0
             self._book.answered(reply.req_id, reply.pages_ok, reply.error, remote)
         elif isinstance(reply, CancelReply):

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -71,46 +72,45 @@ def _namespace_report(ns_dir: Path) -> NamespaceReport:
     return ns
 
 
-def folder_stats(root: Path) -> FolderReport:
-    """Pages and bytes per namespace (file sizes only: fast)."""
-    report = FolderReport(str(root))
-    for ns_dir in namespace_dirs(root):
+def _stored_pages(report: FolderReport) -> Iterator[tuple[NamespaceReport, Path, bytes]]:
+    """Each page file under `report.root` with its namespace's report (appended to `report`)
+    and its page hash; temp files are counted in `report`, other files passed over."""
+    for ns_dir in namespace_dirs(Path(report.root)):
         ns = _namespace_report(ns_dir)
+        report.namespaces.append(ns)
         for path in page_files(ns_dir):
             if path.name.startswith(TMP_PREFIX):
                 report.temp_files += 1
-            elif parse_page_file_name(path.name) is not None:
-                ns.pages += 1
-                ns.bytes += _size(path)
-                if not ns.namespace:
-                    ns.namespace = _readable_namespace(path)
-        report.namespaces.append(ns)
+            elif (page_hash := parse_page_file_name(path.name)) is not None:
+                yield ns, path, page_hash
+
+
+def _count_page(ns: NamespaceReport, path: Path) -> None:
+    ns.pages += 1
+    ns.bytes += _size(path)
+    ns.namespace = ns.namespace or _readable_namespace(path)
+
+
+def folder_stats(root: Path) -> FolderReport:
+    """Pages and bytes per namespace (file sizes only: fast)."""
+    report = FolderReport(str(root))
+    for ns, path, _ in _stored_pages(report):
+        _count_page(ns, path)
     return report
 
 
 def verify_folder(root: Path, remove: bool = True) -> FolderReport:
     """Re-read every page file, check header and checksum; report (and remove) bad ones."""
     report = FolderReport(str(root))
-    for ns_dir in namespace_dirs(root):
-        ns = _namespace_report(ns_dir)
-        for path in page_files(ns_dir):
-            if path.name.startswith(TMP_PREFIX):
-                report.temp_files += 1
-                continue
-            page_hash = parse_page_file_name(path.name)
-            if page_hash is None:
-                continue
-            problem = check_page_file(path, page_hash, ns_dir.name)
-            if problem is None:
-                ns.pages += 1
-                ns.bytes += _size(path)
-                ns.namespace = ns.namespace or _readable_namespace(path)
-                continue
-            report.bad += 1
-            report.bad_files.append(f"{path}: {problem}")
-            if remove:
-                path.unlink(missing_ok=True)
-        report.namespaces.append(ns)
+    for ns, path, page_hash in _stored_pages(report):
+        problem = check_page_file(path, page_hash, ns.folder)
+        if problem is None:
+            _count_page(ns, path)
+            continue
+        report.bad += 1
+        report.bad_files.append(f"{path}: {problem}")
+        if remove:
+            path.unlink(missing_ok=True)
     return report
 
 

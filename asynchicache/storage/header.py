@@ -66,6 +66,21 @@ class PageHeader:
     def header_len(self) -> int:
         return header_len_for(len(self.namespace), len(self.tokens), self.layout)
 
+    def mismatch(
+        self, namespace: bytes, layout: PageLayout, page_hash: bytes, named_by: str
+    ) -> str | None:
+        """Why this is not the header of page `page_hash` of `namespace` stored in `layout`,
+        or None; `named_by` is where the reader got `page_hash` ("the file name", "the key")."""
+        if self.namespace != namespace:
+            return "page of another namespace"
+        if self.page_hash != page_hash:
+            return f"page hash does not match {named_by}"
+        if self.layout != layout:
+            return f"layout {self.layout} != {layout}"
+        if self.payload_len != layout.page_bytes:
+            return f"payload length {self.payload_len} != {layout.page_bytes}"
+        return None
+
 
 def payload_checksum(payload: Buffer) -> bytes:
     """xxh3_128 of the page bytes (about 30 GB/s, so verifying every read is cheap)."""

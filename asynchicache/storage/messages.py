@@ -24,23 +24,11 @@ a half-built message that fails later inside the service.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 
 from asynchicache.codec import Codec
-from asynchicache.storage.admin_messages import (
-    Clear,
-    ClearReply,
-    Contents,
-    ContentsReply,
-    PinChain,
-    PinReply,
-    Pins,
-    PinsReply,
-    StorageEvents,
-    Unpin,
-    UnpinReply,
-    check_hashes,
-)
+from asynchicache.storage.admin_messages import AdminReply, AdminRequest, check_hashes
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
 
 
@@ -106,11 +94,18 @@ class Load:
 
 
 @dataclass(frozen=True)
-class LoadReply:
+class PagesReply:
+    """The one final reply to a Load or a Store: its first `pages_ok` of `pages_requested`
+    pages were done; `error` says why the rest were not."""
+
     req_id: int
     pages_ok: int
     pages_requested: int
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadReply(PagesReply):
     pages_from_remote: int = 0  # of pages_ok, read from L4 (Redis) rather than disk
 
 
@@ -130,11 +125,8 @@ class Store:
 
 
 @dataclass(frozen=True)
-class StoreReply:
-    req_id: int
-    pages_ok: int
-    pages_requested: int
-    error: str | None = None
+class StoreReply(PagesReply):
+    """A Store's final reply."""
 
 
 @dataclass(frozen=True)
@@ -178,9 +170,7 @@ class ErrorReply:
     message: str = ""
 
 
-Request = (
-    Register | Exists | Load | Store | Cancel | Stats | Clear | PinChain | Unpin | Pins | Contents
-)
+Request = Register | Exists | Load | Store | Cancel | Stats | AdminRequest
 Reply = (
     RegisterReply
     | ExistsReply
@@ -188,44 +178,11 @@ Reply = (
     | StoreReply
     | CancelReply
     | StatsReply
-    | ClearReply
-    | PinReply
-    | UnpinReply
-    | PinsReply
-    | ContentsReply
-    | StorageEvents
     | ErrorReply
+    | AdminReply
 )
 
-CODEC = Codec(
-    "storage",
-    (
-        Register,
-        RegisterReply,
-        Exists,
-        ExistsReply,
-        Load,
-        LoadReply,
-        Store,
-        StoreReply,
-        Cancel,
-        CancelReply,
-        Stats,
-        StatsReply,
-        Clear,
-        ClearReply,
-        PinChain,
-        PinReply,
-        Unpin,
-        UnpinReply,
-        Pins,
-        PinsReply,
-        Contents,
-        ContentsReply,
-        StorageEvents,
-        ErrorReply,
-    ),
-)
+CODEC = Codec("storage", (*typing.get_args(Request), *typing.get_args(Reply)))
 MESSAGE_TYPES = CODEC.messages
 encode = CODEC.encode
 decode = CODEC.decode  # ValueError (only) on anything malformed

@@ -47,15 +47,7 @@ class PageFiles:
 
     def problem(self, header: PageHeader, page_hash: bytes) -> str | None:
         """Why `header` is not the header of page `page_hash` here, or None."""
-        if header.namespace != self.namespace:
-            return "page of another namespace"
-        if header.page_hash != page_hash:
-            return "page hash does not match the file name"
-        if header.layout != self.layout:
-            return f"layout {header.layout} != {self.layout}"
-        if header.payload_len != self.layout.page_bytes:
-            return f"payload length {header.payload_len} != {self.layout.page_bytes}"
-        return None
+        return header.mismatch(self.namespace, self.layout, page_hash, "the file name")
 
     def check(self, path: Path, page_hash: bytes) -> FileInfo | str | None:
         """Header-only check: the file's info, why it is bad, or None when it is not there."""

@@ -110,14 +110,9 @@ class ValueFormat:
             raise ValueRejected(f"bad header ({exc})") from exc
 
     def _problem(self, header: PageHeader, page_hash: bytes, n: int) -> str | None:
-        if header.namespace != self.namespace:
-            return "page of another namespace"
-        if header.page_hash != page_hash:
-            return "page hash does not match the key"
-        if header.layout != self.layout:
-            return f"layout {header.layout} != {self.layout}"
-        if header.payload_len != self.layout.page_bytes:
-            return f"payload length {header.payload_len} != {self.layout.page_bytes}"
+        problem = header.mismatch(self.namespace, self.layout, page_hash, "the key")
+        if problem is not None:
+            return problem
         if n != header.header_len + header.payload_len:
             return f"value of {n} bytes != header + payload"
         return None

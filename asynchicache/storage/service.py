@@ -43,6 +43,7 @@ storage.service_cli.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -83,8 +84,9 @@ from asynchicache.storage.service_config import (
     default_runtime_dir,
     prepare_address,
 )
-from asynchicache.storage.service_jobs import WORK_TYPES, Work, execute, failed
+from asynchicache.storage.service_jobs import Work, execute, failed
 from asynchicache.storage.shm import SharedSegment, owner_pid
+from asynchicache.storage.sockets import queued
 from asynchicache.storage.tiered import TieredBackend, open_tiered
 
 __all__ = [
@@ -177,11 +179,7 @@ class CacheService:
             self._shutdown()
 
     def _take_requests(self) -> None:
-        for _ in range(_MAX_BATCH):
-            try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for frames in itertools.islice(queued(self._sock.recv_multipart), _MAX_BATCH):
             if len(frames) != 2:
                 self._count("malformed")
                 continue
@@ -217,7 +215,7 @@ class CacheService:
         elif isinstance(msg, Exists):
             disk, remote = client.backend.exists_by_tier(msg.hashes)
             self._send(ident, ExistsReply(msg.req_id, disk + remote, remote))
-        elif isinstance(msg, WORK_TYPES):
+        elif isinstance(msg, Work):
             self._submit(ident, client, msg)
         else:  # a reply type sent as a request
             self._send(ident, ErrorReply(msg.req_id, "malformed", type(msg).__name__))

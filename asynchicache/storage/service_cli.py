@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 from asynchicache.config import GIB
+from asynchicache.config_flags import add_config_flags
 from asynchicache.storage.disk_write import SyncMode
 from asynchicache.storage.service import run_service
 from asynchicache.storage.service_config import ServiceConfig, default_address
@@ -34,13 +35,13 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
         default=d.capacity_bytes / GIB,
         help="L3 capacity in GiB (2**30 bytes)",
     )
-    p.add_argument(
-        "--io-threads",
-        type=int,
-        default=d.io_threads,
-        help="parallel file I/O per namespace",
-    )
-    p.add_argument("--workers", type=int, default=d.workers, help="requests served at once")
+    add_config_flags(p, d, {
+        "--io-threads": "parallel file I/O per namespace",
+        "--workers": "requests served at once",
+        "--client-ttl": "forget silent clients (s)",
+        "--max-pinned-fraction": "the share of --disk-cache-gb pins may hold (a pin over it "
+        "is refused)",
+    })  # fmt: skip
     p.add_argument(
         "--disk-sync",
         choices=[m.value for m in SyncMode],
@@ -48,20 +49,8 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
         help="durability of stored pages: one syncfs per put, fdatasync per file, or none",
     )
     p.add_argument("--no-direct-io", action="store_true", help="never use O_DIRECT")
-    p.add_argument(
-        "--client-ttl",
-        type=float,
-        default=d.client_ttl_s,
-        help="forget silent clients (s)",
-    )
     p.add_argument("--remote-url", help="L4 Redis/Valkey, e.g. redis://127.0.0.1:6379/0")
     p.add_argument("--remote-ttl", type=int, help="L4 value expiry in seconds (default: none)")
-    p.add_argument(
-        "--max-pinned-fraction",
-        type=float,
-        default=d.max_pinned_fraction,
-        help="the share of --disk-cache-gb pins may hold (a pin over it is refused)",
-    )
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(message)s")

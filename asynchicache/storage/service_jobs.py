@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from asynchicache.storage.admin_messages import (
+    AdminRequest,
     Clear,
     ClearedPages,
     ClearReply,
@@ -30,8 +31,7 @@ from asynchicache.storage.messages import ErrorReply, Load, LoadReply, Reply, St
 from asynchicache.storage.pins import PinLimitError
 from asynchicache.storage.tiered import TieredBackend
 
-Work = Load | Store | Clear | PinChain | Unpin | Pins | Contents
-WORK_TYPES = (Load, Store, Clear, PinChain, Unpin, Pins, Contents)
+Work = Load | Store | AdminRequest
 
 
 def execute(msg: Work, backend: TieredBackend, pool: np.ndarray, deadline: Deadline) -> Reply:

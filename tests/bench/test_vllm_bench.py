@@ -9,20 +9,18 @@ from asynchicache.bench.vllm import ARMS, BenchConfig, _arms, _report, messages
 from asynchicache.bench.vllm_process import VllmFlags, metric_sum
 
 
+def _argv(connector: str | None = None, extra_config: dict[str, str] | None = None) -> list[str]:
+    """One arm's vLLM command line; every arm is given the same model and extra flags."""
+    extra = ("--block-size", "32")
+    return VllmFlags(
+        Path("/m"), connector=connector, extra_config=extra_config or {}, extra=extra
+    ).argv()
+
+
 def test_every_arm_gets_the_same_vllm_flags_and_only_its_connector() -> None:
-    plain = VllmFlags(Path("/m"), extra=("--block-size", "32")).argv()
-    ours = VllmFlags(
-        Path("/m"),
-        connector="AsynchicacheConnector",
-        extra_config={"disk_cache_dir": "/d"},
-        extra=("--block-size", "32"),
-    ).argv()
-    example = VllmFlags(
-        Path("/m"),
-        connector="ExampleConnector",
-        extra_config={"shared_storage_path": "/s"},
-        extra=("--block-size", "32"),
-    ).argv()
+    plain = _argv()
+    ours = _argv("AsynchicacheConnector", {"disk_cache_dir": "/d"})
+    example = _argv("ExampleConnector", {"shared_storage_path": "/s"})
     cut = ours.index("--kv-transfer-config")
     assert ours[:cut] + ours[cut + 2 :] == plain
     config = json.loads(ours[cut + 1])

@@ -170,7 +170,7 @@ def _decode_cleanly(decode: typing.Callable[[bytes], Any], data: bytes) -> None:
     assert well_typed(msg), f"decoded a mistyped message: {msg!r}"
 
 
-# ---------------------------------------------------------------- storage messages
+# ---------------------------------------------------------------- messages (both codecs)
 
 
 @pytest.mark.parametrize("msg", STORAGE_SAMPLES + ENGINE_SAMPLES, ids=lambda m: type(m).__name__)
@@ -180,51 +180,34 @@ def test_samples_round_trip(msg: Any) -> None:
     assert well_typed(msg)
 
 
-@FUZZ
-@given(st.binary(max_size=512))
-def test_storage_decoder_random_bytes(data: bytes) -> None:
-    _decode_cleanly(messages.decode, data)
-
-
-@FUZZ
-@given(mutations([messages.encode(m) for m in STORAGE_SAMPLES]))
-def test_storage_decoder_mutated(data: bytes) -> None:
-    _decode_cleanly(messages.decode, data)
-
-
 STORAGE_NAMES = [*messages.MESSAGE_TYPES, "PageLayout", "PageRef", "BackendStats"]
 
+# Each codec's decoder, and the frames it is fuzzed with: random bytes, its samples
+# mutated, and maps tagged with its own type names whose (real) fields hold anything.
+DECODERS = {"storage": messages.decode, "engine": protocol.decode}
+FRAMES = {
+    "storage": {
+        "random": st.binary(max_size=512),
+        "mutated": mutations([messages.encode(m) for m in STORAGE_SAMPLES]),
+        "wrong_shapes": typed_garbage(
+            STORAGE_NAMES, _field_names([*messages.MESSAGE_TYPES.values(), PageLayout, PageRef])
+        ),
+    },
+    "engine": {
+        "random": st.binary(max_size=512),
+        "mutated": mutations([protocol.encode(m) for m in ENGINE_SAMPLES]),
+        "wrong_shapes": typed_garbage(
+            list(protocol.MESSAGE_TYPES), _field_names(protocol.MESSAGE_TYPES.values())
+        ),
+    },
+}
 
+
+@pytest.mark.parametrize(("codec", "frames"), [(c, f) for c in FRAMES for f in FRAMES[c]])
 @FUZZ
-@given(
-    typed_garbage(
-        STORAGE_NAMES,
-        _field_names([*messages.MESSAGE_TYPES.values(), PageLayout, PageRef]),
-    )
-)
-def test_storage_decoder_wrong_shapes(data: bytes) -> None:
-    _decode_cleanly(messages.decode, data)
-
-
-# ---------------------------------------------------------------- engine protocol
-
-
-@FUZZ
-@given(st.binary(max_size=512))
-def test_engine_decoder_random_bytes(data: bytes) -> None:
-    _decode_cleanly(protocol.decode, data)
-
-
-@FUZZ
-@given(mutations([protocol.encode(m) for m in ENGINE_SAMPLES]))
-def test_engine_decoder_mutated(data: bytes) -> None:
-    _decode_cleanly(protocol.decode, data)
-
-
-@FUZZ
-@given(typed_garbage(list(protocol.MESSAGE_TYPES), _field_names(protocol.MESSAGE_TYPES.values())))
-def test_engine_decoder_wrong_shapes(data: bytes) -> None:
-    _decode_cleanly(protocol.decode, data)
+@given(data=st.data())
+def test_decoder_fails_cleanly(codec: str, frames: str, data: st.DataObject) -> None:
+    _decode_cleanly(DECODERS[codec], data.draw(FRAMES[codec][frames]))
 
 
 def test_deep_nesting_is_a_clean_error() -> None:

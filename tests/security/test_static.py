@@ -28,8 +28,12 @@ def _trees() -> Iterator[tuple[Path, ast.AST]]:
         yield path, ast.parse(path.read_text(), filename=str(path))
 
 
-def _calls(tree: ast.AST) -> Iterator[ast.Call]:
-    return (n for n in ast.walk(tree) if isinstance(n, ast.Call))
+def _calls() -> Iterator[tuple[str, str, ast.Call]]:
+    """Every call in the package: where it is, its target's dotted name, the call."""
+    for path, tree in _trees():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                yield _where(path, node), _name(node.func), node
 
 
 def _name(func: ast.expr) -> str:
@@ -45,6 +49,11 @@ def _name(func: ast.expr) -> str:
 
 def _kw(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _is(node: ast.expr | None, value: bool) -> bool:
+    """Whether `node` is the literal `value` (True or False)."""
+    return isinstance(node, ast.Constant) and node.value is value
 
 
 def _where(path: Path, node: ast.AST) -> str:
@@ -86,62 +95,51 @@ def test_yaml_is_read_only_with_safe_load() -> None:
 
 def test_no_eval_exec_or_shell() -> None:
     found = []
-    for path, tree in _trees():
-        for call in _calls(tree):
-            name = _name(call.func)
-            if name in BANNED_CALLS or name in ("os.system", "os.popen"):
-                found.append(f"{_where(path, call)} calls {name}")
-            shell = _kw(call, "shell")
-            if name.startswith("subprocess.") and not (
-                shell is None or (isinstance(shell, ast.Constant) and shell.value is False)
-            ):
-                found.append(f"{_where(path, call)} runs a shell")
+    for where, name, call in _calls():
+        if name in BANNED_CALLS or name in ("os.system", "os.popen"):
+            found.append(f"{where} calls {name}")
+        shell = _kw(call, "shell")
+        if name.startswith("subprocess.") and not (shell is None or _is(shell, False)):
+            found.append(f"{where} runs a shell")
     assert found == []
 
 
 def test_loaders_never_unpickle() -> None:
     found = []
-    for path, tree in _trees():
-        for call in _calls(tree):
-            name = _name(call.func)
-            if name.endswith("torch.load"):
-                wo = _kw(call, "weights_only")
-                if not (isinstance(wo, ast.Constant) and wo.value is True):
-                    found.append(f"{_where(path, call)} torch.load without weights_only=True")
-            if name.split(".")[-1] in ("load", "loads") and name.split(".")[0] in ("np", "numpy"):
-                ap = _kw(call, "allow_pickle")
-                if ap is not None and not (isinstance(ap, ast.Constant) and ap.value is False):
-                    found.append(f"{_where(path, call)} numpy load with allow_pickle")
-            if name.split(".")[-1] in ("unpackb", "Unpacker", "unpack"):
-                for hook in ("object_hook", "object_pairs_hook", "ext_hook", "list_hook"):
-                    if _kw(call, hook) is not None:
-                        found.append(f"{_where(path, call)} msgpack {hook}")
-                raw = _kw(call, "raw")
-                if not (isinstance(raw, ast.Constant) and raw.value is False):
-                    found.append(f"{_where(path, call)} msgpack without raw=False")
+    for where, name, call in _calls():
+        if name.endswith("torch.load") and not _is(_kw(call, "weights_only"), True):
+            found.append(f"{where} torch.load without weights_only=True")
+        if name.split(".")[-1] in ("load", "loads") and name.split(".")[0] in ("np", "numpy"):
+            ap = _kw(call, "allow_pickle")
+            if ap is not None and not _is(ap, False):
+                found.append(f"{where} numpy load with allow_pickle")
+        if name.split(".")[-1] in ("unpackb", "Unpacker", "unpack"):
+            for hook in ("object_hook", "object_pairs_hook", "ext_hook", "list_hook"):
+                if _kw(call, hook) is not None:
+                    found.append(f"{where} msgpack {hook}")
+            if not _is(_kw(call, "raw"), False):
+                found.append(f"{where} msgpack without raw=False")
     assert found == []
 
 
 def test_msgpack_decoders_exist_and_are_the_only_ones() -> None:
     """Every msgpack decode goes through the one checked codec (asynchicache/codec.py)."""
-    users = set()
-    for path, tree in _trees():
-        for call in _calls(tree):
-            if _name(call.func).split(".")[-1] in ("unpackb", "Unpacker", "unpack"):
-                users.add(str(path.relative_to(PKG)))
-    assert users == {"codec.py"}
+    users = {
+        where.split(":")[0]
+        for where, name, _ in _calls()
+        if name.split(".")[-1] in ("unpackb", "Unpacker", "unpack")
+    }
+    assert users == {"asynchicache/codec.py"}
 
 
 def test_templates_render_in_the_sandbox() -> None:
     """Chat templates ship with model files: they must not reach Python objects."""
     found, sandboxed = [], 0
-    for path, tree in _trees():
-        for call in _calls(tree):
-            name = _name(call.func)
-            last = name.split(".")[-1]
-            if last in ("Environment", "Template", "NativeEnvironment"):
-                found.append(f"{_where(path, call)} builds an unsandboxed jinja2 {last}")
-            sandboxed += last in ("ImmutableSandboxedEnvironment", "SandboxedEnvironment")
+    for where, name, _ in _calls():
+        last = name.split(".")[-1]
+        if last in ("Environment", "Template", "NativeEnvironment"):
+            found.append(f"{where} builds an unsandboxed jinja2 {last}")
+        sandboxed += last in ("ImmutableSandboxedEnvironment", "SandboxedEnvironment")
     assert found == [] and sandboxed >= 1
 
 

@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asynchicache.storage.admin_messages import (
+    Clear,
     ClearedPages,
+    ClearReply,
     Contents,
     ContentsReply,
     PinChain,
@@ -27,8 +29,6 @@ from asynchicache.storage.messages import (
     MESSAGE_TYPES,
     Cancel,
     CancelReply,
-    Clear,
-    ClearReply,
     ErrorReply,
     Exists,
     ExistsReply,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_helpers import RedisServer, redis_binary
+from redis_server import RedisServer, redis_server_binary
 
 from asynchicache.engine.export_hf import export_hf
 
@@ -64,7 +64,7 @@ def tiny_hf(smollm_hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(redis_binary(), tmp_path_factory.mktemp("redis"))
+    server = RedisServer(redis_server_binary(), tmp_path_factory.mktemp("redis"))
     server.start()
     yield server
     server.stop()

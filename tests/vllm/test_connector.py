@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from processes import pid_alive
+from redis_server import RedisServer
 from vllm_helpers import (
     CONNECTOR,
-    RedisServer,
     event,
     hit_after,
     hits,
     kill_service,
-    pid_alive,
     prompt,
     server,
     start_all,

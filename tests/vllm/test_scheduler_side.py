@@ -18,7 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm_helpers import pid_alive, wait_for
+from processes import pid_alive
+from vllm_helpers import wait_for
 
 from asynchicache.integrations.vllm import scheduler as scheduler_module
 from asynchicache.integrations.vllm.config import ConnectorConfig

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import signal
@@ -17,15 +16,6 @@ from asynchicache.bench.vllm_process import VllmFlags, VllmServer, metric_sum
 from asynchicache.integrations.vllm.service_process import service_pid
 
 # The remote-tier tests' redis-server wrapper (one definition of it for the suite).
-_spec = importlib.util.spec_from_file_location(
-    "remote_helpers", Path(__file__).resolve().parents[1] / "remote" / "remote_helpers.py"
-)
-assert _spec is not None and _spec.loader is not None
-_remote = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_remote)
-RedisServer = _remote.RedisServer
-redis_binary = _remote.redis_server_binary
-
 CONNECTOR = "AsynchicacheConnector"
 HIT = "vllm:asynchicache_hit_tokens_total"
 EVENTS = "vllm:asynchicache_events_total"
@@ -90,11 +80,3 @@ def kill_service(address: str) -> int:
     assert pid is not None, f"no service pid recorded for {address}"
     os.kill(pid, signal.SIGKILL)
     return pid
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

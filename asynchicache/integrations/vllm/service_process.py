@@ -32,6 +32,7 @@ from pathlib import Path
 
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.storage import service, service_cli
+from asynchicache.storage.liveness import pid_alive
 from asynchicache.storage.service import default_runtime_dir
 
 log = logging.getLogger(__name__)
@@ -59,11 +60,11 @@ def service_pid(address: str) -> int | None:
 def stop_own_service(address: str, timeout_s: float) -> None:
     """Stop the service at `address` if this process started it (it finishes its writes)."""
     holder = service_holder(address)
-    if holder is None or holder[1] != os.getpid() or not _alive(holder[0]):
+    if holder is None or holder[1] != os.getpid() or not pid_alive(holder[0]):
         return
     os.kill(holder[0], signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while _alive(holder[0]) and time.monotonic() < deadline:
+    while pid_alive(holder[0]) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -117,18 +118,8 @@ def spawn_service(config: ConnectorConfig) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _watch_owner(owner: int) -> None:
-    while _alive(owner):
+    while pid_alive(owner):
         threading.Event().wait(_PARENT_POLL_S)
     os.kill(os.getpid(), signal.SIGTERM)  # the service's handler: finish writes, then exit
 

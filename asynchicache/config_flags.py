@@ -1,0 +1,45 @@
+"""Flags that set a config field of the same name, written as a table of flag -> help.
+
+`--foo-bar` sets the field `foo_bar`, or `foo_bar_s` (seconds). `add_config_flags` adds one
+flag per table row, typed and defaulted by the config (an instance, or the dataclass itself
+for its class-level defaults; an enum field offers its values as choices), its help ending
+with the default: a default is written once, in the dataclass. `config_kwargs` reads the
+parsed values back by the same rule.
+
+This module imports nothing of asynchicache, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any
+
+WITH_DEFAULT = " (default %(default)s)"
+
+
+def add_config_flags(
+    group: argparse._ActionsContainer, config: object, helps: Mapping[str, str]
+) -> None:
+    """One flag per `helps` entry, typed and defaulted by `config`'s field of its name."""
+    for flag, text in helps.items():
+        dest = flag.lstrip("-").replace("-", "_")
+        default = getattr(config, dest) if hasattr(config, dest) else getattr(config, dest + "_s")
+        kw: dict[str, Any] = {"default": default}
+        if isinstance(default, Enum):
+            kw.update(default=default.value, choices=[x.value for x in type(default)])
+        elif not isinstance(default, str):
+            kw["type"] = type(default)
+        group.add_argument(flag, help=text + WITH_DEFAULT, **kw)
+
+
+def config_kwargs(cls: type, args: argparse.Namespace, **given: Any) -> dict[str, Any]:
+    """`given`, plus each other field of dataclass `cls` that a flag of its name set."""
+    kwargs = dict(given)
+    for f in dataclasses.fields(cls):
+        for dest in (f.name, f.name.removesuffix("_s")):
+            if f.name not in kwargs and hasattr(args, dest):
+                kwargs[f.name] = getattr(args, dest)
+    return kwargs
