@@ -12,7 +12,7 @@ import torch
 
 from asynchicache.cache.pools import KVLayout
 from asynchicache.config import PrefetchPolicy, ServiceTuning, WritePolicy, default_disk_cache_dir
-from asynchicache.server.frontend import load_frontend
+from asynchicache.server.frontend import Frontend
 from asynchicache.server.launch import sized_cache
 from asynchicache.server.options import build_parser, parse_args, to_config
 
@@ -191,9 +191,8 @@ def test_sizes_count_gib() -> None:
 
 
 @pytest.mark.parametrize("tokens", [1, 15, 16, 17, 1000, 65536, 123_457])
-def test_token_count_sizes_the_host_tier_exactly(tokens: int) -> None:
+def test_token_count_sizes_the_host_tier_exactly(tokens: int, frontend: Frontend) -> None:
     """--hiradix_cache_token_num N gives a pool of exactly ceil(N / page) pages."""
-    frontend = load_frontend(None)
     cfg = _config("--hiradix_cache_token_num", str(tokens))
     cache = sized_cache(cfg, frontend)
     m = frontend.config
