@@ -1,10 +1,13 @@
 """Suite-wide fixtures and checks: no shared-memory segment of ours outlives the tests; a
-strict page ledger; `make_pool` for the tests that build L2 pools."""
+strict page ledger; `make_pool` for the tests that build L2 pools; transformers' SmolLM2,
+loaded once for every test that checks the default model against it."""
 
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from hf_reference import hf_model
 from pools import Pool, pool_factory
 from processes import pid_alive
 
@@ -37,3 +40,12 @@ def make_pool() -> Iterator[Callable[..., Pool]]:
     """`make_pool(slots, layout=SMALL, fill=0, seed=0)`: real shared-memory pools (the first
     `fill` slots random pages), closed after the test."""
     yield from pool_factory()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm() -> Any:
+    """transformers' model of the default SmolLM2 GGUF in float32 (the reference); loading
+    it takes ~10 s, so the suite loads it once."""
+    from asynchicache.engine.loader import default_model_path
+
+    return hf_model(default_model_path())

@@ -26,7 +26,7 @@ from asynchicache.storage.header import decode_header, peek_header_len
 
 _CI = {
     "service_kills": 3,
-    "kill_gap_s": 4,
+    "kill_gap_s": 1,  # after the new service served requests (a readiness signal)
     "corruptions": 10,
     "prompts": 16,
     "clients": 3,

@@ -69,7 +69,8 @@ def test_full_disk_fails_stores_cleanly_and_serving_goes_on(
         prompts = make_prompts(tok, "f", knob("disk_full_prompts"))
         expected = references(server.url, prompts, knob("clients"))  # these fill the disk
         with Load(server.url, prompts, expected, knob("clients")) as load:
-            time.sleep(knob("phase_s"))
+            # Until every prompt was asked once more on the full disk (at most phase_s).
+            load.served_more(len(prompts), knob("phase_s"))
         result = load.result
         stats = _drained(server)
         samples = server.metrics()

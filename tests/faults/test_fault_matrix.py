@@ -34,6 +34,7 @@ from fault_helpers import (
     verify_disk,
 )
 from live_server import LiveServer, corrupt_detected
+from settling import at_most
 from traffic import (
     PAGE_SIZE,
     Load,
@@ -75,16 +76,21 @@ def test_cache_service_kill9_under_load(matrix: Matrix) -> None:
     completed: set[Path] = set()
     t0 = time.monotonic()
     with Load(server.url, matrix.prompts, matrix.expected, knob("clients")) as load:
-        time.sleep(2.0)
         for _ in range(kills):
-            time.sleep(rng.uniform(1.0, 1.5) * gap)  # full: > stable_s, not a crash loop
+            # Each kill strikes a service that has the engine registered and has served
+            # requests, at a random moment after that (full: gap > stable_s, no crash loop).
+            _wait_service_ready(server)
+            if not load.served_more(1, 120):
+                raise AssertionError(f"no request served under load: {load.result.failures[:5]}")
+            time.sleep(rng.uniform(1.0, 1.5) * gap)
             completed |= set(page_files(matrix.disk))  # pages whose store finished
             victim = server.pids()["cache-service"]
             os.kill(victim, signal.SIGKILL)
             server.wait_role("cache-service", victim)
         _wait_service_ready(server)
         disk_tokens_before = load.result.tiers.get("disk", 0)
-        time.sleep(knob("phase_s"))  # the restarted service serves the disk tier again
+        # The restarted service serves the disk tier again (the phase ends once it did).
+        at_most(knob("phase_s"), lambda: load.result.tiers.get("disk", 0) > disk_tokens_before)
     result = load.result
     lost = sorted(p.name for p in completed if not p.exists())
     storage = _wait_service_ready(server)

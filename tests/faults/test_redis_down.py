@@ -8,12 +8,14 @@ again without a restart of anything.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from fault_helpers import FaultRecord, knob, record
 from live_server import LiveServer
 from redis_server import RedisServer, redis_server_binary
+from settling import wait_until
 from traffic import Load, make_prompts, references
 
 from asynchicache.engine.tokenizer import Tokenizer
@@ -25,13 +27,13 @@ def _remote(server: LiveServer) -> dict:
     return (server.stats().get("storage") or {}).get("remote") or {}
 
 
-def _wait(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
+def _wait(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
+    wait_until(predicate, what, timeout_s, every_s=0.25)
+
+
+def _phase(load: Load, seconds: float) -> None:
+    """Load for `seconds`, or until as many more requests as it has prompts were served."""
+    load.served_more(len(load.prompts), seconds)
 
 
 def _keys(redis: RedisServer) -> int:
@@ -50,11 +52,11 @@ def test_redis_down_and_back_under_load(tmp_path: Path, tok: Tokenizer) -> None:
         expected = references(server.url, up, clients)
         _wait(lambda: _keys(redis) > 0, 30, "pages in Redis")
         with Load(server.url, up, expected, clients) as load:
-            time.sleep(phase / 2)
+            _phase(load, phase / 2)
             redis.kill()
             expected |= references(server.url, down, clients)  # their L4 stores fail
             load.prompts += down
-            time.sleep(phase / 2)
+            _phase(load, phase / 2)
             remote_down = _remote(server)
             disk_extra = (server.stats()["storage"].get("disk") or {}).get("extra", {})
             uploads_down = {k: v for k, v in disk_extra.items() if k.startswith("remote-upload")}
@@ -66,7 +68,7 @@ def test_redis_down_and_back_under_load(tmp_path: Path, tok: Tokenizer) -> None:
             expected |= references(server.url, back, clients)
             load.prompts += back
             _wait(lambda: _keys(redis) > 0, 60, "new pages in the restarted Redis")
-            time.sleep(phase / 2)
+            _phase(load, phase / 2)
         result = load.result
         keys_after = _keys(redis)
         record(

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from supervised_targets import sleep_forever
 
 from asynchicache.cache.radix import RadixTree, Tier
 from asynchicache.server.supervisor import ChildSpec, Supervisor
@@ -43,13 +44,6 @@ def test_header_padding_is_checked() -> None:
         decode_header(raw)
 
 
-def _write_pid_and_sleep(pid_file: Path) -> None:
-    with pid_file.open("a") as f:
-        f.write(f"{os.getpid()}\n")
-    while True:
-        time.sleep(0.1)
-
-
 def _pids(pid_file: Path, n: int) -> list[int]:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -77,7 +71,7 @@ def test_crashes_after_stable_runs_do_not_exhaust_the_restarts(tmp_path: Path) -
     """The launcher stopped the server on the 6th cache-service crash, however far apart."""
     pid_file = tmp_path / "pids"
     sup = Supervisor()
-    sup.start(ChildSpec("cache-service", _write_pid_and_sleep, pid_file, True, 2, stable_s=0.3))
+    sup.start(ChildSpec("cache-service", sleep_forever, pid_file, True, 2, stable_s=0.3))
     try:
         for n in range(1, 5):  # 4 crashes with max_restarts=2, each after a stable run
             _pids(pid_file, n)
@@ -90,7 +84,7 @@ def test_crashes_after_stable_runs_do_not_exhaust_the_restarts(tmp_path: Path) -
 def test_a_crash_loop_still_stops(tmp_path: Path) -> None:
     pid_file = tmp_path / "pids"
     sup = Supervisor()
-    sup.start(ChildSpec("cache-service", _write_pid_and_sleep, pid_file, True, 2, stable_s=60))
+    sup.start(ChildSpec("cache-service", sleep_forever, pid_file, True, 2, stable_s=60))
     try:
         verdicts = [_kill_and_restart(sup, pid_file, n) for n in range(1, 4)]
         assert verdicts == [None, None, "cache-service"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import openai
 import pytest
 from processes import children_of, pid_alive, proc_title
 from serve_process import ServeProcess, disk_server
+from settling import wait_until
 from traffic import by_tier, inventory, timed_chat
 
 from asynchicache.storage.shm import list_segments
@@ -51,6 +51,11 @@ def _metric(server: ServeProcess, line_prefix: str) -> float:
         if line.startswith(line_prefix + " "):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{line_prefix} not in /metrics")
+
+
+def _wait_gone(pids: list[int]) -> None:
+    """Until every pid exited (the server's exit does not wait for its orphans' reaping)."""
+    wait_until(lambda: not any(pid_alive(pid) for pid in pids), f"{pids} to exit", 30)
 
 
 def test_capital_of_france(served: dict[str, object]) -> None:
@@ -169,8 +174,7 @@ def test_sigterm_leaves_nothing_and_restart_serves_from_disk(served: dict[str, o
     assert "asynchicache: engine" in titles
     segments = [s for s in list_segments() if any(f"-{pid}-" in s for pid in children)]
     assert server.terminate() == 0
-    time.sleep(0.5)
-    assert [pid for pid in children if pid_alive(pid)] == []
+    _wait_gone(children)
     assert not set(segments) & set(list_segments())
     assert list(disk.rglob(".tmp-*")) == []
 
@@ -194,16 +198,16 @@ def test_a_crashed_cache_service_is_restarted(served: dict[str, object]) -> None
     assert isinstance(disk, Path)
     (service,) = [p for p in server.child_pids if proc_title(p) == "asynchicache: cache-service"]
     os.kill(service, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    replacement: list[int] = []
-    while not replacement and time.monotonic() < deadline:
-        time.sleep(0.2)
-        replacement = [
+    parent = server.proc.pid
+
+    def replacement() -> list[int]:
+        return [
             p
-            for p in children_of(server.proc.pid)
+            for p in children_of(parent)
             if p != service and proc_title(p) == "asynchicache: cache-service"
         ]
-    assert replacement, "the cache service was not restarted"
+
+    wait_until(replacement, "the cache service to be restarted", 30)
     messages = [{"role": "user", "content": "Name three colours of the rainbow. " * 20}]
     _, text, usage = timed_chat(server.url, messages)
     assert text and usage.prompt_tokens > 0  # type: ignore[attr-defined]
@@ -220,7 +224,6 @@ def test_a_dead_engine_stops_the_server_and_leaves_nothing(served: dict[str, obj
     assert segments, "the engine should own the L2 segment"
     os.kill(engine, signal.SIGKILL)  # no chance to unlink its segment
     assert server.proc.wait(60) == 1
-    time.sleep(0.5)
-    assert [pid for pid in children if pid_alive(pid)] == []
+    _wait_gone(children)
     assert not set(segments) & set(list_segments())
     assert list(disk.rglob(".tmp-*")) == []

@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 import torch
+from hf_reference import hf_logprobs
 from serve_process import ServeProcess, disk_server
 
 pytestmark = pytest.mark.slow
@@ -60,6 +61,12 @@ def either_server(request: pytest.FixtureRequest) -> ServeProcess:
 
 def _client(server: ServeProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def _chat(server: ServeProcess, content: str, **kwargs: Any) -> Any:
+    """A chat completion of one user message (`kwargs`: the request's other fields)."""
+    messages = [{"role": "user", "content": content}]
+    return _client(server).chat.completions.create(model=MODEL, messages=messages, **kwargs)
 
 
 def _stats(server: ServeProcess) -> dict[str, Any]:
@@ -132,16 +139,16 @@ def test_cached_tokens_count_the_prompt_once(server: ServeProcess) -> None:
 
 
 def test_streamed_group_and_usage(server: ServeProcess) -> None:
-    stream = _client(server).chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Name three colours."}],
+    stream = _chat(
+        server,
+        "Name three colours.",
         max_tokens=8,
         n=3,
         temperature=0.9,
         seed=3,
         stream=True,
         stream_options={"include_usage": True},
-    )  # type: ignore[arg-type]
+    )
     texts: dict[int, str] = {}
     reasons: dict[int, str] = {}
     usage = None
@@ -190,23 +197,6 @@ def test_best_of_keeps_the_most_likely(server: ServeProcess) -> None:
 
 
 # ----------------------------------------------------------------- logprobs
-@pytest.fixture(scope="module")
-def hf_smollm() -> Any:
-    from transformers import AutoModelForCausalLM
-
-    from asynchicache.engine.loader import default_model_path
-
-    path = default_model_path()
-    return AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
-
-
-def _reference(hf: Any, tokens: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return torch.log_softmax(hf(torch.tensor([tokens])).logits[0].float(), dim=-1)
-
-
 def _hf_greedy(hf: Any, prompt: list[int], steps: int) -> list[int]:
     tokens = list(prompt)
     with torch.inference_mode():
@@ -245,7 +235,7 @@ def test_completion_logprobs_match_transformers(
     assert lp is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
     generated = _hf_greedy(hf_smollm, prompt, 8)
     assert lp.tokens == [tok.decode([t], skip_special_tokens=False) for t in generated]
-    ref = _reference(hf_smollm, prompt + generated)
+    ref = hf_logprobs(hf_smollm, prompt + generated)
     assert len(lp.token_logprobs) == 8
     for i, (value, top) in enumerate(zip(lp.token_logprobs, lp.top_logprobs, strict=True)):
         row = ref[len(prompt) - 1 + i]
@@ -275,7 +265,7 @@ def test_echo_prompt_logprobs_bypass_a_cached_prompt(
     assert lp is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
     assert len(lp.token_logprobs) == len(prompt)
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-    ref = _reference(hf_smollm, prompt)
+    ref = hf_logprobs(hf_smollm, prompt)
     for j in range(1, len(prompt)):
         value, top = lp.token_logprobs[j], lp.top_logprobs[j]
         assert value is not None and abs(value - ref[j - 1, prompt[j]].item()) < 1e-3
@@ -286,14 +276,7 @@ def test_echo_prompt_logprobs_bypass_a_cached_prompt(
 
 
 def test_chat_logprobs_shape_and_values(server: ServeProcess) -> None:
-    resp = _client(server).chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Say hello."}],
-        max_tokens=5,
-        temperature=0,
-        logprobs=True,
-        top_logprobs=3,
-    )  # type: ignore[arg-type]
+    resp = _chat(server, "Say hello.", max_tokens=5, temperature=0, logprobs=True, top_logprobs=3)
     content = resp.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None and len(content) == resp.usage.completion_tokens  # type: ignore[union-attr]
     for entry in content:

@@ -6,7 +6,6 @@ pin past --max-pinned-fraction is refused with 409."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import httpx
 import pytest
 from cache_ops_helpers import PAGE, complete, lookup, prompt, stats, wait_idle
 from serve_process import ServeProcess, disk_server
+from settling import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -79,8 +79,8 @@ def test_ttl_listing_and_the_limit(server: ServeProcess) -> None:
     r = _pin(url, short, ttl_s=2)  # not cached yet: computed first
     assert r.status_code == 200 and r.json()["computed"], r.text
     assert r.json()["pin_id"] in _pinned_ids(url)
-    time.sleep(3)
-    assert r.json()["pin_id"] not in _pinned_ids(url)  # expired
+    pin_id = r.json()["pin_id"]
+    wait_until(lambda: pin_id not in _pinned_ids(url), "the pin to expire", 60)
     big = _pin(url, prompt(4, 40))  # 20 pinned + 40 > 36 of L2's 72 pages
     assert big.status_code == 409, big.text
     assert "--max-pinned-fraction" in big.json()["error"]["message"]

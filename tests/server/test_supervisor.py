@@ -14,7 +14,7 @@ from supervised_targets import ignore_sigterm, sleep_forever
 
 from asynchicache.server.supervisor import ChildSpec, Supervisor
 
-HERE = Path(__file__).resolve().parent
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
 
 def _pids(pid_file: Path, n: int, timeout: float = 30.0) -> list[int]:
@@ -80,9 +80,9 @@ def test_sigterm_ignored_means_sigkill(tmp_path: Path) -> None:
 
 def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     pid_file = tmp_path / "pids"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent.parent)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), str(SUPPORT.parents[1])])}
     parent = subprocess.Popen(
-        [sys.executable, str(HERE / "supervised_targets.py"), str(pid_file)],
+        [sys.executable, str(SUPPORT / "supervised_targets.py"), str(pid_file)],
         env=env,
         stdout=subprocess.PIPE,
         text=True,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import openai
+from settling import at_most
 
 from asynchicache.engine.tokenizer import Tokenizer
 from asynchicache.server.frontend import load_frontend
@@ -208,6 +209,12 @@ class Load:
     def snapshot(self) -> tuple[int, int, int]:
         with self._lock:
             return self.result.served, self.result.failed, self.result.wrong
+
+    def served_more(self, n: int, within_s: float) -> bool:
+        """Whether `n` more requests (from now) were served within `within_s`; returns as
+        soon as they were."""
+        target = self.snapshot()[0] + n
+        return at_most(within_s, lambda: self.snapshot()[0] >= target)
 
     def _work(self, index: int) -> None:
         rng = random.Random(index)

@@ -1,7 +1,10 @@
-"""Child process bodies for the supervisor tests (importable by the spawn context)."""
+"""Child process bodies for the supervisor tests (importable by the spawn context, which
+imports a target's module again in every child: a light module here, not a test file, keeps
+each (re)start short)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -11,9 +14,8 @@ from asynchicache.server.supervisor import ChildSpec, Supervisor
 
 
 def sleep_forever(pid_file: Path) -> None:
+    """Append this process's pid to `pid_file`, then sleep until killed."""
     with pid_file.open("a") as f:
-        import os
-
         f.write(f"{os.getpid()}\n")
     while True:
         time.sleep(0.1)
