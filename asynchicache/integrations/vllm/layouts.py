@@ -120,7 +120,9 @@ class BlockCopier:
     Whole blocks are gathered and scattered on vLLM's tensors as they lie in
     memory (dense rows); the transposes happen in copies between scratch
     buffers that are kept and reused (fresh allocations fault their pages in,
-    which on a busy host costs more than the copies).
+    which on a busy host costs more than the copies). Loads into host tensors
+    copy runs of consecutive blocks over consecutive slots straight from L2
+    instead (one pass: what a restart's freshly allocated slots and blocks are).
     """
 
     def __init__(
