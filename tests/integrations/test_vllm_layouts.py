@@ -154,6 +154,31 @@ def test_pages_of_a_block_in_part(name: str) -> None:
         torch.testing.assert_close(view[[0, 3, 4, 5]], old[[0, 3, 4, 5]], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", BUILDERS)
+def test_load_mixing_runs_of_consecutive_slots_and_scattered_ones(name: str) -> None:
+    """On the host a run of consecutive blocks over consecutive slots is copied
+    straight; blocks with scattered slots are gathered; every page lands right."""
+    _, fmt = BUILDERS[name]
+    tensors, _ = _layers(name, 5)
+    copier = BlockCopier(tensors, fmt, ratio=1, page_size=P)
+    gen = torch.Generator().manual_seed(5)
+    pool = torch.randn(12, *copier.page_shape, generator=gen)
+    # Blocks 2, 3 from slots 0-3 (one run), block 5 from 4-5 (a run that does not
+    # continue the first: block 4 is not in it), block 0 from 9, 6 (scattered),
+    # block 1's first page from slot 7 (the part-filled last block).
+    slots, blocks = [0, 1, 2, 3, 4, 5, 9, 6, 7], [2, 3, 5, 0, 1]
+    before = [canonical_view(t, fmt).clone() for t in tensors]
+    copier.load(pool, slots, blocks)
+    for layer, t in enumerate(tensors):
+        view = canonical_view(t, fmt)
+        for i, slot in enumerate(slots):
+            block, page = blocks[i // 2], i % 2
+            got = view[block, :, page * P : (page + 1) * P]
+            torch.testing.assert_close(got, pool[slot, layer], rtol=0, atol=0)
+        torch.testing.assert_close(view[1, :, P:], before[layer][1, :, P:], rtol=0, atol=0)
+        torch.testing.assert_close(view[4], before[layer][4], rtol=0, atol=0)
+
+
 def test_kernel_blocks_split_a_manager_block() -> None:
     """A tensor with ratio x the manager blocks: block b is kernel blocks b*r .. b*r+r-1."""
     k, v = truth(3)  # B kernel blocks of N tokens = B/2 manager blocks of 2N tokens

@@ -27,7 +27,7 @@ from asynchicache.integrations.vllm.lookup import Phase, RequestChain
 from asynchicache.integrations.vllm.metadata import AsynchicacheWorkerMeta
 from asynchicache.integrations.vllm.namespace import ModelIdentity
 from asynchicache.integrations.vllm.scheduler import SchedulerSide
-from asynchicache.integrations.vllm.service_process import service_pid
+from asynchicache.integrations.vllm.service_process import service_args, service_pid
 from asynchicache.integrations.vllm.spec import VllmKVSpec
 
 BLOCK, PAGE = 32, 16
@@ -282,3 +282,10 @@ def test_two_instances_on_one_machine_share_one_service(
         assert service_pid(config.service_address) == pid  # none started for it
     finally:
         second.shutdown()
+
+
+def test_a_service_we_start_reads_through_the_page_cache_unless_asked() -> None:
+    # A restart reads back pages written moments before: the page cache holds them.
+    assert "--no-direct-io" in service_args(ConnectorConfig())
+    direct = ConnectorConfig.from_extra({"direct_io": "true"})
+    assert "--no-direct-io" not in service_args(direct)

@@ -28,6 +28,7 @@ per layer: never a Python loop over pages. vLLM may split a manager block into
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -119,7 +120,9 @@ class BlockCopier:
     Whole blocks are gathered and scattered on vLLM's tensors as they lie in
     memory (dense rows); the transposes happen in copies between scratch
     buffers that are kept and reused (fresh allocations fault their pages in,
-    which on a busy host costs more than the copies).
+    which on a busy host costs more than the copies). Loads into host tensors
+    copy runs of consecutive blocks over consecutive slots straight from L2
+    instead (one pass: what a restart's freshly allocated slots and blocks are).
     """
 
     def __init__(
@@ -257,8 +260,36 @@ class BlockCopier:
     def _load_blocks(
         self, pool: torch.Tensor, slots: Sequence[int], block_ids: Sequence[int]
     ) -> int:
-        """Whole blocks: one batched gather from L2 and one scatter per layer."""
+        """Whole blocks. On the host, runs of consecutive blocks whose slots are
+        consecutive too are copied straight from L2 into the layers (one pass, the
+        transposes inside it); the rest, and blocks on a device, are gathered."""
         ids = self.kernel_ids(block_ids)
+        if self.device.type != "cpu":
+            return self._load_gathered(pool, slots, ids)
+        k = self.pages_per_kernel_block
+        moved, rest_slots, rest_ids = 0, [], []
+        for start, n in _direct_runs(ids.tolist(), slots, k):
+            if n:
+                moved += self._load_run(pool, slots[start * k], int(ids[start]), n)
+            else:
+                rest_slots += slots[start * k : (start + 1) * k]
+                rest_ids.append(start)
+        if rest_ids:
+            moved += self._load_gathered(pool, rest_slots, ids[rest_ids])
+        return moved
+
+    def _load_run(self, pool: torch.Tensor, first_slot: int, first_block: int, n: int) -> int:
+        """`n` kernel blocks from `first_block` on, from the `n * k` slots from `first_slot`."""
+        k = self.pages_per_kernel_block
+        _, two, p, h, d = self.page_shape
+        src = pool[first_slot : first_slot + n * k].view(n, k, self.num_layers, two, p, h, d)
+        for layer, pair in enumerate(self.views):
+            for kv, view in enumerate(pair):
+                view[first_block : first_block + n].unflatten(1, (k, p)).copy_(src[:, :, layer, kv])
+        return src.numel() * src.element_size()
+
+    def _load_gathered(self, pool: torch.Tensor, slots: Sequence[int], ids: torch.Tensor) -> int:
+        """Kernel blocks `ids`: one batched gather from L2 and one scatter per layer."""
         n, k = len(ids), self.pages_per_kernel_block
         _, two, p, h, d = self.page_shape
         index = torch.as_tensor(list(slots), dtype=torch.long)
@@ -290,3 +321,22 @@ class BlockCopier:
                     part = chunk[:, layer, kv].reshape(c * p, h, d)
                     view[kernel[start // k], : c * p].copy_(part)
         return src.numel() * src.element_size()
+
+
+def _direct_runs(ids: Sequence[int], slots: Sequence[int], k: int) -> list[tuple[int, int]]:
+    """Kernel blocks `ids` (each filled by `k` of `slots`, in order) as (first, count)
+    runs of consecutive blocks over consecutive slots; (i, 0) for a block whose own
+    slots are not consecutive (it is gathered)."""
+    runs: list[tuple[int, int]] = []
+    for i, block in enumerate(ids):
+        own = slots[i * k : (i + 1) * k]
+        if any(b - a != 1 for a, b in itertools.pairwise(own)):
+            runs.append((i, 0))
+            continue
+        if runs and runs[-1][1]:
+            first, n = runs[-1]
+            if ids[first] + n == block and slots[first * k] + n * k == own[0]:
+                runs[-1] = (first, n + 1)
+                continue
+        runs.append((i, 1))
+    return runs

@@ -92,6 +92,8 @@ def service_args(config: ConnectorConfig) -> list[str]:
         args += ["--remote-url", config.remote_url]
     if config.remote_ttl:
         args += ["--remote-ttl", str(config.remote_ttl)]
+    if not config.direct_io:
+        args.append("--no-direct-io")
     return args
 
 
