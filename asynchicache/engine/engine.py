@@ -131,9 +131,11 @@ class Engine:
         self.scheduler.poll()
 
     # -------------------------------------------------------------------- step
-    def step(self) -> list[TokenOutput]:
-        """Run one scheduler step and one forward pass; returns new tokens."""
-        batch = self.scheduler.schedule()
+    def step(self, prefill_cap: int | None = None) -> list[TokenOutput]:
+        """Run one scheduler step and one forward pass; returns new tokens.
+
+        `prefill_cap`: at most this many prompt tokens this step (`Scheduler.schedule`)."""
+        batch = self.scheduler.schedule(prefill_cap)
         self.last_batch_size = len(batch.seqs)
         outputs: list[TokenOutput] = []
         if batch.seqs:
