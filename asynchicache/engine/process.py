@@ -153,6 +153,7 @@ def run_engine(config: EngineProcessConfig) -> None:
     governor = ThreadGovernor(config.engine.threads)
     threads = governor.apply()  # before the model exists: its first pool size
     engine = Engine(config.engine, config.cache, storage=_connect_storage(config))
+    engine.warm_up()
     upkeep = Upkeep.start(engine, config.kv_events, ctx)
     loop = EngineLoop(engine, pull, push, upkeep, governor)
     governor.start()  # measure the machine from ready on, not the model's loading
