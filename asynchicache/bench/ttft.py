@@ -6,7 +6,9 @@ Everything is measured in one run on one model: `ttft_recompute_s` (no prefix
 cache), `ttft_l1_s` (the prefix on L1), `ttft_l2_s` (L1 emptied, the prefix on
 L2), `ttft_l3_s` (a new engine and a new cache service over the same disk
 folder: the restart case; the page cache of the files is dropped first with
-posix_fadvise, so the read is cold when the kernel honours it).
+posix_fadvise, so the read is cold when the kernel honours it). The cache
+service runs in a process of its own, as the server runs it (in a thread of
+this process it would take the interpreter lock from the engine's loop).
 
 Every engine warms up first as the server's does at start-up (`Engine.warm_up`).
 A hit takes tens of milliseconds, so one sample of it is at the mercy of
@@ -19,18 +21,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import random
 import statistics
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
+from asynchicache.server.launch import ServiceLaunch, run_cache_service
 from asynchicache.storage.client import ClientConfig, StorageClient
 from asynchicache.storage.service import ServiceConfig
 
@@ -78,14 +84,35 @@ def _drop_page_cache(folder: Path) -> None:
                 os.close(fd)
 
 
-def _disk_engine(model: LoadedModel, folder: Path, cache: CacheConfig) -> Engine:
+@dataclass
+class _DiskEngine:
+    """An engine over a cache service process of its own (the server's arrangement)."""
+
+    engine: Engine
+    service: BaseProcess
+
+    def close(self) -> None:
+        _close(self.engine)
+        self.service.terminate()  # SIGTERM: it finishes its writes and exits
+        self.service.join(30)
+        if self.service.exitcode is None:
+            self.service.kill()
+            self.service.join(5)
+
+
+def _disk_engine(model: LoadedModel, folder: Path, cache: CacheConfig) -> _DiskEngine:
     service = ServiceConfig(folder / "kv", address=f"ipc://{folder}/svc.sock")
-    client = StorageClient.in_thread(service, ClientConfig(service.address))
-    engine = Engine(EngineConfig(), cache, storage=client, loaded=model)
-    if not client.wait_ready(30):
+    proc = mp.get_context("spawn").Process(
+        target=run_cache_service, args=(ServiceLaunch(service, "warning"),), daemon=True
+    )
+    proc.start()
+    client = StorageClient(ClientConfig(service.address))
+    made = _DiskEngine(Engine(EngineConfig(), cache, storage=client, loaded=model), proc)
+    if not client.wait_ready(60):
+        made.close()
         raise RuntimeError("cache service did not come up")
-    engine.warm_up()
-    return engine
+    made.engine.warm_up()
+    return made
 
 
 def _close(engine: Engine) -> None:
@@ -113,12 +140,12 @@ def _l3_hit(
 ) -> tuple[float, object]:
     """A restart: a new engine and cache service over the same disk folder, read cold."""
     _drop_page_cache(folder / "kv")
-    engine = _disk_engine(model, folder, cache)
+    made = _disk_engine(model, folder, cache)
     try:
-        return time_to_first_token(engine, prompt)
+        return time_to_first_token(made.engine, prompt)
     finally:
-        engine.cache.drain()  # its write-backs land before the next restart reads
-        _close(engine)
+        made.engine.cache.drain()  # its write-backs land before the next restart reads
+        made.close()
 
 
 def measure(model: LoadedModel, prompt_tokens: int = 2048) -> dict[str, float]:
@@ -138,13 +165,16 @@ def measure(model: LoadedModel, prompt_tokens: int = 2048) -> dict[str, float]:
             device_cache_tokens=prompt_tokens * 2,
             host_cache_gb=prompt_tokens * 2 * 50e3 / 2**30,
         )
-        engine = _disk_engine(model, folder, cache)
-        time_to_first_token(engine, prompt)  # cold: computes and writes every tier
-        engine.cache.drain()
-        hits = {"l1": _median_hit([time_to_first_token(engine, prompt) for _ in range(n)])}
-        hits["l2"] = _median_hit([_l2_hit(engine, prompt) for _ in range(n)])
-        engine.cache.drain()
-        _close(engine)
+        made = _disk_engine(model, folder, cache)
+        engine = made.engine
+        try:
+            time_to_first_token(engine, prompt)  # cold: computes and writes every tier
+            engine.cache.drain()
+            hits = {"l1": _median_hit([time_to_first_token(engine, prompt) for _ in range(n)])}
+            hits["l2"] = _median_hit([_l2_hit(engine, prompt) for _ in range(n)])
+            engine.cache.drain()
+        finally:
+            made.close()
         hits["l3"] = _median_hit([_l3_hit(model, folder, cache, prompt) for _ in range(n)])
     for name, (seconds, out) in hits.items():
         if out.token_ids != expected.token_ids:  # type: ignore[attr-defined]
