@@ -96,6 +96,25 @@ class Engine:
         layout = PageLayout(self.config.dtype, self.layout.page_shape)
         storage.register_pool(self.namespace.encode(), pool.name, layout)
 
+    def warm_up(self) -> None:
+        """Run the model once on a short prompt and once on one token (start-up).
+
+        oneDNN builds a kernel for each new matrix shape on first use (~0.5 ms a
+        linear layer here): without this, the first request after a start, often
+        a whole-prompt cache hit that computes one token, pays for them. The KV
+        goes to a private page freed again; nothing reaches the cache."""
+        page = self.cache.allocate(1)
+        if page is None:
+            return
+        ps = self.cache_config.page_size
+        try:
+            prompt = [0] * max(1, ps - 1)
+            self.runner.forward(ForwardBatch([prompt], [0], [page]))
+            if len(prompt) < ps:
+                self.runner.forward(ForwardBatch([[0]], [len(prompt)], [page]))
+        finally:
+            self.cache.free(page)
+
     # ---------------------------------------------------------------- requests
     def add_request(self, msg: GenerateRequest) -> TokenOutput | None:
         """Queue a request; returns an immediate error output when it cannot run."""
@@ -131,9 +150,11 @@ class Engine:
         self.scheduler.poll()
 
     # -------------------------------------------------------------------- step
-    def step(self) -> list[TokenOutput]:
-        """Run one scheduler step and one forward pass; returns new tokens."""
-        batch = self.scheduler.schedule()
+    def step(self, prefill_cap: int | None = None) -> list[TokenOutput]:
+        """Run one scheduler step and one forward pass; returns new tokens.
+
+        `prefill_cap`: at most this many prompt tokens this step (`Scheduler.schedule`)."""
+        batch = self.scheduler.schedule(prefill_cap)
         self.last_batch_size = len(batch.seqs)
         outputs: list[TokenOutput] = []
         if batch.seqs:

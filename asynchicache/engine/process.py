@@ -108,20 +108,24 @@ class EngineLoop:
         for raw in queued(self.pull.recv):
             self._handle(raw)
 
-    def _govern_threads(self) -> None:
-        changed = self.threads.poll() if self.threads is not None else None
+    def _govern_threads(self) -> int | None:
+        """Adjust the threads between steps; returns this step's prefill cap (threads.py)."""
+        if self.threads is None:
+            return None
+        changed = self.threads.poll(idle=not self.engine.has_work)
         if changed is not None:
             log.info("torch threads now %d (what the other processes leave free)", changed)
+        return self.threads.prefill_cap
 
     def run(self) -> None:
         while not self.stopping:
-            self._govern_threads()
             self._drain(0 if self.engine.has_work else IDLE_POLL_MS)
+            prefill_cap = self._govern_threads()  # after the drain: it sees work arriving
             self.upkeep.tick()  # KV events out, pins refreshed (engine/upkeep.py)
             if not self.engine.has_work:
                 self.engine.poll()  # finish write-throughs and stores while idle
                 continue
-            outputs: list[TokenOutput] = self.engine.step()
+            outputs: list[TokenOutput] = self.engine.step(prefill_cap)
             if outputs:  # one message per step (see StepOutputs)
                 self._send(StepOutputs(tuple(outputs)))
             if self.engine.last_batch_size == 0:
@@ -146,8 +150,10 @@ def run_engine(config: EngineProcessConfig) -> None:
     governor = ThreadGovernor(config.engine.threads)
     threads = governor.apply()  # before the model exists: its first pool size
     engine = Engine(config.engine, config.cache, storage=_connect_storage(config))
+    engine.warm_up()
     upkeep = Upkeep.start(engine, config.kv_events, ctx)
     loop = EngineLoop(engine, pull, push, upkeep, governor)
+    governor.start()  # measure the machine from ready on, not the model's loading
 
     def _stop(signum: int, frame: FrameType | None) -> None:
         loop.stopping = True

@@ -253,7 +253,9 @@ class Scheduler:
             busy = True
 
     # ------------------------------------------------------------- batching
-    def schedule(self) -> Batch:
+    def schedule(self, prefill_cap: int | None = None) -> Batch:
+        """The next batch; `prefill_cap` caps this step's prompt tokens (engine/threads.py:
+        a short step lets the thread count change sooner)."""
         # Landed loads first: a load that arrived is used even if its deadline passed
         # while the engine was busy; then the ones still out past their deadline go.
         self.poll()
@@ -264,6 +266,8 @@ class Scheduler:
         # --chunked-prefill-size of one request.
         budget = self.config.max_prefill_tokens
         chunk = self.config.chunked_prefill_size
+        if prefill_cap is not None:
+            budget = min(budget, prefill_cap)
         # Decodes first (one token each), then prefill chunks, oldest first.
         for req in sorted(self.running, key=lambda r: (r.is_prefill, r.arrival)):
             if req.phase is not Phase.RUNNING:

@@ -13,8 +13,20 @@ So by default the thread count follows what the machine leaves free
 (`ThreadGovernor`): every core when the other processes use less than a
 quarter of one, one core less for each core they keep busy, and never below
 one. It starts at cores - 1 (vLLM's CPU backend likewise keeps a core for its
-frontend) and reads the other processes' CPU use from /proc/stat every couple
-of seconds. `--threads N` fixes the count instead.
+frontend) and reads the other processes' CPU use from /proc/stat. `--threads N`
+fixes the count instead.
+
+When it samples: a new count takes effect only after two samples in a row ask
+for it (a burst of client work does not flip it back and forth). Under load a
+sample spans 2 s, long enough to average the bursty per-step work of the HTTP
+process. While the engine is idle a switch costs nothing, so it samples every
+0.5 s: the engine meets its first request with what the machine leaves once
+start-up has settled (`start()` at ready: start-up itself is not measured).
+It samples again when work arrives, 0.5 s into the work, and 0.5 s after a
+proposal to confirm it. The count can only change between steps, so until
+it has sampled the work (and while a change is proposed) the engine keeps its
+prefill steps short (`prefill_cap`): a long prompt that comes just after the
+machine went idle or busy is not computed on the wrong count throughout.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +42,13 @@ import torch
 
 # Other processes using less than this many cores leave the engine every core.
 OTHERS_SPARE = 0.25
-SAMPLE_EVERY_S = 2.0
+SAMPLE_EVERY_S = 2.0  # a sample's span while busy with no change proposed
+QUICK_SAMPLE_S = 0.5  # while idle, just after work arrived, or to confirm a proposal
+# A shorter span when work arrives is mostly the request's own tokenization: wait.
+MIN_SAMPLE_S = 0.2
+# Prefill tokens per step while unsure (`prefill_cap`): ~0.75 s at one thread on the
+# default model here (339 tok/s), so the next sample comes within a long prompt.
+UNSURE_PREFILL_TOKENS = 256
 PROC_STAT = Path("/proc/stat")
 
 
@@ -87,9 +106,8 @@ def others_cores(before: CpuSample, after: CpuSample, cores_on_machine: int) -> 
 class ThreadGovernor:
     """Adjusts torch's threads to the cores other processes leave (module docstring).
 
-    `poll()` is cheap (a clock read) between samples; call it once per engine
-    step or idle turn. A new count takes effect after two samples agree, so a
-    burst of client work does not flip it back and forth.
+    `poll(idle)` is cheap (a clock read) between samples; call it once per
+    engine step or idle turn. `sampler` and `clock` are there for tests.
     """
 
     def __init__(
@@ -97,31 +115,72 @@ class ThreadGovernor:
         fixed: int | None = None,
         cores: int | None = None,
         sample_every_s: float = SAMPLE_EVERY_S,
+        quick_every_s: float = QUICK_SAMPLE_S,
+        sampler: Callable[[], CpuSample | None] = cpu_sample,
+        clock: Callable[[], float] = time.monotonic,
+        machine_cores: int | None = None,
     ) -> None:
         self.cores = available_cores() if cores is None else cores
         self.fixed = fixed
         self.sample_every_s = sample_every_s
+        self.quick_every_s = quick_every_s
         self.threads = fixed if fixed is not None else default_threads(self.cores)
-        self._machine_cores = os.cpu_count() or self.cores
-        self._last = cpu_sample() if fixed is None else None
+        self._sampler = sampler
+        self._clock = clock
+        self._machine_cores = machine_cores or os.cpu_count() or self.cores
+        self._last: CpuSample | None = None
+        self._last_idle = True  # the last sample saw no work (taken idle or as work arrived)
+        self._idle = True
         self._proposal: int | None = None
         self.changes = 0
+        self.start()
+
+    @property
+    def settling(self) -> bool:
+        """A new count is proposed and waits for a second sample to agree."""
+        return self._proposal is not None
+
+    @property
+    def prefill_cap(self) -> int | None:
+        """Prefill tokens per step the engine should keep to now (None: no limit): while
+        no sample has seen the engine busy yet, or a change waits for confirmation."""
+        unsure = self.settling or self._last_idle
+        return UNSURE_PREFILL_TOKENS if unsure and self._last is not None else None
 
     def apply(self) -> int:
         torch.set_num_threads(self.threads)
         return self.threads
 
-    def poll(self) -> int | None:
-        """The new thread count when it changed (already applied), else None."""
-        if self._last is None or time.monotonic() - self._last.at < self.sample_every_s:
+    def start(self) -> None:
+        """Measure from now on (call when the engine is ready: model loading is not load)."""
+        self._last = self._sampler() if self.fixed is None else None
+        self._proposal = None
+
+    def poll(self, idle: bool = False) -> int | None:
+        """The new thread count when it changed (already applied), else None.
+
+        `idle`: the engine has no work now."""
+        arrived = self._idle and not idle
+        self._idle = idle
+        if self._last is None:
             return None
-        now = cpu_sample()
+        since = self._clock() - self._last.at
+        if since < self._due_after(arrived):
+            return None
+        now = self._sampler()
         if now is None:
             self._last = None
             return None
         others = others_cores(self._last, now, self._machine_cores)
-        self._last = now
+        self._last, self._last_idle = now, idle or arrived
         return self._propose(threads_for(self.cores, others))
+
+    def _due_after(self, arrived: bool) -> float:
+        if arrived:
+            return MIN_SAMPLE_S  # what the machine did until the request came
+        if self._idle or self._last_idle or self.settling:
+            return self.quick_every_s
+        return self.sample_every_s
 
     def _propose(self, threads: int) -> int | None:
         if threads == self.threads:

@@ -274,3 +274,19 @@ def test_requests_the_engine_cannot_run_get_a_clear_error(
         assert out is not None and out.finished and out.finish_reason == "error"
         assert reason in (out.error or "")
     assert not engine.has_work
+
+
+def test_warming_up_leaves_the_cache_as_it_was_and_answers_unchanged(
+    smollm: LoadedModel, engines: list[Engine]
+) -> None:
+    """`Engine.warm_up` (run at start-up) computes into a private page and frees it."""
+    prompt = _prompt(smollm, 2, "What did he hear?")
+    cold = _engine(smollm)
+    warm = _engine(smollm)
+    engines += [cold, warm]
+    warm.warm_up()
+    stats = warm.cache.stats().device
+    assert stats.in_use == 0 and stats.cached == 0 and warm.computed_prompt_tokens == 0
+    assert (
+        warm.generate([prompt], GREEDY)[0].token_ids == cold.generate([prompt], GREEDY)[0].token_ids
+    )

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 
+import pytest
 import torch
+from scheduler_rig import PAGE, RigMaker, tokens_for
 
+from asynchicache.config import EngineConfig
+from asynchicache.engine.protocol import SamplingParams
+from asynchicache.engine.request import Request
 from asynchicache.engine.threads import (
     CpuSample,
     ThreadGovernor,
@@ -56,17 +62,130 @@ def test_others_cores_subtracts_our_own_cpu() -> None:
     assert sample is not None and sample.busy_s > 0 and sample.own_s > 0
 
 
-def test_the_governor_changes_threads_after_two_samples_agree() -> None:
-    before = torch.get_num_threads()
-    try:
-        gov = ThreadGovernor(cores=2, sample_every_s=0.0)
-        assert gov.threads == 1  # it starts at cores - 1
-        assert gov._propose(2) is None  # one sample asking for 2 is not enough
-        assert gov._propose(2) == 2 and torch.get_num_threads() == 2
-        assert gov._propose(1) is None and gov._propose(2) is None  # a burst, then quiet
-        assert gov.threads == 2 and gov.changes == 1
-        assert gov.poll() in (None, 1, 2)  # a real sample: whatever the machine says
-        fixed = ThreadGovernor(fixed=1, cores=2, sample_every_s=0.0)
-        assert fixed.poll() is None and fixed.threads == 1
-    finally:
-        torch.set_num_threads(before)
+class Machine:
+    """A fake /proc/stat and clock: advance it by what other processes and we use."""
+
+    def __init__(self) -> None:
+        self.at = 100.0
+        self.busy_s = 0.0
+        self.own_s = 0.0
+
+    def run(self, seconds: float, others: float, own: float = 0.0) -> None:
+        """`seconds` pass with `others` cores busy elsewhere and `own` in this process."""
+        self.at += seconds
+        self.busy_s += seconds * (others + own)
+        self.own_s += seconds * own
+
+    def sample(self) -> CpuSample:
+        return CpuSample(self.at, self.busy_s, self.own_s)
+
+    def clock(self) -> float:
+        return self.at
+
+
+@pytest.fixture
+def machine() -> Iterator[Machine]:
+    before = torch.get_num_threads()  # the governor applies its count to torch
+    yield Machine()
+    torch.set_num_threads(before)
+
+
+def governor(machine: Machine, cores: int = 2) -> ThreadGovernor:
+    return ThreadGovernor(cores=cores, sampler=machine.sample, clock=machine.clock,
+                          machine_cores=cores)  # fmt: skip
+
+
+def idle_for(gov: ThreadGovernor, machine: Machine, seconds: float, others: float) -> list[int]:
+    """The idle loop's polls every 5 ms; returns the counts it switched to."""
+    changes = []
+    for _ in range(round(seconds / 0.005)):
+        machine.run(0.005, others)
+        if (n := gov.poll(idle=True)) is not None:
+            changes.append(n)
+    return changes
+
+
+def test_the_governor_changes_threads_after_two_samples_agree(machine: Machine) -> None:
+    gov = governor(machine)
+    assert gov.threads == 1  # it starts at cores - 1
+    assert gov._propose(2) is None  # one sample asking for 2 is not enough
+    assert gov._propose(2) == 2 and torch.get_num_threads() == 2
+    assert gov._propose(1) is None and gov._propose(2) is None  # a burst, then quiet
+    assert gov.threads == 2 and gov.changes == 1
+    assert ThreadGovernor().poll() in (None, 1, 2)  # a real sample: whatever the machine says
+    fixed = ThreadGovernor(fixed=1, cores=2, sample_every_s=0.0)
+    assert fixed.poll() is None and fixed.threads == 1 and fixed.prefill_cap is None
+
+
+def test_start_up_is_not_measured_and_an_idle_engine_takes_the_free_cores_within_a_second(
+    machine: Machine,
+) -> None:
+    gov = governor(machine)
+    machine.run(8.0, others=1.5)  # the HTTP process and the service start while the model loads
+    gov.start()  # engine ready
+    assert idle_for(gov, machine, 0.99, others=0.05) == []
+    assert idle_for(gov, machine, 0.02, others=0.05) == [2]  # two 0.5 s samples agreed
+    assert torch.get_num_threads() == 2
+
+
+def test_a_burst_while_idle_does_not_flip_the_count(machine: Machine) -> None:
+    gov = governor(machine)
+    idle_for(gov, machine, 1.1, others=0.0)
+    assert gov.threads == 2
+    # A client busy for one sample's span, then quiet again: proposed, not taken.
+    assert idle_for(gov, machine, 0.5, others=1.0) == [] and gov.settling
+    assert idle_for(gov, machine, 2.0, others=0.0) == [] and gov.threads == 2
+    # Busy for longer: the engine leaves it its core.
+    assert idle_for(gov, machine, 1.0, others=1.0) == [1]
+
+
+def prefill(gov: ThreadGovernor, machine: Machine, tokens: int, chunk: int,
+            others: float) -> list[tuple[int, int]]:  # fmt: skip
+    """A prompt computed chunk by chunk as `EngineLoop.run` does, 339 tok/s per thread
+    (measured: 339 at 1 thread, 677 at 2); returns (tokens, threads) of each step."""
+    steps = []
+    gov.poll(idle=False)  # the request arrived
+    while tokens:
+        n = min(tokens, chunk, gov.prefill_cap or chunk)
+        machine.run(n / (339 * gov.threads), others, own=gov.threads)
+        steps.append((n, gov.threads))
+        tokens -= n
+        gov.poll(idle=False)
+    return steps
+
+
+def test_a_long_prefill_after_the_machine_went_idle_is_not_stuck_at_one_thread(
+    machine: Machine,
+) -> None:
+    gov = governor(machine)
+    idle_for(gov, machine, 10.0, others=1.0)  # a busy machine: one thread
+    assert gov.threads == 1
+    idle_for(gov, machine, 0.05, others=0.0)  # it went idle just before the request
+    steps = prefill(gov, machine, tokens=2048, chunk=2048, others=0.0)
+    at_two = sum(n for n, threads in steps if threads == 2)
+    # Short steps until the governor saw the work, then most of the prompt on 2 threads.
+    assert steps[0] == (256, 1) and at_two >= 1024, steps
+    assert gov.threads == 2 and gov.prefill_cap is None
+
+
+def test_under_load_it_samples_slowly_and_backs_off_when_others_get_busy(
+    machine: Machine,
+) -> None:
+    gov = governor(machine)
+    idle_for(gov, machine, 1.1, others=0.0)
+    assert gov.threads == 2
+    steps = prefill(gov, machine, tokens=4096, chunk=512, others=0.0)
+    assert all(threads == 2 for _, threads in steps)
+    assert gov.prefill_cap is None  # sure: full chunks
+    # Others take both cores mid-way: within a 2 s sample and a 0.5 s confirmation.
+    steps = prefill(gov, machine, tokens=8192, chunk=64, others=2.0)
+    seconds_at_two = sum(n / (339 * 2) for n, threads in steps if threads == 2)
+    assert 1.0 <= seconds_at_two <= 2.5 + 0.2, steps
+    assert gov.threads == 1 and gov.changes == 2
+
+
+def test_a_prefill_cap_shortens_a_step(make_rig: RigMaker) -> None:
+    rig = make_rig(device_pages=64, engine=EngineConfig(chunked_prefill_size=8 * PAGE))
+    rig.scheduler.add(Request("r", tokens_for(*range(10)), SamplingParams(max_tokens=1)))
+    assert [s.num_new for s in rig.scheduler.schedule(prefill_cap=2 * PAGE).seqs] == [2 * PAGE]
+    assert [s.num_new for s in rig.scheduler.schedule().seqs] == [8 * PAGE]
