@@ -6,12 +6,11 @@ request asking for them computes its whole prompt instead of taking the cache.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from hf_reference import hf_logprobs, hf_model
+from hf_reference import hf_logprobs
 
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
@@ -24,11 +23,6 @@ TEXT = (
     "The lighthouse keeper wrote in his log every evening: the weather, the ships that "
     "passed, the birds that rested on the rail, and the colour of the sea at dusk."
 )
-
-
-@pytest.fixture(scope="module")
-def hf_smollm(smollm_gguf: Path) -> Any:
-    return hf_model(smollm_gguf)
 
 
 def assert_matches(entry: TokenLogprob, ref_row: torch.Tensor, token: int, top: int) -> None:

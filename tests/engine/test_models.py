@@ -8,6 +8,7 @@ are compared, position by position, with transformers' full forward.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -62,8 +63,8 @@ def test_tiny_configs_cover_each_feature(tiny_checkpoints: dict[str, Path]) -> N
     assert configs["qwen3"].qk_norm and configs["qwen3"].head_dim == 32
 
 
-def test_smollm2_gguf_matches_transformers(smollm: LoadedModel, smollm_gguf: Path) -> None:
-    hf = hf_model(smollm_gguf)
+def test_smollm2_gguf_matches_transformers(smollm: LoadedModel, hf_smollm: Any) -> None:
+    hf = hf_smollm  # the session's (tests/conftest.py): loading it takes ~10 s
     text = "The history of Paris spans more than two thousand years; in 1889 the Eiffel Tower"
     prompt = smollm.tokenizer.encode(text)
     assert 15 <= len(prompt) <= 40
