@@ -100,7 +100,7 @@ def test_compare_two_of_our_servers_end_to_end(tmp_path: Path) -> None:
         "--peer-cmd",
         peer,
         "--rounds",
-        "2",
+        "1",  # the rotation and the medians over rounds are unit-tested above
         "--clients",
         "2",
         "--requests-per-client",
@@ -132,10 +132,7 @@ def test_compare_two_of_our_servers_end_to_end(tmp_path: Path) -> None:
         assert set(record["median"][name]) == keys
         assert all(v > 0 for v in record["median"][name].values())
     assert set(record["ratios"]["ours-1t"]) == keys
-    assert [list(r["figures"]) for r in record["rounds"]] == [
-        ["ours", "ours-1t"],
-        ["ours-1t", "ours"],
-    ]
+    assert [list(r["figures"]) for r in record["rounds"]] == [["ours", "ours-1t"]]
     details = record["rounds"][0]["details"]["ours"]
     # The same prompt after the restart came from our disk tier.
     assert details["long_prompt"]["cached_restart"] >= 96
