@@ -240,7 +240,8 @@ class Engine:
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         sp: SamplingParams = req.sampling
-        if not sp.ignore_eos and (token in self.eos_ids or token in sp.stop_token_ids):
+        # ignore_eos skips the model's end ids only; the request's own stop ids hold (as vLLM).
+        if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.eos_ids):
             return "stop"
         if len(req.output) >= sp.max_tokens or req.num_tokens >= self.max_model_len:
             return "length"
