@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,8 @@ import pytest
 import torch
 
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
-from asynchicache.storage.shm import SHM_DIR, list_segments
+from asynchicache.storage.shm import SHM_DIR, SharedSegment, list_segments
+from tests.support.settling import wait_until
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=3, head_dim=4, page_size=4, dtype=torch.float32)
 
@@ -145,3 +147,25 @@ def test_close_unlinks_and_is_idempotent() -> None:
     p.close()
     p.close()
     assert not path.exists()
+
+
+def test_a_new_segment_is_reserved_in_tmpfs_soon_after_creation() -> None:
+    """The owner allocates every page of the segment up front (in the background), so a
+    load's first reads into fresh slots pay no page faults."""
+    size = 64 << 20
+    segment = SharedSegment.create(size, tag="reserve-test")
+    try:
+        path = SHM_DIR / segment.name
+        wait_until(lambda: path.stat().st_blocks * 512 >= size, "the segment reserved", 30)
+    finally:
+        segment.close()
+
+
+def test_a_segment_bigger_than_shm_fails_at_creation_with_a_clear_error() -> None:
+    """Not SIGBUS on first touch later: the room is checked when the pool is made."""
+    fs = os.statvfs(SHM_DIR)
+    too_big = fs.f_bavail * fs.f_frsize + (1 << 30)
+    before = set(list_segments())
+    with pytest.raises(OSError, match="does not fit in /dev/shm"):
+        SharedSegment.create(too_big, tag="too-big")
+    assert set(list_segments()) == before
