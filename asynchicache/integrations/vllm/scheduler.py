@@ -39,14 +39,12 @@ from asynchicache.integrations.vllm.metadata import (
 )
 from asynchicache.integrations.vllm.service_link import (
     ExistsAnswer,
-    JobSettled,
     LinkEvent,
     ServiceLink,
-    TicketDone,
 )
 from asynchicache.integrations.vllm.spec import VllmKVSpec
 from asynchicache.integrations.vllm.stats import AsynchicacheStats
-from asynchicache.storage.base import PageLayout, PageRef, TicketKind
+from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled, TicketKind
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -190,7 +188,7 @@ class SchedulerSide:
         self.link.load(job, [r.page_hash for r in refs], slots)
         lk.phase, lk.load_job, lk.loading_since = Phase.LOADING, job, time.monotonic()
 
-    def _on_prefetched(self, job_id: int, job: Job, done: TicketDone) -> None:
+    def _on_prefetched(self, job_id: int, job: Job, done: Completion) -> None:
         ok = done.pages_ok if done.settled else 0
         if done.error and ok < done.pages_requested:
             self.stats.add("prefetch_failures")
@@ -204,7 +202,7 @@ class SchedulerSide:
         if done.settled:
             self.index.release(job.slots[ok:])
             del self._jobs[job_id]
-        else:  # the service may still write into them: quarantined until JobSettled
+        else:  # the service may still write into them: quarantined until Settled
             job.slots = job.slots[ok:]
         lk = self._waiting.pop(job.lookup_key, None)
         if lk is not None and self._lookups.get(lk.req_id) is lk:
@@ -377,24 +375,24 @@ class SchedulerSide:
             if lk is not None and lk.phase is Phase.ASKING:
                 self._on_exists(lk, event.pages)
             return
-        job = self._jobs.get(event.job)
+        job = self._jobs.get(event.ticket)  # the link's job id
         if job is None:
             return
-        if isinstance(event, JobSettled):
-            del self._jobs[event.job]
+        if isinstance(event, Settled):
+            del self._jobs[event.ticket]
             if job.kind is JobKind.PREFETCH:
                 self.index.release(job.slots)
             else:
                 self.index.unpin(job.slots)
         elif event.kind is TicketKind.LOAD:
-            self._on_prefetched(event.job, job, event)
+            self._on_prefetched(event.ticket, job, event)
         else:
             self.stats.add("pages_stored", event.pages_ok)
             if event.error:
                 self.stats.add("store_failures")
                 log.info("asynchicache store: %s", event.error)
             if event.settled:
-                del self._jobs[event.job]
+                del self._jobs[event.ticket]
                 self.index.unpin(job.slots)
 
     # -- lifetime -------------------------------------------------------------

@@ -3,8 +3,9 @@
 vLLM's scheduler must never wait on a socket, and `StorageClient.exists` is a
 (short) request/reply. So one thread owns the `StorageClient`: the scheduler
 drops commands in an inbox (`ask_exists`, `load`, `store`) and collects
-events (`ExistsAnswer`, `TicketDone`, `JobSettled`) with a non-blocking
-`events()`. Commands carry the caller's job ids; the link maps them to tickets.
+events (`ExistsAnswer`, and the client's own `Completion` / `Settled` with the
+job id in `ticket`) with a non-blocking `events()`. Commands carry the caller's
+job ids; the link maps them to tickets.
 
 The thread also keeps a service there: when none has answered for a while and
 `start_service` is on, it starts one (`service_process`, one per address), and
@@ -21,11 +22,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.service_process import spawn_service, stop_own_service
-from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled, TicketKind
+from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled
 from asynchicache.storage.client import StorageClient
 from asynchicache.storage.client_config import ClientConfig
 
@@ -43,26 +44,9 @@ class ExistsAnswer:
     pages: int
 
 
-@dataclass(frozen=True)
-class TicketDone:
-    """A load or store finished; `settled` False: its slots stay quarantined until a
-    `JobSettled` for the same job."""
-
-    job: int
-    kind: TicketKind
-    pages_ok: int
-    pages_requested: int
-    pages_from_remote: int
-    error: str | None
-    settled: bool
-
-
-@dataclass(frozen=True)
-class JobSettled:
-    job: int
-
-
-LinkEvent = ExistsAnswer | TicketDone | JobSettled
+# Loads and stores report the client's own `Completion` and `Settled`, renumbered
+# from the client's ticket to the link's job id (`ticket` holds the job id).
+LinkEvent = ExistsAnswer | Completion | Settled
 
 
 @dataclass(frozen=True)
@@ -214,24 +198,14 @@ class ServiceLink:
         if isinstance(done, Settled):
             job = tickets.pop(done.ticket, None)
             if job is not None:
-                self._outbox.put(JobSettled(job))
+                self._outbox.put(replace(done, ticket=job))
             return
         job = tickets.get(done.ticket)
         if job is None:
             return
         if done.settled:
             del tickets[done.ticket]
-        self._outbox.put(
-            TicketDone(
-                job,
-                done.kind,
-                done.pages_ok,
-                done.pages_requested,
-                done.pages_from_remote,
-                done.error,
-                done.settled,
-            )
-        )
+        self._outbox.put(replace(done, ticket=job))
 
     def _should_spawn(self, down_for: float, since_spawn: float) -> bool:
         if not self.config.start_service or down_for < _RESPAWN_AFTER_S:
