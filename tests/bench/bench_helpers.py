@@ -4,7 +4,8 @@ It answers `/v1/chat/completions` (stream only) after `first_delay_s` with
 `tokens` chunks `gap_s` apart, then a usage chunk whose per-tier cached counts
 are read from the request (`cached` = 16 x the number of assistant messages,
 reported as L1 for even turns and L3 for odd ones). A user message containing
-FAIL gets an HTTP 500.
+FAIL gets an HTTP 500. `GET /v1/models` names `model_name` (a peer's readiness check).
+Run as a script it is a `bench compare` peer: `python bench_helpers.py --port N`.
 """
 
 from __future__ import annotations
@@ -37,18 +38,24 @@ def _event(payload: dict) -> bytes:
 
 
 class ScriptedServer:
-    def __init__(self, first_delay_s: float = 0.05, gap_s: float = 0.01, tokens: int = 3):
+    def __init__(
+        self,
+        first_delay_s: float = 0.05,
+        gap_s: float = 0.01,
+        tokens: int = 3,
+        port: int = 0,
+        model_name: str = "scripted",
+    ):
         self.first_delay_s = first_delay_s
         self.gap_s = gap_s
         self.tokens = tokens
+        self.model_name = model_name
         self.calls: list[Call] = []
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind(("127.0.0.1", port))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self._server = uvicorn.Server(uvicorn.Config(self._app(), log_level="warning"))
-        self._thread = threading.Thread(
-            target=lambda: self._server.run(sockets=[self.sock]), daemon=True
-        )
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
 
     def _app(self) -> FastAPI:
         app = FastAPI()
@@ -61,6 +68,10 @@ class ScriptedServer:
                 self.calls.append(Call(received, time.monotonic(), body))
                 return JSONResponse({"error": {"message": "scripted failure"}}, status_code=500)
             return StreamingResponse(self._stream(body, received), media_type="text/event-stream")
+
+        @app.get("/v1/models")
+        async def models() -> dict:
+            return {"object": "list", "data": [{"id": self.model_name, "object": "model"}]}
 
         return app
 
@@ -90,6 +101,10 @@ class ScriptedServer:
         yield _event({"choices": [], "usage": usage})
         yield b"data: [DONE]\n\n"
 
+    def serve_forever(self) -> None:
+        """Serve on this thread until `close()` (or SIGTERM when run as a script)."""
+        self._server.run(sockets=[self.sock])
+
     def start(self) -> None:
         self._thread.start()
         deadline = time.monotonic() + 20
@@ -105,3 +120,20 @@ class ScriptedServer:
         self._server.should_exit = True
         self._thread.join(10)
         self.sock.close()
+
+
+def main() -> None:
+    """Serve until SIGTERM on `--port`, as `bench compare` starts a peer."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--served-model-name", default="scripted")
+    p.add_argument("--tokens", type=int, default=3)
+    args, _ = p.parse_known_args()  # a peer's {model} and {disk} are not needed
+    server = ScriptedServer(tokens=args.tokens, port=args.port, model_name=args.served_model_name)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

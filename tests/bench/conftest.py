@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -24,3 +25,12 @@ def scripted_server() -> Iterator[ScriptedServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def sigterm_kept() -> Iterator[None]:
+    """For tests that call a bench `main` in this process: it turns SIGTERM into SystemExit
+    (to stop its servers); this process gets its own handler back."""
+    handler = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, handler)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+from asynchicache.bench import sweep
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.usefixtures("sigterm_kept")]
 
 KEYS = {"mean_ttft_s", "p90_ttft_s", "hit_rate", "ideal_hit_rate", "hit_rate_by_tier"}
 TINY = [
@@ -27,26 +27,15 @@ TINY = [
 ]
 
 
-def _sweep(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "asynchicache",
-        "bench",
-        "sweep",
-        "--out",
-        str(out),
-        "--work-dir",
-        str(out / "disk"),
-        *args,
-    ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=560)
+def _sweep(out: Path, *args: str) -> int:
+    """`asynchicache bench sweep` in this process (the `python -m asynchicache bench`
+    dispatch is test_output_flags'): one interpreter start and import fewer per run."""
+    return sweep.main(["--out", str(out), "--work-dir", str(out / "disk"), *args])
 
 
 def test_sweep_multiturn_every_setup(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    proc = _sweep(out, "--workload", "multiturn", *TINY)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert _sweep(out, "--workload", "multiturn", *TINY) == 0
     summary = json.loads((out / "summary.json").read_text())
     names = ["no prefix cache", "L1", "L1+L2", "L1+L2+L3"]
     assert list(summary["configs"]) == names and summary["failed"] == {}
@@ -72,7 +61,7 @@ def test_sweep_multiturn_every_setup(tmp_path: Path) -> None:
 
 def test_sweep_restart_serves_from_disk_after_the_restart(tmp_path: Path) -> None:
     out = tmp_path / "restart"
-    proc = _sweep(
+    code = _sweep(
         out,
         "--workload",
         "restart",
@@ -94,7 +83,7 @@ def test_sweep_restart_serves_from_disk_after_the_restart(tmp_path: Path) -> Non
         "system_tokens=400",
         "--no-progress",
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     after = summary["configs"]["L1+L2+L3"]
     before = summary["before_restart"]["L1+L2+L3"]

@@ -25,14 +25,14 @@ from asynchicache.storage.disk_admin import verify_folder
 from asynchicache.storage.header import decode_header, peek_header_len
 
 _CI = {
-    "service_kills": 3,
+    "service_kills": 2,  # a fresh service, then the one that replaced it (full form: 20)
     "kill_gap_s": 1,  # after the new service served requests (a readiness signal)
     "corruptions": 10,
     "prompts": 16,
     "clients": 3,
     "heavy_prompts": 9,
-    "disk_full_prompts": 6,
-    "redis_prompts": 4,
+    "disk_full_prompts": 4,  # 44 pages: more than the 24-MB tmpfs (or the cap) holds
+    "redis_prompts": 2,  # per phase (up, down, back): cold prompts whose pages are stored
     "phase_s": 5,
     "chaos_pauses": 10,  # per target (the cache service, then redis-server)
     "chaos_pause_max_ms": 2000,  # pauses last 1 s to this

@@ -71,11 +71,11 @@ def test_crashes_after_stable_runs_do_not_exhaust_the_restarts(tmp_path: Path) -
     """The launcher stopped the server on the 6th cache-service crash, however far apart."""
     pid_file = tmp_path / "pids"
     sup = Supervisor()
-    sup.start(ChildSpec("cache-service", sleep_forever, pid_file, True, 2, stable_s=0.3))
+    sup.start(ChildSpec("cache-service", sleep_forever, pid_file, True, 2, stable_s=0.1))
     try:
         for n in range(1, 5):  # 4 crashes with max_restarts=2, each after a stable run
             _pids(pid_file, n)
-            time.sleep(0.5)
+            time.sleep(0.2)  # > stable_s since the start (the child wrote its pid after it)
             assert _kill_and_restart(sup, pid_file, n) is None
     finally:
         sup.stop_all(5)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 from redis_server import RedisServer
-from serve_process import ServeProcess
+from serve_process import ServeProcess, shutdown_together, start_together
 from settling import settled
 from traffic import by_tier, inventory, timed_chat
 
@@ -47,17 +47,15 @@ def instances(
 ) -> Iterator[tuple[ServeProcess, ServeProcess]]:
     root = tmp_path_factory.mktemp("two")
     started: list[ServeProcess] = []
+    for name in ("a", "b"):
+        flags = ["--disk-cache-dir", str(root / f"kv-{name}"), "--device-cache-tokens", "4096"]
+        started.append(ServeProcess(root / f"{name}.log", *flags, "--remote-url", shared_redis.url))
     try:
-        for name in ("a", "b"):
-            flags = ["--disk-cache-dir", str(root / f"kv-{name}"), "--device-cache-tokens", "4096"]
-            serve = ServeProcess(root / f"{name}.log", *flags, "--remote-url", shared_redis.url)
-            started.append(serve)
-            serve.start()
-            # A first short request pays one-time costs, so cold times measure prefill only.
-            timed_chat(serve.url, [{"role": "user", "content": "Hello!"}])
+        # A first short request pays one-time costs, so cold times measure prefill only.
+        start_together(started, lambda s: timed_chat(s.url, [{"role": "user", "content": "Hi!"}]))
         yield started[0], started[1]
     finally:
-        codes = [s.stop() for s in started]
+        codes = shutdown_together(started)
         assert all(code == 0 for code in codes), [s.log_tail() for s in started]
 
 

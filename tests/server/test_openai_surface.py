@@ -3,9 +3,9 @@ official `openai` client): request groups (n, best_of), logprobs checked against
 transformers, echo with prompt logprobs past a fully cached prompt, prompt lists,
 penalties and logit_bias.
 
-One server per module and mode: the prefix-cache server serves every test, a
-second one with `--no-prefix-cache` only the group tests whose page sharing
-depends on it (prefill once and release, disconnect).
+One server per module and mode, started together: the prefix-cache server serves
+every test, a second one with `--no-prefix-cache` only the group tests whose page
+sharing depends on it (prefill once and release, disconnect).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import openai
 import pytest
 import torch
 from hf_reference import hf_logprobs
-from serve_process import ServeProcess, disk_server
+from serve_process import ServeProcess, disk_server, shutdown_together, start_together
 
 pytestmark = pytest.mark.slow
 
@@ -32,24 +32,29 @@ STORY = (
 )
 
 
-def _serve(root: Path, *extra: str) -> Iterator[ServeProcess]:
-    srv = disk_server(root / "kv", root / "server.log", *extra)
-    srv.start()
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProcess, ...]]:
+    """The prefix-cache server and the `--no-prefix-cache` one, started together."""
+    root = tmp_path_factory.mktemp("surface")
+    prefix = disk_server(root / "kv", root / "prefix-cache.log")
+    plain = disk_server(
+        root / "unused", root / "no-prefix-cache.log", "--no-prefix-cache", "--no-disk-cache"
+    )
     try:
-        yield srv
+        start_together([prefix, plain])
+        yield prefix, plain
     finally:
-        srv.shutdown()
+        shutdown_together([prefix, plain])
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    yield from _serve(tmp_path_factory.mktemp("prefix-cache"))
+def server(servers: tuple[ServeProcess, ...]) -> ServeProcess:
+    return servers[0]
 
 
 @pytest.fixture(scope="module")
-def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    root = tmp_path_factory.mktemp("no-prefix-cache")
-    yield from _serve(root, "--no-prefix-cache", "--no-disk-cache")
+def plain_server(servers: tuple[ServeProcess, ...]) -> ServeProcess:
+    return servers[1]
 
 
 @pytest.fixture(params=["prefix-cache", "no-prefix-cache"])

@@ -17,9 +17,10 @@ from settling import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-# L1 64 pages, L2 72 pages (pins may take 36), disk 144 page files (pins may take 72).
-FLAGS = ("--device-cache-tokens", "1024", "--host-cache-gb", "0.05", "--disk-cache-gb", "0.1")
-PAGES = 20
+# L1 32 pages, L2 36 pages (pins may take 18), disk 72 page files (pins may take 36): small
+# tiers, so a short workload (ten prompts of PAGES) evicts everything that is not pinned.
+FLAGS = ("--device-cache-tokens", "512", "--host-cache-gb", "0.025", "--disk-cache-gb", "0.05")
+PAGES = 10
 PINNED, CONTROL = prompt(1, PAGES), prompt(2, PAGES)
 
 
@@ -61,7 +62,7 @@ def test_a_pinned_prompt_outlives_a_workload_that_evicts_its_control(
     pin = r.json()
     assert pin["pages"] == PAGES and not pin["computed"] and pin["persistent"]
     assert pin["pin_id"] in _pinned_ids(url)
-    for k in range(10):  # 200 pages through L1 (64), L2 (72) and the disk (144)
+    for k in range(10):  # 100 pages through L1 (32), L2 (36) and the disk (72)
         complete(url, prompt(10 + k, PAGES))
     wait_idle(url)
     assert sum(lookup(url, CONTROL).values()) == 0  # without a pin: gone from every tier
@@ -81,7 +82,7 @@ def test_ttl_listing_and_the_limit(server: ServeProcess) -> None:
     assert r.json()["pin_id"] in _pinned_ids(url)
     pin_id = r.json()["pin_id"]
     wait_until(lambda: pin_id not in _pinned_ids(url), "the pin to expire", 60)
-    big = _pin(url, prompt(4, 40))  # 20 pinned + 40 > 36 of L2's 72 pages
+    big = _pin(url, prompt(4, 20))  # 10 pinned + 20 > 18 of L2's 36 pages
     assert big.status_code == 409, big.text
     assert "--max-pinned-fraction" in big.json()["error"]["message"]
     assert stats(url)["pins"]["pinned_pages"] == PAGES

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
+from pools import NAMESPACE, SMALL, Pool, new_hashes, pool_factory, refs
 from service_process import ServiceProcess
 from storage_clients import Clients, wait_idle
 
@@ -39,22 +39,36 @@ MANY = 20_000  # 1 KiB pages: one I/O thread needs seconds for them
 MARK = 0x5A
 
 
-@pytest.fixture
-def stored(tmp_path: Path, make_pool: Callable[..., Pool]) -> tuple[Pool, list[bytes]]:
-    """A pool of 2 x MANY slots whose first MANY pages are on disk under tmp_path/kv."""
-    pool = make_pool(2 * MANY, fill=MANY, seed=5)
+@pytest.fixture(scope="module")
+def stored_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[bytes]]:
+    """A disk folder holding MANY pages (the first MANY slots of a pool filled with seed 5).
+
+    Written once for the module (MANY page files take seconds): the tests only load
+    these pages, and each test's service and pool are its own.
+    """
+    folder = tmp_path_factory.mktemp("settlement") / "kv"
     hashes = new_hashes(MANY)
-    disk = DiskBackend(DiskConfig(tmp_path / "kv", NAMESPACE, SMALL, 1 << 34))
-    try:
-        assert disk.put(refs(hashes, range(MANY)), pool.array) == MANY
-    finally:
-        disk.close()
-    return pool, hashes
+    for make_pool in pool_factory():
+        pool = make_pool(MANY, fill=MANY, seed=5)
+        disk = DiskBackend(DiskConfig(folder, NAMESPACE, SMALL, 1 << 34))
+        try:
+            assert disk.put(refs(hashes, range(MANY)), pool.array) == MANY
+        finally:
+            disk.close()
+    return folder, hashes
 
 
-def _slow_service(services, tmp_path: Path, sock_dir: Path) -> tuple[ServiceProcess, str]:
+@pytest.fixture
+def stored(
+    stored_folder: tuple[Path, list[bytes]], make_pool: Callable[..., Pool]
+) -> tuple[Pool, list[bytes]]:
+    """A pool of 2 x MANY slots whose first MANY pages are on disk in `stored_folder`."""
+    return make_pool(2 * MANY, fill=MANY, seed=5), stored_folder[1]
+
+
+def _slow_service(services, folder: Path, sock_dir: Path) -> tuple[ServiceProcess, str]:
     addr = f"ipc://{sock_dir}/svc.sock"
-    return services(tmp_path / "kv", addr, "--workers", "1", "--io-threads", "1"), addr
+    return services(folder, addr, "--workers", "1", "--io-threads", "1"), addr
 
 
 def _events(client: StorageClient, seconds: float) -> list[Completion | Settled]:
@@ -77,12 +91,12 @@ def _wait_running(client: StorageClient) -> None:
 
 
 def _running_load(
-    services, tmp_path: Path, sock_dir: Path, stored, clients: Clients, ticket_timeout_s: float
+    services, folder: Path, sock_dir: Path, stored, clients: Clients, ticket_timeout_s: float
 ) -> tuple[ServiceProcess, StorageClient, int]:
     """A load of the whole `stored` chain into the pool's second half, running now on a
     service with one worker (the client gives it up after `ticket_timeout_s`)."""
     pool, hashes = stored
-    svc, addr = _slow_service(services, tmp_path, sock_dir)
+    svc, addr = _slow_service(services, folder, sock_dir)
     client = clients(addr, pool, ticket_timeout_s=ticket_timeout_s, ready_s=30)
     ticket = client.submit_load(hashes, list(range(MANY, 2 * MANY)))
     _wait_running(client)
@@ -90,10 +104,10 @@ def _running_load(
 
 
 def test_a_ticket_given_up_while_its_job_runs_is_unsettled_until_the_late_reply(
-    tmp_path: Path, sock_dir: Path, stored, services, clients: Clients
+    stored_folder: tuple[Path, list[bytes]], sock_dir: Path, stored, services, clients: Clients
 ) -> None:
     pool, _ = stored
-    svc, client, ticket = _running_load(services, tmp_path, sock_dir, stored, clients, 1.0)
+    svc, client, ticket = _running_load(services, stored_folder[0], sock_dir, stored, clients, 1.0)
     svc.signal(signal.SIGSTOP)  # frozen in the middle of the job
     try:
         [done] = client.wait([ticket], 10)
@@ -114,9 +128,9 @@ def test_a_ticket_given_up_while_its_job_runs_is_unsettled_until_the_late_reply(
 
 
 def test_cancel_stops_a_running_job_at_its_next_page(
-    tmp_path: Path, sock_dir: Path, stored, services, clients: Clients
+    stored_folder: tuple[Path, list[bytes]], sock_dir: Path, stored, services, clients: Clients
 ) -> None:
-    _, client, ticket = _running_load(services, tmp_path, sock_dir, stored, clients, 60.0)
+    _, client, ticket = _running_load(services, stored_folder[0], sock_dir, stored, clients, 60.0)
     client.cancel(ticket)
     [done] = [e for e in client.poll() if e.ticket == ticket]  # at once, without waiting
     assert isinstance(done, Completion)
@@ -134,10 +148,10 @@ def test_cancel_stops_a_running_job_at_its_next_page(
 
 
 def test_a_killed_service_settles_every_quarantined_ticket(
-    tmp_path: Path, sock_dir: Path, stored, services, clients: Clients
+    stored_folder: tuple[Path, list[bytes]], sock_dir: Path, stored, services, clients: Clients
 ) -> None:
     pool, hashes = stored
-    svc, addr = _slow_service(services, tmp_path, sock_dir)
+    svc, addr = _slow_service(services, stored_folder[0], sock_dir)
     client = clients(addr, pool, ticket_timeout_s=1.0)
     patient = clients(addr, pool, ticket_timeout_s=60.0)
     assert client.wait_ready(30) and patient.wait_ready(30)
@@ -158,9 +172,11 @@ def test_a_killed_service_settles_every_quarantined_ticket(
     assert client.quarantined == 0 and _events(client, 0.2) == []
 
 
-def test_in_thread_close_settles_what_was_given_up(tmp_path: Path, sock_dir: Path, stored) -> None:
+def test_in_thread_close_settles_what_was_given_up(
+    stored_folder: tuple[Path, list[bytes]], sock_dir: Path, stored
+) -> None:
     pool, hashes = stored
-    service = ServiceConfig(tmp_path / "kv", f"ipc://{sock_dir}/t.sock", workers=1, io_threads=1)
+    service = ServiceConfig(stored_folder[0], f"ipc://{sock_dir}/t.sock", workers=1, io_threads=1)
     client = StorageClient.in_thread(service, ClientConfig("", NAMESPACE, pool.segment.name, SMALL))
     try:
         assert client.wait_ready(10)

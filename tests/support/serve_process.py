@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from processes import children_of, pid_alive
@@ -58,3 +59,33 @@ def disk_server(disk_dir: Path, log_path: Path, *extra: str) -> ServeProcess:
     """A server with a disk tier in `disk_dir` and 4,096 L1 tokens (`extra` may override)."""
     flags = ["--disk-cache-dir", str(disk_dir), "--device-cache-tokens", "4096"]
     return ServeProcess(log_path, *flags, "--log-level", "info", *extra)
+
+
+def start_together(
+    servers: Sequence[ServeProcess], then: Callable[[ServeProcess], object] | None = None
+) -> None:
+    """Start `servers` at once, then call `then` on each (in its own thread too).
+
+    A start is mostly one process at a time importing and loading (one core), so two
+    servers start in about the time of one. If any start fails, every server is stopped
+    and the first error is raised.
+    """
+
+    def one(server: ServeProcess) -> None:
+        server.start()
+        if then is not None:
+            then(server)
+
+    with ThreadPoolExecutor(max_workers=len(servers)) as pool:
+        futures = [pool.submit(one, s) for s in servers]
+    errors = [e for e in (f.exception() for f in futures) if e is not None]
+    if errors:
+        for server in servers:
+            server.stop()
+        raise errors[0]
+
+
+def shutdown_together(servers: Sequence[ServeProcess]) -> list[int | None]:
+    """`shutdown` of every server at once (each waits on its own processes); the exit codes."""
+    with ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:
+        return list(pool.map(lambda s: s.shutdown(), servers))

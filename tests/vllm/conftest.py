@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from redis_server import RedisServer, redis_server_binary
+from tiny_pair import TinyPair
 
 from asynchicache.engine.export_hf import export_hf
 
@@ -62,9 +63,21 @@ def tiny_hf(smollm_hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(redis_server_binary(), tmp_path_factory.mktemp("redis"))
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(
+    tiny_hf: Path, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TinyPair]:
+    """vLLM `a` and `b` with our connector, started once for the session (tiny_pair.py)."""
+    pair = TinyPair(tiny_hf, tmp_path_factory.mktemp("vllm-tiny"), redis_server)
+    try:
+        yield pair
+    finally:
+        pair.stop()

@@ -1,12 +1,11 @@
 """AsynchicacheConnector under a real vLLM server, on a tiny random Llama.
 
-Three servers share the module (a vLLM start is the expensive part): `plain`
-(vLLM without a connector, the reference outputs) and `a`, `b` (vLLM with
-our connector, each with its own disk folder and cache service, as two
-machines would be, and one Redis between them). L2 is kept small (244 pages)
-so that a few other prompts push a prompt out of it, and vLLM's own prefix
-cache is emptied through /reset_prefix_cache: then only our disk or Redis
-tier can serve the prefix.
+The session's vLLM pair `a`, `b` (tiny_pair.py: our connector, a disk folder
+and cache service each, one Redis) serves every test here; `plain` is vLLM
+without a connector, run in the test process (inproc_vllm.py), for the
+reference outputs. vLLM's own prefix cache is emptied through
+/reset_prefix_cache and a few other prompts push a prompt out of the small L2:
+then only our disk or Redis tier can serve the prefix.
 """
 
 from __future__ import annotations
@@ -17,23 +16,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from inproc_vllm import PlainVllm
 from processes import pid_alive
 from redis_server import RedisServer
+from tiny_pair import TinyPair
 from vllm_helpers import (
-    CONNECTOR,
     event,
     hit_after,
     hits,
     kill_service,
     prompt,
-    server,
-    start_all,
     stored_since,
     text_of,
     wait_for,
 )
 
-from asynchicache.bench.vllm_process import VllmFlags, VllmServer
+from asynchicache.bench.vllm_process import VllmServer
 from asynchicache.integrations.vllm.service_process import service_pid
 
 # A vLLM start takes 30-120 s on 2 busy cores; the suite's 300 s per test is too tight
@@ -47,7 +45,7 @@ FILLERS = 7  # 7 x 43 pages of other prompts push a prompt out of the 244-page L
 
 @dataclass
 class Instances:
-    plain: VllmServer
+    plain: PlainVllm
     a: VllmServer
     b: VllmServer
     a_disk: Path
@@ -67,41 +65,22 @@ class Instances:
 
 
 @pytest.fixture(scope="module")
-def vllms(
-    tiny_hf: Path, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Instances]:
-    root = tmp_path_factory.mktemp("vllm-tiny")
-
-    def ours(name: str) -> VllmFlags:
-        extra = {
-            "disk_cache_dir": str(root / name / "kv"),
-            "cache_service": f"ipc://{root / name / 'run' / 'cache.sock'}",
-            "remote_url": redis_server.url,
-            "host_cache_gb": 0.004,
-            # a loaded test machine must not turn hits into misses
-            "lookup_timeout": 5.0,
-            "prefetch_timeout": 30.0,
-        }
-        return VllmFlags(tiny_hf, kv_cache_bytes=32 << 20, connector=CONNECTOR, extra_config=extra)
-
-    servers = [
-        server(VllmFlags(tiny_hf, kv_cache_bytes=32 << 20), root / "plain.log"),
-        server(ours("a"), root / "a.log"),
-        server(ours("b"), root / "b.log"),
-    ]
+def vllms(tiny_pair: TinyPair, tiny_hf: Path) -> Iterator[Instances]:
+    plain: PlainVllm | None = None
     try:
-        start_all(servers)
-        yield Instances(
-            *servers, root / "a" / "kv", f"ipc://{root / 'a' / 'run' / 'cache.sock'}", redis_server
-        )
+        with ThreadPoolExecutor(1) as pool:
+            started = pool.submit(tiny_pair.servers)
+            plain = PlainVllm(tiny_hf, kv_cache_bytes=32 << 20)  # while the servers start
+            a, b = started.result()
+        yield Instances(plain, a, b, tiny_pair.disk("a"), tiny_pair.socket("a"), tiny_pair.redis)
     finally:
-        for s in servers:
-            s.stop()
+        if plain is not None:
+            plain.close()
 
 
 def test_outputs_equal_plain_vllm_cold_and_from_each_tier(vllms: Instances) -> None:
     p = prompt(1, N)
-    want = text_of(vllms.plain, p)
+    want = vllms.plain.text(p)
     assert text_of(vllms.a, p) == want  # cold: computed, saved to L2, disk and Redis
     host = hits(vllms.a, "host")
     vllms.a.reset_prefix_cache()
@@ -115,7 +94,7 @@ def test_outputs_equal_plain_vllm_cold_and_from_each_tier(vllms: Instances) -> N
 
 def test_cache_salt_isolates_tenants(vllms: Instances) -> None:
     p = prompt(2, N)
-    want = text_of(vllms.plain, p)
+    want = vllms.plain.text(p)
     assert text_of(vllms.a, p, cache_salt="tenant-a") == want
     vllms.a.reset_prefix_cache()
     total = sum(hits(vllms.a, t) for t in ("host", "disk", "remote"))
@@ -130,7 +109,7 @@ def test_cache_salt_isolates_tenants(vllms: Instances) -> None:
 
 def test_second_instance_loads_the_first_ones_prompt_from_l4(vllms: Instances) -> None:
     p = prompt(3, N)
-    want = text_of(vllms.plain, p)
+    want = vllms.plain.text(p)
     keys = vllms.redis_keys()
     assert text_of(vllms.a, p) == want
     wait_for(lambda: vllms.redis_keys() >= keys + LOADED // 16, what="uploads to Redis")
@@ -142,7 +121,7 @@ def test_second_instance_loads_the_first_ones_prompt_from_l4(vllms: Instances) -
 def test_redis_down_recomputes_and_l4_hits_resume(vllms: Instances) -> None:
     vllms.redis.kill()
     p = prompt(4, N)
-    want = text_of(vllms.plain, p)
+    want = vllms.plain.text(p)
     assert text_of(vllms.a, p) == want  # stored on a's disk only
     assert text_of(vllms.b, p) == want  # nothing in L4: recomputed, not failed
     vllms.redis.start()
@@ -157,7 +136,7 @@ def test_redis_down_recomputes_and_l4_hits_resume(vllms: Instances) -> None:
     wait_for(uploaded, timeout_s=90, what="uploads to resume")
     remote = hits(vllms.b, "remote")
     q = prompt(seed, N)
-    assert text_of(vllms.b, q) == text_of(vllms.plain, q)
+    assert text_of(vllms.b, q) == vllms.plain.text(q)
     assert hit_after(vllms.b, "remote", remote, LOADED) == LOADED
 
 
@@ -171,7 +150,7 @@ def test_corrupt_and_truncated_page_files_are_misses_then_hits_resume(
     vllms.redis.stop()  # no L4 to fall back on: a bad page must be recomputed
     try:
         p = prompt(5, N)
-        want = text_of(vllms.plain, p)
+        want = vllms.plain.text(p)
         before = set(vllms.a_disk.rglob("*.kv"))
         stored = event(vllms.a, "pages_stored")
         assert text_of(vllms.a, p) == want
@@ -203,7 +182,7 @@ def test_corrupt_and_truncated_page_files_are_misses_then_hits_resume(
 
 def test_service_killed_mid_load_recomputes_then_hits_resume(vllms: Instances) -> None:
     prompts = [prompt(300_000 + i, N) for i in range(5)]
-    wants = [text_of(vllms.plain, q) for q in prompts]
+    wants = [vllms.plain.text(q) for q in prompts]
     stored = event(vllms.a, "pages_stored")
     for q, want in zip(prompts, wants, strict=True):
         assert text_of(vllms.a, q) == want
