@@ -43,12 +43,9 @@ serve: $(STAMP)
 	@echo "  curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}]}'"
 	$(BIN)/asynchicache serve $(ARGS)
 
-test: $(STAMP) $(VLLM_STAMP)
-	bash scripts/ensure-services.sh
-	$(BIN)/ruff check asynchicache tests
-	$(BIN)/ruff format --check asynchicache tests
-	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
-	$(VLLM_VENV)/bin/python -m pytest -q tests/vllm
+# ruff, the main suite, then tests/vllm in .venv-vllm (installed meanwhile: scripts/test.sh).
+test: $(STAMP)
+	MAKE="$(MAKE)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test.sh
 
 # The tests under a real vLLM alone (they also run in `make test`).
 test-vllm: $(VLLM_STAMP)
