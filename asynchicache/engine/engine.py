@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 
 import torch
@@ -50,8 +51,12 @@ class Engine:
         cache_config: CacheConfig,
         storage: StorageTier | None = None,
         loaded: LoadedModel | None = None,
+        step_threads: Callable[[int], object] | None = None,
     ) -> None:
+        """`step_threads(new_tokens)` is called before each forward pass (the process's
+        `ThreadGovernor.for_step`: threads per step)."""
         self.config = engine_config
+        self.step_threads = step_threads
         self.cache_config = cache_config
         self.loaded = loaded or load_model(
             engine_config.model, engine_config.dtype, engine_config.device
@@ -183,6 +188,8 @@ class Engine:
             max(0, min(s.num_new, len(s.request.prompt) - s.request.num_computed))
             for s in batch.seqs
         )
+        if self.step_threads is not None:
+            self.step_threads(batch.num_tokens)
         t0 = time.perf_counter()
         logits = self.runner.forward(forward)  # [seqs (+ every position of flagged), vocab]
         elapsed = time.perf_counter() - t0

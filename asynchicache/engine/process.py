@@ -149,7 +149,8 @@ def run_engine(config: EngineProcessConfig) -> None:
     push.bind(config.output_addr)
     governor = ThreadGovernor(config.engine.threads)
     threads = governor.apply()  # before the model exists: its first pool size
-    engine = Engine(config.engine, config.cache, storage=_connect_storage(config))
+    storage = _connect_storage(config)
+    engine = Engine(config.engine, config.cache, storage, step_threads=governor.for_step)
     engine.warm_up()
     upkeep = Upkeep.start(engine, config.kv_events, ctx)
     loop = EngineLoop(engine, pull, push, upkeep, governor)

@@ -23,7 +23,16 @@ process. While the engine is idle a switch costs nothing, so it samples every
 0.5 s: the engine meets its first request with what the machine leaves once
 start-up has settled (`start()` at ready: start-up itself is not measured).
 It samples again when work arrives, 0.5 s into the work, and 0.5 s after a
-proposal to confirm it. The count can only change between steps, so until
+proposal to confirm it.
+
+Small steps run on one thread whatever the count (`for_step`): a step of a
+few tokens (a whole cache hit's last token, a decode of one or two requests)
+reads every weight once for a few rows, so it is bound by memory, and a second
+thread buys little even alone (a 1-token forward over 1,553 cached tokens, SmolLM2:
+32 -> 27 ms) while it takes the core the HTTP process and the client need to
+stream that very token out: in the server the same forward took 37-52 ms on two
+threads and 30-31 ms on one, and a warm whole-hit TTFT 49-64 ms vs 39 ms
+(docs/benchmarks.md). The count can only change between steps, so until
 it has sampled the work (and while a change is proposed) the engine keeps its
 prefill steps short (`prefill_cap`): a long prompt that comes just after the
 machine went idle or busy is not computed on the wrong count throughout.
@@ -50,6 +59,8 @@ MIN_SAMPLE_S = 0.2
 # default model here (339 tok/s), so the next sample comes within a long prompt.
 UNSURE_PREFILL_TOKENS = 256
 PROC_STAT = Path("/proc/stat")
+# Steps of at most this many new tokens run on one thread (module docstring).
+SMALL_STEP_TOKENS = 4
 
 
 def available_cores() -> int:
@@ -132,6 +143,7 @@ class ThreadGovernor:
         self._last_idle = True  # the last sample saw no work (taken idle or as work arrived)
         self._idle = True
         self._proposal: int | None = None
+        self._applied: int | None = None  # what torch was last set to by us
         self.changes = 0
         self.start()
 
@@ -148,8 +160,21 @@ class ThreadGovernor:
         return UNSURE_PREFILL_TOKENS if unsure and self._last is not None else None
 
     def apply(self) -> int:
-        torch.set_num_threads(self.threads)
+        self._set(self.threads)
         return self.threads
+
+    def for_step(self, new_tokens: int) -> int:
+        """Set and return the threads of a step computing `new_tokens` tokens: one for a small
+        step (`SMALL_STEP_TOKENS`) unless `--threads` fixed the count, else the count."""
+        small = self.fixed is None and new_tokens <= SMALL_STEP_TOKENS
+        want = 1 if small else self.threads
+        if want != self._applied:
+            self._set(want)
+        return want
+
+    def _set(self, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self._applied = threads
 
     def start(self) -> None:
         """Measure from now on (call when the engine is ready: model loading is not load)."""

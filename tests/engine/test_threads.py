@@ -11,10 +11,13 @@ import pytest
 import torch
 from scheduler_rig import PAGE, RigMaker, tokens_for
 
-from asynchicache.config import EngineConfig
+from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.engine import Engine
+from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.request import Request
 from asynchicache.engine.threads import (
+    SMALL_STEP_TOKENS,
     CpuSample,
     ThreadGovernor,
     available_cores,
@@ -189,3 +192,39 @@ def test_a_prefill_cap_shortens_a_step(make_rig: RigMaker) -> None:
     rig.scheduler.add(Request("r", tokens_for(*range(10)), SamplingParams(max_tokens=1)))
     assert [s.num_new for s in rig.scheduler.schedule(prefill_cap=2 * PAGE).seqs] == [2 * PAGE]
     assert [s.num_new for s in rig.scheduler.schedule().seqs] == [8 * PAGE]
+
+
+def test_small_steps_run_on_one_thread_unless_the_count_is_fixed(machine: Machine) -> None:
+    gov = governor(machine)
+    assert gov._propose(2) is None and gov._propose(2) == 2  # the machine left both cores
+    small, big = SMALL_STEP_TOKENS, SMALL_STEP_TOKENS + 1
+    assert [gov.for_step(n) for n in (1, small, big, 512, 1)] == [1, 1, 2, 2, 1]
+    assert torch.get_num_threads() == 1  # the last step's count is torch's
+    assert gov.threads == 2  # the governed count itself is unchanged
+    fixed = ThreadGovernor(fixed=2, cores=2)
+    assert [fixed.for_step(n) for n in (1, big)] == [2, 2] and torch.get_num_threads() == 2
+
+
+def test_the_engine_sets_each_steps_threads_before_its_forward(
+    tiny_llama: LoadedModel,
+) -> None:
+    """A whole cache hit computes one token; its decode steps one each; a prompt all of it."""
+    seen: list[tuple[int, int]] = []  # (new tokens, steps run before this forward)
+    engine: Engine | None = None
+
+    def record(new_tokens: int) -> None:
+        assert engine is not None
+        seen.append((new_tokens, engine.steps))
+
+    cache = CacheConfig(disk_cache_dir=None)
+    engine = Engine(EngineConfig(), cache, loaded=tiny_llama, step_threads=record)
+    page = cache.page_size
+    try:
+        prompt = list(range(3, 3 + 3 * page))  # three whole pages
+        sampling = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        engine.generate([prompt], sampling)
+        engine.generate([prompt], sampling)  # the prompt is cached: its last token, then 2 decodes
+    finally:
+        engine.close()
+    assert [n for n, _ in seen] == [3 * page, 1, 1, 1, 1, 1]
+    assert [s for _, s in seen] == list(range(6))  # once per step, before the step ends
