@@ -25,14 +25,17 @@ start-up has settled (`start()` at ready: start-up itself is not measured).
 It samples again when work arrives, 0.5 s into the work, and 0.5 s after a
 proposal to confirm it.
 
-Small steps run on one thread whatever the count (`for_step`): a step of a
-few tokens (a whole cache hit's last token, a decode of one or two requests)
-reads every weight once for a few rows, so it is bound by memory, and a second
-thread buys little even alone (a 1-token forward over 1,553 cached tokens, SmolLM2:
-32 -> 27 ms) while it takes the core the HTTP process and the client need to
-stream that very token out: in the server the same forward took 37-52 ms on two
-threads and 30-31 ms on one, and a warm whole-hit TTFT 49-64 ms vs 39 ms
-(docs/benchmarks.md). The count can only change between steps, so until
+Small steps run on one thread whatever the count (`for_step`): a step of at
+most a page of new tokens (a cache hit's partial last page, the decodes of up
+to 16 requests) reads every weight once for a few rows, so it is bound by
+memory, and a second thread buys little even alone (a 1-token forward over
+1,553 cached tokens, SmolLM2: 32 -> 27 ms) while it takes the core the HTTP
+process and the client need to stream the tokens out. In the server, measured
+interleaved on 2 cores (docs/benchmarks.md, 2026-12-02): the same 1-token
+forward took 37-52 ms on two threads and 30-31 ms on one; a warm hit that
+computes a 6-15-token tail right after the cold request, median 103 ms with
+such steps on two threads and 82 ms on one; 8 clients decoding 64 tokens each,
+98-118 completion tokens/s on two threads and 115-126 on one. The count can only change between steps, so until
 it has sampled the work (and while a change is proposed) the engine keeps its
 prefill steps short (`prefill_cap`): a long prompt that comes just after the
 machine went idle or busy is not computed on the wrong count throughout.
@@ -60,7 +63,7 @@ MIN_SAMPLE_S = 0.2
 UNSURE_PREFILL_TOKENS = 256
 PROC_STAT = Path("/proc/stat")
 # Steps of at most this many new tokens run on one thread (module docstring).
-SMALL_STEP_TOKENS = 4
+SMALL_STEP_TOKENS = 16
 
 
 def available_cores() -> int:
