@@ -23,7 +23,10 @@ process. While the engine is idle a switch costs nothing, so it samples every
 0.5 s: the engine meets its first request with what the machine leaves once
 start-up has settled (`start()` at ready: start-up itself is not measured).
 It samples again when work arrives, 0.5 s into the work, and 0.5 s after a
-proposal to confirm it.
+proposal to confirm it. The count can only change between steps, so until
+it has sampled the work (and while a change is proposed) the engine keeps its
+prefill steps short (`prefill_cap`): a long prompt that comes just after the
+machine went idle or busy is not computed on the wrong count throughout.
 
 Small steps run on one thread whatever the count (`for_step`): a step of at
 most a page of new tokens (a cache hit's partial last page, the decodes of up
@@ -35,10 +38,7 @@ interleaved on 2 cores (docs/benchmarks.md, 2026-12-02): the same 1-token
 forward took 37-52 ms on two threads and 30-31 ms on one; a warm hit that
 computes a 6-15-token tail right after the cold request, median 103 ms with
 such steps on two threads and 82 ms on one; 8 clients decoding 64 tokens each,
-98-118 completion tokens/s on two threads and 115-126 on one. The count can only change between steps, so until
-it has sampled the work (and while a change is proposed) the engine keeps its
-prefill steps short (`prefill_cap`): a long prompt that comes just after the
-machine went idle or busy is not computed on the wrong count throughout.
+98-118 completion tokens/s on two threads and 115-126 on one.
 """
 
 from __future__ import annotations
