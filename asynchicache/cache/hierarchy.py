@@ -117,8 +117,9 @@ class HiRadixCache:
 
     @property
     def pending(self) -> int:
-        """Background copies and storage operations in flight."""
-        return len(self.parts.transfers) + len(self.parts.storage_ops)
+        """Background copies and storage operations in flight or waiting to start."""
+        p = self.parts
+        return len(p.transfers) + len(p.storage_ops) + len(p.store_queue)
 
     @property
     def copies_pending(self) -> int:
@@ -304,13 +305,19 @@ class HiRadixCache:
 
     # -- poll -----------------------------------------------------------------------------------
 
-    def poll(self) -> list[LoadTicket]:
-        """Complete finished copies and storage operations; returns loads that finished.
+    def poll(self, idle: bool = False) -> list[LoadTicket]:
+        """Complete finished copies and storage operations, start stores that are due
+        (`idle`: the engine has no work, store_queue.py); returns loads that finished.
 
         Each returned ticket carries a lock (`ticket.handle`) its caller must release.
         """
         self.completions.poll()
+        self.writer.start_waiting_stores(idle)
         return self.loader.collect()
+
+    def start_stores(self) -> None:
+        """Start every store waiting for a quiet engine now (store_queue.py)."""
+        self.writer.start_waiting_stores(idle=True, now=True)
 
     def drain(self, timeout_s: float = 30.0) -> list[LoadTicket]:
         """Block until no copy or storage ticket is pending (tests and shutdown only).
@@ -322,6 +329,7 @@ class HiRadixCache:
         while self.pending:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.pending} cache operations still pending")
+            self.start_stores()
             time.sleep(0.0005)
             out += self.poll()
         return out
@@ -350,6 +358,7 @@ class HiRadixCache:
         """Empty L1 and/or L2 of one `cache_salt`'s pages (None: every tenant's); pages in
         use stay, pinned ones too unless `include_pinned`. Per-tier counts."""
         roots = self.tree.roots() if salt is None else [self._root(salt)]
+        self.start_stores()  # as if they had not waited
         return clear_tiers(self.parts, self.evictor, roots, device, host, include_pinned)
 
     # -- pins, events ---------------------------------------------------------------------
@@ -383,7 +392,9 @@ class HiRadixCache:
             raise IntegrityError("; ".join(problems[:20]))
 
     def close(self) -> None:
-        """Finish copies in flight, then release the pools (the storage tier is the caller's)."""
+        """Start waiting stores, finish copies in flight, then release the pools (the storage
+        tier is the caller's: it finishes the stores)."""
+        self.start_stores()
         self.transfer.close()
         if self.host_pool is not None and self._owns_host_pool:
             self.host_pool.close()

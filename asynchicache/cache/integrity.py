@@ -153,9 +153,11 @@ def _ticket_problems(parts: CacheParts, loader: Loader) -> list[str]:
 
 def _hold_problems(parts: CacheParts, loader: Loader) -> list[str]:
     holds: Tally[int] = Tally()
-    for node in [j.deepest for j in parts.storage_ops.values() if isinstance(j, StoreJob)] + [
-        u.hold for u in parts.unsettled.values() if u.hold is not None
-    ]:
+    for node in (
+        [j.deepest for j in parts.storage_ops.values() if isinstance(j, StoreJob)]
+        + [u.hold for u in parts.unsettled.values() if u.hold is not None]
+        + parts.store_queue.holds()
+    ):
         for n in parts.tree.path(node):
             holds[id(n)] += 1
     locks: Tally[int] = Tally()

@@ -14,6 +14,7 @@ from asynchicache.cache.pins import PinnedPages
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
 from asynchicache.cache.radix import RadixTree
 from asynchicache.cache.stats import Counters
+from asynchicache.cache.store_queue import StoreQueue
 from asynchicache.cache.transfer import TransferEngine
 from asynchicache.config import CacheConfig
 from asynchicache.storage.base import StorageTier
@@ -38,6 +39,7 @@ class CacheParts:
     storage_ops: dict[int, StoreJob | LoadJob] = field(default_factory=dict)
     unsettled: dict[int, Unsettled] = field(default_factory=dict)  # storage ticket -> slots
     pins: PinnedPages = field(default_factory=PinnedPages)  # chains L2 does not evict
+    store_queue: StoreQueue = field(default_factory=StoreQueue)  # stores of new pages, waiting
 
     def __post_init__(self, strict: bool) -> None:
         slots = self.host_pool.num_slots if self.host_pool is not None else 0

@@ -110,7 +110,7 @@ def snapshot(parts: CacheParts) -> CacheStats:
         host=host_occ,
         page_bytes=parts.layout.page_bytes,
         pending_transfers=len(parts.transfers),
-        pending_storage=len(parts.storage_ops),
+        pending_storage=len(parts.storage_ops) + len(parts.store_queue),  # waiting ones too
         quarantined_slots=host.count(*QUARANTINED),
         unsettled_tickets=len(parts.unsettled),
         page_states=dev.counts(),

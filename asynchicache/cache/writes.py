@@ -182,10 +182,24 @@ class Writer:
             p.counters.device_to_host_pages += done.num_pages
             p.counters.device_to_host_bytes += done.num_bytes
             nodes = self._nodes_holding(job.deepest, job.slots)
-            if job.admit or any(n.hashes[0] in p.pins for n in nodes):  # pins go to disk
+            if any(n.hashes[0] in p.pins for n in nodes):  # pins go to disk, at once
                 self.store_nodes(nodes)
+            elif job.admit and nodes:  # new pages: when the engine is quiet (store_queue.py)
+                p.tree.hold_host(job.deepest)
+                p.store_queue.add(job.deepest, tuple(job.slots))
         finally:
             p.tree.unlock(job.deepest)
+
+    def start_waiting_stores(self, idle: bool, now: bool = False) -> None:
+        """Start the queued stores that are due (`now`: all of them); `idle`: no work."""
+        p = self.parts
+        for waiting in p.store_queue.take_all() if now else p.store_queue.due(idle):
+            try:
+                nodes = self._nodes_holding(waiting.deepest, waiting.slots)
+                if nodes and p.storage is not None:
+                    self.store_nodes(nodes)
+            finally:
+                p.tree.release_host(waiting.deepest)
 
     def _drop_copies(self, job: WriteJob) -> None:
         """Forget the L2 copies a write was making (their L1 pages stay)."""

@@ -152,7 +152,7 @@ class Engine:
 
     def poll(self) -> None:
         """Complete background cache work while idle (through the scheduler, like every poll)."""
-        self.scheduler.poll()
+        self.scheduler.poll(idle=True)
 
     # -------------------------------------------------------------------- step
     def step(self, prefill_cap: int | None = None) -> list[TokenOutput]:

@@ -198,13 +198,14 @@ class Scheduler:
         self.loads_given_up += 1
         return self.cache.give_up(ticket)
 
-    def poll(self) -> None:
+    def poll(self, idle: bool = False) -> None:
         """Collect what the cache finished (loads of waiting requests); never blocks.
+        `idle`: the engine has no work (waiting stores may start, cache/store_queue.py).
 
         The only way the engine polls the cache: every ticket is either taken by
         its request or unlocked here.
         """
-        for ticket in self.cache.poll():
+        for ticket in self.cache.poll(idle):
             req = self.loading.pop(ticket.id, None)
             if req is None:  # nobody waits for it (cannot happen: given-up loads are the cache's)
                 log.warning("load %d finished with no request waiting; releasing it", ticket.id)

@@ -98,7 +98,8 @@ def test_a_late_store_never_reads_a_reused_slot(make_cache: MakeCache) -> None:
     a, b = tokens_for(1, 2), tokens_for(5, 6)
     store.hold = True
     put(cache, a, 10.0)
-    step(cache)  # a's L2 copy landed; its store went to the (held) service
+    step(cache)  # a's L2 copy landed; its store waits for a quiet engine (store_queue.py)
+    cache.start_stores()  # now it goes to the (held) service
     assert store.ops, "no store was started"
     store.expire()
     store.hold = False

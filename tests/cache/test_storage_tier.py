@@ -82,6 +82,7 @@ def test_slots_under_store_stay_put_until_the_store_completes(make_cache: MakeCa
     deadline = time.monotonic() + 10
     while cache.parts.transfers and time.monotonic() < deadline:
         cache.poll()
+    cache.start_stores()  # not waiting for a quiet engine (store_queue.py)
     assert node.host is not None and all(
         cache.parts.host.state(s) == SlotState.STORING for s in node.host
     )
