@@ -67,6 +67,9 @@ class CacheConfig:
     write_through_threshold: int = 2
     prefetch_policy: PrefetchPolicy = PrefetchPolicy.BEST_EFFORT
     prefetch_timeout_s: float = 2.0
+    # Start a queued request's L3/L4 -> L2 read when it arrives, not when it is
+    # admitted (engine/prefetch.py); False: at admission.
+    arrival_prefetch: bool = True
     enable_prefix_cache: bool = True
     enable_host_cache: bool = True
     disk_cache_dir: Path | None = field(default_factory=default_disk_cache_dir)

@@ -296,6 +296,26 @@ class HiRadixCache:
         """
         return self.loader.submit(match)
 
+    def prefetch(
+        self, tokens: Sequence[int], max_pages: int, salt: str = ""
+    ) -> LoadTicket | None:
+        """Start reading the storage part of `tokens`' prefix (at most `max_pages` pages)
+        into L2 only; None when storage holds nothing after the tree's part.
+
+        Neither touches LRU nor counts a match: the request is matched for real at
+        admission, where the pages that landed are L2 hits. `poll()` reports the
+        ticket once read, its `handle` locking the node the pages landed in; the caller
+        unlocks it (or gives the ticket up while it reads).
+        """
+        tokens = _as_list(tokens)
+        limit = len(tokens) // self.page_size
+        if self.storage is None or not self.config.enable_prefix_cache or max_pages <= 0:
+            return None
+        path = self.tree.match(tokens, limit, self._root(salt))
+        node = path[-1] if path else self._root(salt)
+        hashes = self._storage_hits(node, tokens, limit)[:max_pages]
+        return self.loader.submit_prefetch(node, tokens, hashes) if hashes else None
+
     def give_up(self, ticket: LoadTicket) -> LockedPages:
         """Stop waiting for a load: returns its L1 prefix at submit time, locked for the caller.
 

@@ -73,6 +73,8 @@ class LoadJob:
     fill_pages: list[int | None] = field(default_factory=list)  # destination per position
     read_settled: bool = True  # False once its read timed out unsettled
     abandoned: bool = False
+    # A prefetch (`Loader.submit_prefetch`): storage -> L2 only, no L1 pages; DONE once read.
+    prefetch: bool = False
     cancelled: bool = False  # its storage read was cancelled (given up), not late
     errors: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)

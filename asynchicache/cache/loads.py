@@ -6,6 +6,10 @@ A load runs at most two steps, one ticket in flight at a time:
     FILLING  one L2 -> L1 copy of every page of the path not on L1, into FILLING pages
     DONE     the ticket holds a lock on the L1 prefix; `poll()` reports it once
 
+A prefetch (`submit_prefetch`) is a load that stops after READING: its pages land
+in L2 and its ticket's lock holds the node they landed in (no L1 page is reserved),
+so a request still queued finds them there as an L2 hit when it is admitted.
+
 Rules that keep every lock and page accounted for:
 * the job locks the match's node (and, once read, the node its storage pages
   landed in) until DONE; `fallback`, the deepest L1 node of the match, stays
@@ -94,6 +98,39 @@ class Loader:
             self._start_fill(job)
         return ticket
 
+    def submit_prefetch(
+        self, anchor: RadixNode, tokens: list[int], hashes: tuple[bytes, ...]
+    ) -> LoadTicket | None:
+        """Start reading `hashes` (the pages after `anchor`) from storage into L2 only.
+
+        The ticket finishes with a lock on the node they landed in (`anchor` when none
+        did); None when nothing was started (no storage, no L2 room).
+        """
+        p = self.parts
+        if p.storage is None or not hashes or p.storage_paused:
+            return None
+        ticket = LoadTicket(next(self._ids), 0, len(hashes))
+        job = LoadJob(ticket, anchor, anchor, anchor.end_page + len(hashes), tokens,
+                      final=anchor, prefetch=True)  # fmt: skip
+        self._start_read(job, hashes)
+        if job.phase is not LoadPhase.READING:
+            return None  # no L2 room or the read did not start: nothing held, nothing owed
+        p.tree.lock(anchor)
+        job.locked.append(anchor)
+        p.tree.lock(anchor)  # the fallback lock, as for a load (`give_up` hands it over)
+        self.jobs[ticket.id] = job
+        p.counters.prefetches += 1
+        return ticket
+
+    def _finish_prefetch(self, job: LoadJob, landed: int) -> None:
+        """A prefetch's read is over: its ticket holds the node its pages landed in."""
+        t = job.ticket
+        t.pages_from_storage = landed
+        t.pages_from_remote = min(t.pages_from_remote, landed)
+        self.parts.counters.prefetched_pages += landed
+        self.parts.tree.lock(job.final)
+        self._done(job, MatchHandle(job.final), [])
+
     def _start_read(self, job: LoadJob, hashes: tuple[bytes, ...]) -> None:
         p = self.parts
         assert p.storage is not None
@@ -138,6 +175,9 @@ class Loader:
         p.counters.storage_to_host_bytes += k * p.layout.page_bytes
         if k:
             self._adopt_read(job)
+        if job.prefetch:
+            self._finish_prefetch(job, k)
+            return
         if job.abandoned:  # nobody waits for L1 pages: keep what landed in L2 only
             self._release_reserved(job)
             self._finish(job)
@@ -314,7 +354,7 @@ class Loader:
         p = self.parts
         job.abandoned = True
         fallback = LockedPages(MatchHandle(job.fallback), self._l1_pages(job.fallback))
-        p.counters.loads_given_up += 1
+        p.counters.loads_given_up += not job.prefetch
         if job.phase is LoadPhase.DONE:  # finished but not collected yet
             self._finished.remove(job)
             assert ticket.handle is not None

@@ -36,6 +36,8 @@ class Counters:
     store_failures: int = 0
     load_failures: int = 0
     loads_given_up: int = 0  # loads whose caller stopped waiting (they still land, if they can)
+    prefetches: int = 0  # storage -> L2 reads started for queued requests (engine/prefetch.py)
+    prefetched_pages: int = 0  # pages those reads brought into L2
     completion_failures: int = 0  # completion handlers that raised (their job still ended)
     illegal_transitions: int = 0  # page/slot state changes the ledger refused (a bug: logged)
     tickets_late: int = 0  # storage tickets that timed out while the service may still run them

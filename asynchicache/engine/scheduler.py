@@ -18,6 +18,11 @@ Loads and locks:
   prefix the cache kept locked since the load started (`HiRadixCache.give_up`):
   falling back never locks a handle whose pages were evicted. The given-up
   load is the cache's to release, and counts as work until it finished.
+
+Prefetch at arrival (engine/prefetch.py): `add` starts a queued request's
+storage -> L2 read at once; `poll` hands its ticket to the prefetcher; admission
+passes over a request whose read is still landing, and releases what landed once
+the request's own match holds it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from asynchicache.cache.results import LockedPages, MatchHandle
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.admission import MemoryBudget
 from asynchicache.engine.cost import CostModel, load_deadline
+from asynchicache.engine.prefetch import ArrivalPrefetcher
 from asynchicache.engine.protocol import CachedTokens
 from asynchicache.engine.request import Phase, Request
 from asynchicache.engine.sampler import request_generator
@@ -78,12 +84,14 @@ class Scheduler:
         self.loads_given_up = 0  # deadlines passed or requests aborted while loading
         self.loads_deferred = 0  # loads that waited a step for L1 room instead of recomputing
         self.backing_off = False  # after a preemption, admit nothing until a request ends
+        self.prefetcher = ArrivalPrefetcher(cache_config, cache, cost)
 
     # ----------------------------------------------------------------- queues
     def add(self, req: Request) -> None:
         if not req.sampling.greedy:
             req.generator = request_generator(req.sampling.seed)
         self.waiting.append(req)
+        self.prefetcher.on_arrival(req)
 
     def abort(self, rid: str, index: int | None = None) -> bool:
         """End `rid`: one member of its group, or (index None) every member."""
@@ -107,6 +115,7 @@ class Scheduler:
             "loading": len(self.loading),
             "running": len(self.running),
             "given_up_loads": self.cache.abandoned_loads,
+            "prefetching": self.prefetcher.in_flight,
         }
 
     # -------------------------------------------------------------- admission
@@ -206,6 +215,8 @@ class Scheduler:
         its request or unlocked here.
         """
         for ticket in self.cache.poll(idle):
+            if self.prefetcher.take(ticket):
+                continue
             req = self.loading.pop(ticket.id, None)
             if req is None:  # nobody waits for it (cannot happen: given-up loads are the cache's)
                 log.warning("load %d finished with no request waiting; releasing it", ticket.id)
@@ -238,8 +249,11 @@ class Scheduler:
         admitted = [*self.running, *self.loading.values()]
         room = self.cache.available_pages() - self.budget.outstanding(admitted)
         limit = self.config.max_running_requests
-        while self.waiting and len(self.running) + len(self.loading) < limit:
-            req = self.waiting[0]
+        for req in list(self.waiting):
+            if len(self.running) + len(self.loading) >= limit:
+                return
+            if self.prefetcher.waiting_on(req):
+                continue  # its prefix is landing in L2: admitted once it has
             locked = (self.cache.locked_prefix_pages(req.tokens, req.cache_salt)
                       if self._prefix_enabled() else 0)  # fmt: skip
             need = self.budget.need(req, locked)
@@ -249,7 +263,8 @@ class Scheduler:
                 return
             if not self._start(req):
                 return
-            self.waiting.popleft()
+            self.prefetcher.release(req)  # its match holds the prefetched pages now
+            self.waiting.remove(req)
             room -= need
             busy = True
 
@@ -347,6 +362,7 @@ class Scheduler:
             return
         req.finish_reason = reason
         req.error = error
+        self.prefetcher.release(req)
         if req.phase is Phase.LOADING:
             # The load runs on (the cache releases it when it lands); its fallback is ours.
             self.cache.unlock(self._give_up(req).handle)

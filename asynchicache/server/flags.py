@@ -139,6 +139,13 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         "--disk-admit-hits": "write a page to L3 only after this many hits",
         "--disk-admit-tokens": "...or when its prompt has at least this many tokens",
     })  # fmt: skip
+    g.add_argument(
+        "--no-arrival-prefetch",
+        dest="arrival_prefetch",
+        action="store_false",
+        help="start a request's L3/L4 read when it is admitted, not when it arrives "
+        "(by default it moves into L2 while the request waits in the queue)",
+    )
     g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching entirely")
     g.add_argument(
         "--storage-timeout",

@@ -44,6 +44,8 @@ def make_rig(
     engine: EngineConfig | None = None,
     **cache: object,
 ) -> Rig:
+    # Loads at admission unless a test asks for prefetch at arrival (test_arrival_prefetch.py).
+    cache.setdefault("arrival_prefetch", False)
     config = CacheConfig(
         page_size=PAGE,
         device_cache_tokens=device_pages * PAGE,

@@ -1,0 +1,141 @@
+"""Prefetch at arrival: a queued request's L3/L4 prefix moves into L2 while it waits.
+
+Without it a request's storage read starts only once it is admitted (L1 has room
+for it), so under load the read adds to the wait in the queue instead of
+overlapping it. As SGLang's HiCache does, the scheduler starts the read when the
+request arrives (`Scheduler.add`), into L2 only: no L1 page is taken from the
+requests that run. By admission the prefix is an L2 hit, one L2 -> L1 copy away.
+
+The policy, in one place:
+* a request asks for at most `PER_REQUEST_SHARE` of L2 (the leading pages of its
+  storage part past what the tree holds), and all prefetched pages, in flight or
+  landed and not yet taken, stay within `TOTAL_SHARE` of L2 (the rest keeps the
+  working set; prefetches must not evict each other's pages either);
+* the pages that landed stay locked for the request until it is admitted (its
+  load then holds them) or it ends; nothing else can evict them meanwhile;
+* admission passes over a request whose read is still in flight (reading the same
+  pages again would be wasted I/O), at most until the load deadline of
+  `--prefetch-policy` (engine/cost.py); then the read is given up, the request is
+  admitted with whatever L2 holds, and the rest is loaded or recomputed as usual;
+* `--no-arrival-prefetch` turns it off: reads start at admission, as before.
+
+Every ticket the cache reports for a prefetch is taken here (`take`); every lock
+it carries is released by `release`, once, whatever the request's fate.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from asynchicache.cache.hierarchy import HiRadixCache
+from asynchicache.cache.jobs import LoadTicket
+from asynchicache.config import CacheConfig
+from asynchicache.engine.cost import CostModel, load_deadline
+from asynchicache.engine.request import Request
+
+log = logging.getLogger(__name__)
+
+# Shares of the L2 slots: all prefetched pages together, and one request's.
+TOTAL_SHARE = 0.5
+PER_REQUEST_SHARE = 0.25
+
+
+@dataclass
+class _Prefetch:
+    ticket: LoadTicket
+    pages: int  # counted against the budget: asked while reading, landed once done
+    deadline: float | None  # admission stops waiting for the read then (None: never)
+    landed: bool = False  # `poll()` reported the ticket: its handle is ours to unlock
+
+
+class ArrivalPrefetcher:
+    """Starts, tracks and releases the storage -> L2 reads of queued requests."""
+
+    def __init__(self, config: CacheConfig, cache: HiRadixCache, cost: CostModel) -> None:
+        self.config = config
+        self.cache = cache
+        self.cost = cost
+        host = cache.stats().host
+        slots = host.total if host is not None else 0
+        on = config.arrival_prefetch and config.enable_prefix_cache and cache.storage is not None
+        self.budget = int(slots * TOTAL_SHARE) if on else 0
+        self.per_request = max(1, int(slots * PER_REQUEST_SHARE))
+        self._by_request: dict[Request, _Prefetch] = {}
+        self._requests: dict[int, Request] = {}  # LoadTicket.id -> request
+        self.used = 0  # pages of the budget in use
+        self.over_budget = 0  # arrivals that found the budget spent
+        self.given_up = 0  # reads admission stopped waiting for
+
+    @property
+    def in_flight(self) -> int:
+        return sum(not p.landed for p in self._by_request.values())
+
+    def on_arrival(self, req: Request) -> None:
+        """Start reading `req`'s storage prefix into L2, within the budget."""
+        if self.budget <= 0 or req.needs_whole_prompt or req in self._by_request:
+            return
+        room = min(self.per_request, self.budget - self.used)
+        if room <= 0:
+            self.over_budget += 1
+            return
+        ticket = self.cache.prefetch(req.tokens, room, salt=req.cache_salt)
+        if ticket is None:
+            return
+        pages = ticket.pages_from_storage
+        deadline = load_deadline(self.config, self.cost, pages)
+        self._by_request[req] = _Prefetch(ticket, pages, deadline)
+        self._requests[ticket.id] = req
+        self.used += pages
+
+    def take(self, ticket: LoadTicket) -> bool:
+        """Whether `ticket` (from `HiRadixCache.poll`) is a prefetch; it is kept until
+        its request is admitted or ends."""
+        req = self._requests.get(ticket.id)
+        if req is None:
+            return False
+        entry = self._by_request[req]
+        self.used += ticket.pages_from_storage - entry.pages
+        entry.pages = ticket.pages_from_storage
+        entry.landed = True
+        if not ticket.ok:
+            log.info("prefetch for %s fell short (%s)", req.rid, ticket.error)
+        return True
+
+    def waiting_on(self, req: Request) -> bool:
+        """Whether admission should pass over `req` for now: its read is still landing.
+        Past its deadline the read is given up (False)."""
+        entry = self._by_request.get(req)
+        if entry is None or entry.landed:
+            return False
+        if entry.deadline is not None and time.monotonic() > entry.deadline:
+            self.given_up += 1
+            self.release(req)
+            return False
+        return True
+
+    def release(self, req: Request) -> None:
+        """Drop `req`'s prefetch: unlock what landed, or give up a read still running.
+        Called once `req` is admitted (its own match holds the pages now) or ends."""
+        entry = self._by_request.pop(req, None)
+        if entry is None:
+            return
+        del self._requests[entry.ticket.id]
+        self.used -= entry.pages
+        ticket = entry.ticket
+        if entry.landed:
+            assert ticket.handle is not None, "a finished prefetch holds its node"
+            self.cache.unlock(ticket.handle)
+        else:  # reading, or done but not yet reported: the cache releases it
+            self.cache.unlock(self.cache.give_up(ticket).handle)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "in_flight": self.in_flight,
+            "held": len(self._by_request) - self.in_flight,
+            "budget_pages": self.budget,
+            "used_pages": self.used,
+            "over_budget": self.over_budget,
+            "given_up": self.given_up,
+        }
