@@ -19,6 +19,10 @@ The policy, in one place:
   admitted with whatever L2 holds, and the rest is loaded or recomputed as usual;
 * `--no-arrival-prefetch` turns it off: reads start at admission, as before.
 
+A request's usage (and the per-tier hit metrics) still counts the prefetched
+tokens in the tier they were read from (`by_origin`): the read was the request's,
+only earlier; an L2 hit is a page L2 held before the request came.
+
 Every ticket the cache reports for a prefetch is taken here (`take`); every lock
 it carries is released by `release`, once, whatever the request's fate.
 """
@@ -33,6 +37,7 @@ from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.jobs import LoadTicket
 from asynchicache.config import CacheConfig
 from asynchicache.engine.cost import CostModel, load_deadline
+from asynchicache.engine.protocol import CachedTokens
 from asynchicache.engine.request import Request
 
 log = logging.getLogger(__name__)
@@ -126,6 +131,9 @@ class ArrivalPrefetcher:
         ticket = entry.ticket
         if entry.landed:
             assert ticket.handle is not None, "a finished prefetch holds its node"
+            ps = self.cache.page_size
+            remote = ticket.pages_from_remote
+            req.prefetched = CachedTokens(disk=(entry.pages - remote) * ps, remote=remote * ps)
             self.cache.unlock(ticket.handle)
         else:  # reading, or done but not yet reported: the cache releases it
             self.cache.unlock(self.cache.give_up(ticket).handle)
@@ -139,3 +147,15 @@ class ArrivalPrefetcher:
             "over_budget": self.over_budget,
             "given_up": self.given_up,
         }
+
+
+def by_origin(cached: CachedTokens, prefetched: CachedTokens) -> CachedTokens:
+    """`cached` with the L2 hits its arrival prefetch brought counted where they came from."""
+    moved = min(cached.host, prefetched.disk + prefetched.remote)
+    remote = max(0, moved - prefetched.disk)  # a chain is on disk first, then remote only
+    return CachedTokens(
+        device=cached.device,
+        host=cached.host - moved,
+        disk=cached.disk + moved - remote,
+        remote=cached.remote + remote,
+    )

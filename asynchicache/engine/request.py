@@ -48,6 +48,9 @@ class Request:
     load_ticket: LoadTicket | None = None  # while LOADING
     load_deadline: float | None = None
     cached: CachedTokens = field(default_factory=CachedTokens)
+    # Prompt tokens its arrival prefetch moved into L2, by the tier they came from
+    # (engine/prefetch.py): its usage counts them there, not as L2 hits.
+    prefetched: CachedTokens = field(default_factory=CachedTokens)
     generator: torch.Generator | None = None
     finish_reason: str | None = None
     error: str | None = None

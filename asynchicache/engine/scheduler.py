@@ -37,7 +37,7 @@ from asynchicache.cache.results import LockedPages, MatchHandle
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.admission import MemoryBudget
 from asynchicache.engine.cost import CostModel, load_deadline
-from asynchicache.engine.prefetch import ArrivalPrefetcher
+from asynchicache.engine.prefetch import ArrivalPrefetcher, by_origin
 from asynchicache.engine.protocol import CachedTokens
 from asynchicache.engine.request import Phase, Request
 from asynchicache.engine.sampler import request_generator
@@ -227,12 +227,13 @@ class Scheduler:
                 log.info("load for %s fell short (%s); recomputing the rest", req.rid, ticket.error)
             ps = self.page_size
             remote = min(ticket.pages_from_remote, ticket.pages_from_storage)
-            cached = CachedTokens(
+            found = CachedTokens(
                 device=req.cached.device,
                 host=ticket.pages_from_host * ps,
                 disk=(ticket.pages_from_storage - remote) * ps,
                 remote=remote * ps,
             )
+            cached = by_origin(found, req.prefetched)
             self._take_prefix(req, ticket.handle, list(ticket.device_pages), cached)
             self.cost.observe_load(
                 ticket.pages_from_host, ticket.pages_from_storage, ticket.elapsed_s

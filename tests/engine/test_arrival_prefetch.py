@@ -60,9 +60,13 @@ def test_a_queued_request_finds_its_disk_prefix_in_l2_at_admission(make_rig: Rig
     step(rig)  # the read lands while `first` still runs
     assert queued.phase is Phase.WAITING
     assert rig.cache.lookup(queued.prompt)["host"] == 3 * PAGE
+    read_before = rig.cache.stats().counters.storage_to_host_pages
     run_until_idle(rig)
-    assert (queued.cached.host, queued.cached.disk) == (3 * PAGE, 0)
     counters = rig.cache.stats().counters
+    assert counters.storage_to_host_pages == read_before, "admission read the disk again"
+    assert counters.host_hit_tokens == 3 * PAGE, "admission did not find the prefix in L2"
+    # Its usage names the tier the bytes came from: the read was its own, only earlier.
+    assert (queued.cached.host, queued.cached.disk) == (0, 3 * PAGE)
     assert (counters.prefetches, counters.prefetched_pages) == (1, 3)
     _settled(rig)
 
@@ -75,7 +79,8 @@ def test_without_arrival_prefetch_the_same_request_reads_the_disk_at_admission(
     assert rig.scheduler.prefetcher.in_flight == 0
     run_until_idle(rig)
     assert (queued.cached.host, queued.cached.disk) == (0, 3 * PAGE)
-    assert rig.cache.stats().counters.prefetches == 0
+    counters = rig.cache.stats().counters
+    assert counters.prefetches == 0 and counters.host_hit_tokens == 0
     _settled(rig)
 
 
@@ -92,7 +97,7 @@ def test_admission_passes_over_a_request_whose_read_is_landing(make_rig: RigMake
     assert slow.phase is Phase.WAITING and other.phase is Phase.RUNNING
     rig.storage.hold = False
     run_until_idle(rig)
-    assert (slow.cached.host, slow.cached.disk) == (3 * PAGE, 0)
+    assert (slow.cached.host, slow.cached.disk) == (0, 3 * PAGE)
     assert rig.storage.loads == 3, "the pages were read twice"
     _settled(rig)
 
