@@ -296,9 +296,7 @@ class HiRadixCache:
         """
         return self.loader.submit(match)
 
-    def prefetch(
-        self, tokens: Sequence[int], max_pages: int, salt: str = ""
-    ) -> LoadTicket | None:
+    def prefetch(self, tokens: Sequence[int], max_pages: int, salt: str = "") -> LoadTicket | None:
         """Start reading the storage part of `tokens`' prefix (at most `max_pages` pages)
         into L2 only; None when storage holds nothing after the tree's part.
 

@@ -44,7 +44,7 @@ def _on_disk_only(rig: Rig, *ids: int) -> list[int]:
 
 def _queued_behind_a_running_request(rig: Rig) -> Request:
     prefix = _on_disk_only(rig, 1, 2, 3)
-    first = Request("first", tokens_for(9) + [5], GREEDY)
+    first = Request("first", [*tokens_for(9), 5], GREEDY)
     rig.scheduler.add(first)
     step(rig)
     assert first.phase is Phase.RUNNING
@@ -91,7 +91,7 @@ def test_admission_passes_over_a_request_whose_read_is_landing(make_rig: RigMake
     rig.storage.hold = True  # the read is slow
     slow = Request("slow", [*prefix, 7], GREEDY)
     rig.scheduler.add(slow)
-    other = Request("other", tokens_for(8) + [5], GREEDY)
+    other = Request("other", [*tokens_for(8), 5], GREEDY)
     rig.scheduler.add(other)
     step(rig)
     assert slow.phase is Phase.WAITING and other.phase is Phase.RUNNING
