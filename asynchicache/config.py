@@ -67,6 +67,8 @@ class CacheConfig:
     write_through_threshold: int = 2
     prefetch_policy: PrefetchPolicy = PrefetchPolicy.BEST_EFFORT
     prefetch_timeout_s: float = 2.0
+    # ...plus this much per 1,024 tokens of the load (SGLang's prefetch_timeout_per_ki_token).
+    prefetch_timeout_per_ki_token_s: float = 0.0
     # Start a queued request's L3/L4 -> L2 read when it arrives, not when it is
     # admitted (engine/prefetch.py); False: at admission.
     arrival_prefetch: bool = True
@@ -101,6 +103,7 @@ class CacheConfig:
         _non_negative("--disk-admit-tokens", self.disk_admit_tokens)
         _positive("--write-through-threshold", self.write_through_threshold)
         _positive("--prefetch-timeout", self.prefetch_timeout_s)
+        _non_negative("--prefetch-timeout-per-ki-token", self.prefetch_timeout_per_ki_token_s)
         if self.device_cache_tokens < self.page_size:
             raise ValueError(
                 f"--device-cache-tokens ({self.device_cache_tokens}) must hold at least "
@@ -237,7 +240,8 @@ class LaunchConfig:
             )
         if self.host_cache_tokens is not None and self.host_cache_tokens <= 0:
             raise ValueError(
-                f"--hiradix_cache_token_num must be positive, got {self.host_cache_tokens}"
+                "the L2 size in tokens (--hiradix_cache_token_num, --hicache-ratio) must be "
+                f"positive, got {self.host_cache_tokens}"
             )
         if not (math.isfinite(self.storage_timeout_s) and self.storage_timeout_s > 0):
             raise ValueError(

@@ -73,7 +73,8 @@ def load_deadline(config: CacheConfig, cost: CostModel, pages: int) -> float | N
     """When a request stops waiting for a load of `pages` pages, by --prefetch-policy.
 
     wait_complete: until the load ends (the storage client's own timeout bounds
-    it); timeout: --prefetch-timeout; best_effort: never longer than
+    it); timeout: --prefetch-timeout plus --prefetch-timeout-per-ki-token for each
+    1,024 tokens of the load (SGLang's linear timeout); best_effort: never longer than
     recomputing those pages would take, so a slow tier cannot make a request
     later than no cache at all.
     """
@@ -81,5 +82,6 @@ def load_deadline(config: CacheConfig, cost: CostModel, pages: int) -> float | N
     if policy is PrefetchPolicy.WAIT_COMPLETE:
         return None
     if policy is PrefetchPolicy.TIMEOUT:
-        return time.monotonic() + config.prefetch_timeout_s
+        per_ki = config.prefetch_timeout_per_ki_token_s * pages * config.page_size / 1024
+        return time.monotonic() + config.prefetch_timeout_s + per_ki
     return time.monotonic() + max(0.05, cost.recompute_seconds(pages))

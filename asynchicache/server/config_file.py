@@ -11,10 +11,10 @@ from typing import Any
 def _file_value(action: argparse.Action, key: str, value: Any, path: Path) -> Any:
     """A config-file value as the flag would have parsed it (same types and choices)."""
     where = f"--config {path}: {key}"
-    if action.nargs == 0:  # a switch such as --no-disk-cache
+    if action.nargs == 0:  # a switch such as --no-disk-cache: true means "given"
         if not isinstance(value, bool):
             raise ValueError(f"{where} is a switch: use true or false, got {value!r}")
-        return value
+        return action.const if value else action.default
     if value is None:
         return None
     if isinstance(value, dict | list | bool):
@@ -40,13 +40,23 @@ def config_file_defaults(parser: argparse.ArgumentParser, path: Path) -> dict[st
         return {}
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: expected a mapping of flag names to values")
-    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
+    # By the flag's name (`no-arrival-prefetch`, `hicache-ratio`), not its dest: ours with
+    # - or _ alike; other servers' flags (dest compat_*) as they spell them, where ours
+    # with the same name in the other spelling wins (LightLLM's disk_cache_dir means ours).
+    actions: dict[str, argparse.Action] = {}
+    for a in parser._actions:
+        for opt in a.option_strings if a.dest not in ("help", "config") else ():
+            theirs = a.dest.startswith("compat_")
+            actions.setdefault(opt.lstrip("-") if theirs else _key(opt), a)
     out: dict[str, Any] = {}
     for key, value in data.items():
-        dest = str(key).lstrip("-").replace("-", "_")
-        action = actions.get(dest)
+        action = actions.get(_key(str(key))) or actions.get(str(key).lstrip("-"))
         if action is None:
-            known = ", ".join(sorted(d.replace("_", "-") for d in actions))
+            known = ", ".join(sorted(k.replace("_", "-") for k in actions))
             raise ValueError(f"--config {path}: unknown flag {key!r}; known: {known}")
-        out[dest] = _file_value(action, str(key), value, path)
+        out[action.dest] = _file_value(action, str(key), value, path)
     return out
+
+
+def _key(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")

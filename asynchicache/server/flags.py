@@ -20,6 +20,7 @@ from asynchicache.config import (
     default_disk_cache_dir,
 )
 from asynchicache.config_flags import WITH_DEFAULT, add_config_flags
+from asynchicache.server.compat_flags import add_compat_flags
 
 API_KEY_ENV = "ASYNCHICACHE_API_KEY"
 ADMIN_API_KEY_ENV = "ASYNCHICACHE_ADMIN_API_KEY"
@@ -132,6 +133,7 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         "--write-through-threshold": "hits before write_through_selective copies a page",
         "--prefetch-policy": "how long a request waits for its L3/L4 prefix",
         "--prefetch-timeout": "seconds the 'timeout' prefetch policy waits",
+        "--prefetch-timeout-per-ki-token": "...plus these seconds per 1,024 tokens of the load",
         "--max-quarantine-fraction": "share of L2 slots that timed-out storage work may hold "
         "before new storage loads and stores pause",
         "--max-pinned-fraction": "share of the host tier (L2) and of the disk tier (L3, the "
@@ -191,26 +193,6 @@ def _add_kv_events(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_lightllm_aliases(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("LightLLM-compatible flags")
-    g.add_argument(
-        "--use_hiradix_cache",
-        action="store_true",
-        help="turn the host tier (L2) on; it is on by default, so this only overrides "
-        "--no-host-cache",
-    )
-    g.add_argument(
-        "--hiradix_cache_gpu",
-        action="store_true",
-        help="L1 on the GPU: the same as --device cuda (an error with --device cpu)",
-    )
-    g.add_argument(
-        "--hiradix_cache_token_num",
-        type=int,
-        help="L2 capacity in tokens (rounded up to whole pages), instead of --host-cache-gb",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="asynchicache serve",
@@ -223,8 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="read flags from a YAML mapping (keys: flag names, e.g. disk-cache-gb: 50); "
         "flags given on the command line win",
     )
-    for add_group in (
-        _add_server, _add_engine, _add_cache, _add_service, _add_kv_events, _add_lightllm_aliases,
-    ):  # fmt: skip
+    for add_group in (_add_server, _add_engine, _add_cache, _add_service, _add_kv_events):
         add_group(p)
+    add_compat_flags(p)  # SGLang's, LightLLM's and the seed's flags (server/compat_flags.py)
+    p.set_defaults(host_cache_tokens=None)  # L2 in tokens: only a compatibility flag sets it
     return p

@@ -4,19 +4,17 @@ This module only turns parsed flags into configuration (the flags are in `flags.
 YAML file in `config_file.py`); the configs themselves, their defaults and their
 validation live in `asynchicache.config`. Every size flag counts GiB (2**30 bytes).
 
-LightLLM's flag names are accepted, each mapped to exactly one of ours:
-
-    --use_hiradix_cache           the host tier (L2) on; it is on by default, so
-                                  this only overrides --no-host-cache
-    --hiradix_cache_gpu           L1 on the GPU: --device cuda (an error with --device cpu)
-    --hiradix_cache_token_num N   L2 capacity of N tokens, rounded up to whole
-                                  pages, instead of --host-cache-gb
+Other servers' flags (SGLang HiCache, LightLLM, the seed's hiradix flags) are
+written into ours first, with their meanings (server/compat_flags.py, compat_resolve.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,19 +27,15 @@ from asynchicache.config import (
     ServiceTuning,
     WritePolicy,
 )
+from asynchicache.server.compat_resolve import apply_compat
 from asynchicache.server.config_file import config_file_defaults
 from asynchicache.server.flags import build_parser
 
 _Config = TypeVar("_Config")
+log = logging.getLogger(__name__)
 
 
 def _device(args: argparse.Namespace) -> str:
-    if args.hiradix_cache_gpu:
-        if args.device not in ("auto",) and not args.device.startswith("cuda"):
-            raise ValueError(
-                f"--hiradix_cache_gpu puts L1 on the GPU; it contradicts --device {args.device}"
-            )
-        return "cuda" if args.device == "auto" else args.device
     if args.device != "auto":
         return args.device
     import torch
@@ -73,7 +67,7 @@ def _cache(args: argparse.Namespace) -> CacheConfig:
     return _from_args(
         CacheConfig,
         args,
-        enable_host_cache=args.use_hiradix_cache or not args.no_host_cache,
+        enable_host_cache=not args.no_host_cache,
         write_policy=WritePolicy(args.write_policy),
         prefetch_policy=PrefetchPolicy(args.prefetch_policy),
         enable_prefix_cache=not args.no_prefix_cache,
@@ -81,7 +75,11 @@ def _cache(args: argparse.Namespace) -> CacheConfig:
     )
 
 
-def to_config(args: argparse.Namespace) -> LaunchConfig:
+def to_config(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> LaunchConfig:
+    """Parsed flags (and, for other servers' flags, `environ`: os.environ) -> the config."""
+    args, notes = apply_compat(args, build_parser(), os.environ if environ is None else environ)
+    for note in notes:
+        log.info("%s", note)
     server = _from_args(ServerConfig, args)
     engine = _from_args(EngineConfig, args, device=_device(args))
     if args.kv_events_endpoint is not None:  # a malformed address fails now
@@ -94,7 +92,7 @@ def to_config(args: argparse.Namespace) -> LaunchConfig:
         engine,
         _cache(args),
         service,
-        host_cache_tokens=args.hiradix_cache_token_num,
+        host_cache_tokens=args.host_cache_tokens,
         storage_timeout_s=args.storage_timeout,
         kv_events_endpoint=args.kv_events_endpoint,
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,
@@ -118,16 +116,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     """`asynchicache serve ...`: parse, validate, run until stopped."""
     args = parse_args(argv)
-    try:
-        config = to_config(args)
-    except ValueError as exc:
-        build_parser().error(str(exc))
-    import logging
-
-    from asynchicache.server.launch import launch
-
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    try:
+        config = to_config(args)
+    except ValueError as exc:
+        build_parser().error(str(exc))
+    from asynchicache.server.launch import launch
+
     return launch(config)

@@ -89,13 +89,14 @@ def test_tiers_can_be_switched_off() -> None:
     assert not _config("--no-prefix-cache").cache.enable_prefix_cache
 
 
-def test_lightllm_flags() -> None:
-    cfg = _config("--no-host-cache", "--use_hiradix_cache", "--hiradix_cache_token_num", "65536")
-    assert cfg.cache.enable_host_cache and cfg.host_cache_tokens == 65536
-    gpu = to_config(build_parser().parse_args(["--hiradix_cache_gpu"]))
-    assert gpu.engine.device == "cuda"
-    with pytest.raises(ValueError, match="hiradix_cache_gpu"):
-        _config("--hiradix_cache_gpu")  # contradicts --device cpu
+def test_the_seeds_flags_keep_the_seeds_meanings() -> None:
+    cfg = _config("--use_hiradix_cache", "--hiradix_cache_token_num", "65536")
+    assert cfg.cache.host_enabled and cfg.cache.disk_enabled  # the whole hierarchy
+    assert cfg.host_cache_tokens == 65536
+    with pytest.raises(ValueError, match="--no-disk-cache"):
+        _config("--no-disk-cache", "--use_hiradix_cache")  # a contradiction, not an override
+    with pytest.raises(ValueError, match="cannot live on the GPU"):
+        _config("--hiradix_cache_gpu")  # the PR carved it out of L1: no meaning here
 
 
 def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,6 +152,10 @@ def test_help_explains_every_flag() -> None:
         "--use_hiradix_cache",
         "--hiradix_cache_gpu",
         "--hiradix_cache_token_num",
+        "--enable-hierarchical-cache",
+        "--hicache-storage-backend-extra-config",
+        "--enable_cpu_cache",
+        "--disk_cache_dir",
         "--remote-url",
         "--api-key",
         "--admin-api-key",
@@ -162,7 +167,9 @@ def test_help_explains_every_flag() -> None:
         "--min-load-tokens",
     ):
         assert flag in out
-    assert "LightLLM-compatible flags" in out and "aliases of the seed" not in out
+    for title in ("compatibility: SGLang HiCache", "compatibility: LightLLM multi-level cache",
+                  "compatibility: the seed's LightLLM hiradix flags"):  # fmt: skip
+        assert title in out
     assert out.count("GiB (2**30 bytes)") >= 2  # one unit for every size flag
 
 
