@@ -58,7 +58,8 @@ def test_sglang_defaults_and_units_hold_for_what_is_not_given() -> None:
     assert (c.prefetch_timeout_s, c.prefetch_timeout_per_ki_token_s) == (1.0, 0.25)
     sized = _config("--enable-hierarchical-cache --hicache-size 100").cache
     assert sized.host_cache_bytes == pytest.approx(100e9, abs=1)  # GB of 10**9 bytes
-    extra = '{"prefetch_threshold": 512, "prefetch_timeout_base": 3, "prefetch_timeout_per_ki_token": 0}'
+    extra = ('{"prefetch_threshold": 512, "prefetch_timeout_base": 3, '
+             '"prefetch_timeout_per_ki_token": 0}')  # fmt: skip
     tuned = _config(
         f"--hicache-storage-backend file --hicache-storage-backend-extra-config '{extra}'"
     )
