@@ -132,6 +132,10 @@ class Tokenizer:
     def token_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """Each id's token as the vocabulary spells it (e.g. 'Ġhello'), for /tokenize."""
+        return [self.backend.id_to_token(i) or "" for i in ids]
+
     def apply_chat_template(
         self,
         messages: Sequence[Mapping[str, Any]],

@@ -4,6 +4,8 @@
     GET  /health (liveness)       GET  /ready (readiness)        GET /metrics
     GET  /cache/stats             POST /cache/lookup             POST /cache/clear
     POST /cache/pin               POST /cache/unpin              (server/cache_admin.py)
+    POST /tokenize, /detokenize   GET /version                   (vLLM's, server/compat_routes.py)
+    GET|POST /flush_cache, /clear_hicache_storage_backend         (SGLang's, admin)
 
 With an API key configured, every endpoint but `/health` and `/ready` wants
 `Authorization: Bearer <key>`. With an admin key configured, the routes that
@@ -22,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asynchicache.server import completions
 from asynchicache.server.cache_admin import add_cache_routes, admin
+from asynchicache.server.compat_routes import ADMIN_COMPAT_PATHS, add_compat_routes
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineUnavailable
 from asynchicache.server.errors import APIError, install_error_handlers
@@ -36,7 +39,7 @@ from asynchicache.server.schemas import (
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/health", "/ready"})
-ADMIN_PATHS = frozenset({"/cache/clear", "/cache/pin", "/cache/unpin"})
+ADMIN_PATHS = frozenset({"/cache/clear", "/cache/pin", "/cache/unpin"}) | ADMIN_COMPAT_PATHS
 STATS_TIMEOUT_S = 5.0
 
 
@@ -90,9 +93,8 @@ def _routes(app: FastAPI, ctx: AppContext) -> None:
 
     @app.get("/v1/models")
     async def list_models() -> ModelList:
-        card = ModelCard(
-            id=ctx.model.name, created=ctx.model.created, max_model_len=ctx.model.max_model_len
-        )
+        card = ModelCard(id=ctx.model.name, created=ctx.model.created, root=ctx.model.name,
+                         max_model_len=ctx.model.max_model_len)  # fmt: skip
         return ModelList(data=[card])
 
     @app.get("/health")
@@ -119,6 +121,7 @@ def _routes(app: FastAPI, ctx: AppContext) -> None:
         return JSONResponse(body, status_code=200 if ok else 503)
 
     add_cache_routes(app, ctx)
+    add_compat_routes(app, ctx)
 
 
 def create_app(ctx: AppContext) -> FastAPI:

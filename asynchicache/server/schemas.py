@@ -275,6 +275,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "asynchicache"
+    root: str | None = None  # vLLM's: what the model was loaded from (its id here)
+    parent: str | None = None
     max_model_len: int
 
 
