@@ -87,6 +87,7 @@ class WriteJob:
     deepest: RadixNode
     slots: list[int]
     admit: bool  # store the pages below L2 once they are in L2
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass(eq=False)
@@ -95,6 +96,7 @@ class StoreJob:
 
     deepest: RadixNode
     slots: list[int]
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass(eq=False)

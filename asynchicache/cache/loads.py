@@ -297,6 +297,9 @@ class Loader:
         t.ok = not job.errors
         t.error = "; ".join(job.errors) or None
         t.elapsed_s = time.monotonic() - job.started
+        if t.ok and (t.pages_from_host or t.pages_from_storage):
+            tier = "remote" if t.pages_from_remote else "disk" if t.pages_from_storage else "host"
+            p.latency.observe("load", tier, t.elapsed_s)
         job.phase, job.op = LoadPhase.DONE, None
         if not t.ok:
             p.counters.load_failures += 1

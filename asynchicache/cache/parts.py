@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import InitVar, dataclass, field
 
 from asynchicache.cache.jobs import LoadJob, StoreJob, Unsettled, WriteJob
+from asynchicache.cache.latency import Latencies
 from asynchicache.cache.ledger import QUARANTINED, PoolLedger, device_ledger, host_ledger
 from asynchicache.cache.pins import PinnedPages
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
@@ -40,6 +41,7 @@ class CacheParts:
     unsettled: dict[int, Unsettled] = field(default_factory=dict)  # storage ticket -> slots
     pins: PinnedPages = field(default_factory=PinnedPages)  # chains L2 does not evict
     store_queue: StoreQueue = field(default_factory=StoreQueue)  # stores of new pages, waiting
+    latency: Latencies = field(default_factory=Latencies)  # transfer durations per tier
 
     def __post_init__(self, strict: bool) -> None:
         slots = self.host_pool.num_slots if self.host_pool is not None else 0

@@ -84,6 +84,8 @@ class CacheStats:
     unsettled_tickets: int = 0
     page_states: dict[str, int] = dataclasses.field(default_factory=dict)
     slot_states: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Transfer durations per direction and tier (cache/latency.py), as histogram counts.
+    latency: dict[str, dict[str, dict[str, object]]] = dataclasses.field(default_factory=dict)
 
     @property
     def hit_tokens(self) -> int:
@@ -117,4 +119,5 @@ def snapshot(parts: CacheParts) -> CacheStats:
         unsettled_tickets=len(parts.unsettled),
         page_states=dev.counts(),
         slot_states=host.counts() if parts.host_pool is not None else {},
+        latency=parts.latency.snapshot(),
     )

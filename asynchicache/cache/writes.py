@@ -11,6 +11,7 @@ may outlive. Past the quarantine cap no store starts.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from asynchicache.cache.eviction import Evictor
@@ -179,6 +180,7 @@ class Writer:
                 self._drop_copies(job)
                 return
             p.host.move(job.slots, SlotState.WRITING, SlotState.READY)
+            p.latency.observe("store", "host", time.monotonic() - job.started)
             p.counters.device_to_host_pages += done.num_pages
             p.counters.device_to_host_bytes += done.num_bytes
             nodes = self._nodes_holding(job.deepest, job.slots)
@@ -261,6 +263,8 @@ class Writer:
                         len(job.slots), c.error)  # fmt: skip
             return
         stored = c.error is None and c.pages_ok >= len(job.slots)
+        if stored:
+            p.latency.observe("store", "disk", time.monotonic() - job.started)
         try:
             if not stored:
                 p.counters.store_failures += 1
