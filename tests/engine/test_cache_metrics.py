@@ -36,3 +36,34 @@ def test_quarantine_and_ledger_states_are_exported(make_rig: RigMaker) -> None:
                "loads_given_up": 1}  # fmt: skip
     text = ServerMetrics().render(payload).decode()
     assert [line for line in EXPORTED if line not in text] == []
+
+
+def test_load_and_store_latency_per_tier_and_hit_rates(make_rig: RigMaker) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rig = make_rig(device_pages=8, host_slots=8, storage=True)
+    cache = rig.cache
+    tokens = tokens_for(1, 2)
+    cached_prefix(rig, tokens)  # L1 -> L2 copy, then L2 -> storage
+    cache.clear()  # only in storage now
+    ticket = cache.load(cache.match(tokens))
+    assert ticket is not None
+    cache.drain()
+    cache.poll()
+    cache.unlock(ticket.handle)  # type: ignore[arg-type]
+    text = ServerMetrics().render({"cache": cache.stats().to_dict()}).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    counts = {
+        (name, s.labels["tier"]): s.value
+        for name in ("asynchicache_cache_load_seconds", "asynchicache_cache_store_seconds")
+        for s in families[name].samples
+        if s.name.endswith("_count")
+    }
+    assert counts == {
+        ("asynchicache_cache_load_seconds", "disk"): 1,
+        ("asynchicache_cache_store_seconds", "host"): 1,
+        ("asynchicache_cache_store_seconds", "disk"): 1,
+    }
+    rates = {s.labels["tier"]: s.value for s in families["asynchicache_cache_hit_rate"].samples}
+    assert rates["storage"] == rates["all"] == 1.0  # the one lookup found every page in storage
+    assert not [line for line in text.splitlines() if "engine_cache_latency" in line]
