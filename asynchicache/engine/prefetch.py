@@ -10,7 +10,9 @@ The policy, in one place:
 * a request asks for at most `PER_REQUEST_SHARE` of L2 (the leading pages of its
   storage part past what the tree holds), and all prefetched pages, in flight or
   landed and not yet taken, stay within `TOTAL_SHARE` of L2 (the rest keeps the
-  working set; prefetches must not evict each other's pages either);
+  working set; prefetches must not evict each other's pages either); a request
+  that arrives with the budget spent waits its turn (`top_up`, each step, in
+  arrival order) while it waits in the queue;
 * the pages that landed stay locked for the request until it is admitted (its
   load then holds them) or it ends; nothing else can evict them meanwhile;
 * admission passes over a request whose read is still in flight (reading the same
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from asynchicache.cache.hierarchy import HiRadixCache
@@ -38,7 +41,7 @@ from asynchicache.cache.jobs import LoadTicket
 from asynchicache.config import CacheConfig
 from asynchicache.engine.cost import CostModel, load_deadline
 from asynchicache.engine.protocol import CachedTokens
-from asynchicache.engine.request import Request
+from asynchicache.engine.request import Phase, Request
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,7 @@ class ArrivalPrefetcher:
         self.per_request = max(1, int(slots * PER_REQUEST_SHARE))
         self._by_request: dict[Request, _Prefetch] = {}
         self._requests: dict[int, Request] = {}  # LoadTicket.id -> request
+        self._later: deque[Request] = deque()  # arrived with the budget spent, in order
         self.used = 0  # pages of the budget in use
         self.over_budget = 0  # arrivals that found the budget spent
         self.given_up = 0  # reads admission stopped waiting for
@@ -78,21 +82,36 @@ class ArrivalPrefetcher:
         return sum(not p.landed for p in self._by_request.values())
 
     def on_arrival(self, req: Request) -> None:
-        """Start reading `req`'s storage prefix into L2, within the budget."""
+        """Start reading `req`'s storage prefix into L2, within the budget (or later)."""
         if self.budget <= 0 or req.needs_whole_prompt or req in self._by_request:
             return
+        if self._later or not self._start(req):
+            self.over_budget += 1
+            self._later.append(req)
+
+    def top_up(self) -> None:
+        """Start the reads of queued requests that arrived with the budget spent."""
+        while self._later:
+            req = self._later[0]
+            if req.phase is Phase.WAITING and req not in self._by_request:
+                if not self._start(req):
+                    return
+            self._later.popleft()
+
+    def _start(self, req: Request) -> bool:
+        """False when the budget has no room now (nothing started)."""
         room = min(self.per_request, self.budget - self.used)
         if room <= 0:
-            self.over_budget += 1
-            return
+            return False
         ticket = self.cache.prefetch(req.tokens, room, salt=req.cache_salt)
         if ticket is None:
-            return
+            return True  # nothing in storage past the tree (or no L2 room): nothing to wait for
         pages = ticket.pages_from_storage
         deadline = load_deadline(self.config, self.cost, pages)
         self._by_request[req] = _Prefetch(ticket, pages, deadline)
         self._requests[ticket.id] = req
         self.used += pages
+        return True
 
     def take(self, ticket: LoadTicket) -> bool:
         """Whether `ticket` (from `HiRadixCache.poll`) is a prefetch; it is kept until
@@ -125,7 +144,7 @@ class ArrivalPrefetcher:
         Called once `req` is admitted (its own match holds the pages now) or ends."""
         entry = self._by_request.pop(req, None)
         if entry is None:
-            return
+            return  # (one still in `_later` is skipped there: no longer WAITING)
         del self._requests[entry.ticket.id]
         self.used -= entry.pages
         ticket = entry.ticket

@@ -277,6 +277,7 @@ class Scheduler:
         # while the engine was busy; then the ones still out past their deadline go.
         self.poll()
         self._give_up_late_loads()
+        self.prefetcher.top_up()
         self._admit()
         batch = Batch()
         # Prompt tokens of all requests this step (--max-prefill-tokens), at most

@@ -157,3 +157,20 @@ def test_the_budget_bounds_each_request_and_all_of_them(make_rig: RigMaker) -> N
     run_until_idle(rig)
     assert prefetcher.used == 0
     _settled(rig)
+
+
+def test_a_request_that_arrived_over_budget_is_prefetched_while_it_waits(
+    make_rig: RigMaker,
+) -> None:
+    rig = _rig(make_rig, host_slots=8)  # budget 4 pages, 2 a request; one request runs
+    prompts = [_on_disk_only(rig, k, k + 10) for k in (1, 2, 3)]
+    reqs = [Request(f"r{i}", [*p, 7], GREEDY) for i, p in enumerate(prompts)]
+    for req in reqs:
+        rig.scheduler.add(req)
+    assert rig.cache.stats().counters.prefetches == 2  # the third waits for budget
+    run_until_idle(rig)
+    counters = rig.cache.stats().counters
+    assert counters.prefetches == 3, "the queued request was never prefetched"
+    assert counters.host_hit_tokens == 3 * 2 * PAGE  # each found its prefix in L2
+    assert [r.cached.disk for r in reqs] == [2 * PAGE] * 3
+    _settled(rig)
