@@ -93,9 +93,9 @@ class ArrivalPrefetcher:
         """Start the reads of queued requests that arrived with the budget spent."""
         while self._later:
             req = self._later[0]
-            if req.phase is Phase.WAITING and req not in self._by_request:
-                if not self._start(req):
-                    return
+            waiting = req.phase is Phase.WAITING and req not in self._by_request
+            if waiting and not self._start(req):
+                return
             self._later.popleft()
 
     def _start(self, req: Request) -> bool:
