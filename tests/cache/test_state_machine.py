@@ -260,6 +260,19 @@ class CacheMachine(RuleBasedStateMachine):
         self.storage.expire()
         self.storage.hold = False
 
+    @rule(recent=st.integers(0, 15), pages=st.integers(1, 4), clear=st.booleans())
+    def prefetch(self, recent: int, pages: int, clear: bool) -> None:
+        """An arrival prefetch: a prompt's storage pages read into L2 only (engine/prefetch.py)."""
+        if self.storage is None or not self.history:
+            return
+        if clear:
+            self.c.clear()
+        ids = self.pick([], recent)
+        ticket = self.c.prefetch(tokens_for(ids), pages)
+        if ticket is not None:
+            assert ticket.pages_from_storage <= pages
+            self.loading.append((ticket, tuple(ids)))
+
     @rule()
     def late_stores(self) -> None:
         """The stores the next poll starts time out; they read their slots later, at a settle."""
