@@ -98,7 +98,9 @@ def run(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     prefixes = [text(rng, args.prefix_tokens) for _ in range(args.clients)]
     with tempfile.TemporaryDirectory(prefix="asynchicache-prefetch-") as tmp:
-        disk, logs = Path(tmp) / "kv", Path(tmp)
+        work = args.work_dir or Path(tmp)  # --work-dir: the folder and logs stay
+        disk, logs = work / "kv", work
+        work.mkdir(parents=True, exist_ok=True)
         _store_prefixes(args, disk, prefixes, logs / "store.log")
         ttfts: dict[str, list[float]] = {mode: [] for mode in MODES}
         for r in range(args.rounds):
@@ -137,13 +139,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="default: the embedded SmolLM2")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="also write the JSON here")
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        help="disk folder and server logs (default: a temporary folder, removed)",
+    )
     return p  # fmt: skip
 
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     result = run(args)
-    text_out = json.dumps(result, indent=2)
+    text_out = json.dumps(result, indent=2, default=str)
     print(text_out)
     if args.out is not None:
         args.out.write_text(text_out + "\n")
