@@ -15,10 +15,12 @@ The policy, in one place:
   arrival order) while it waits in the queue;
 * the pages that landed stay locked for the request until it is admitted (its
   load then holds them) or it ends; nothing else can evict them meanwhile;
-* admission passes over a request whose read is still in flight (reading the same
-  pages again would be wasted I/O), at most until the load deadline of
-  `--prefetch-policy` (engine/cost.py); then the read is given up, the request is
-  admitted with whatever L2 holds, and the rest is loaded or recomputed as usual;
+* a request admitted while its read is still in flight waits for that read (it is
+  admitted: it holds its place and its L1 budget, as a load started then would;
+  reading the same pages again would be wasted I/O), at most until the load
+  deadline of `--prefetch-policy` (engine/cost.py); then the read is given up and
+  the request matched as usual: what L2 holds is loaded, the rest loaded or
+  recomputed;
 * `--no-arrival-prefetch` turns it off: reads start at admission, as before.
 
 A request's usage (and the per-tier hit metrics) still counts the prefetched
@@ -128,7 +130,7 @@ class ArrivalPrefetcher:
         return True
 
     def waiting_on(self, req: Request) -> bool:
-        """Whether admission should pass over `req` for now: its read is still landing.
+        """Whether `req`'s read is still landing (then it waits for it before its match).
         Past its deadline the read is given up (False)."""
         entry = self._by_request.get(req)
         if entry is None or entry.landed:

@@ -20,9 +20,10 @@ Loads and locks:
   load is the cache's to release, and counts as work until it finished.
 
 Prefetch at arrival (engine/prefetch.py): `add` starts a queued request's
-storage -> L2 read at once; `poll` hands its ticket to the prefetcher; admission
-passes over a request whose read is still landing, and releases what landed once
-the request's own match holds it.
+storage -> L2 read at once; `poll` hands its ticket to the prefetcher; a request
+admitted while its read is still landing waits in `landing` (it counts as
+admitted, as a load would) and is matched once the read is in L2; what landed is
+released once the request's own match holds it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Scheduler:
         self.page_size = cache_config.page_size
         self.waiting: deque[Request] = deque()
         self.loading: dict[int, Request] = {}  # LoadTicket.id -> request
+        self.landing: list[Request] = []  # admitted, waiting for their arrival read (prefetch.py)
         self.running: list[Request] = []
         self.finished: list[Request] = []  # drained by the engine after each step
         self.budget = MemoryBudget(self.page_size, engine_config.decode_reserve_tokens)
@@ -97,7 +99,7 @@ class Scheduler:
         """End `rid`: one member of its group, or (index None) every member."""
         found = [
             r
-            for r in [*self.waiting, *self.running, *self.loading.values()]
+            for r in [*self.waiting, *self.landing, *self.running, *self.loading.values()]
             if r.rid == rid and index in (None, r.index)
         ]
         for req in found:
@@ -107,12 +109,13 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         """Requests to serve, or given-up loads still to land (then the cache releases them)."""
-        return bool(self.waiting or self.loading or self.running or self.cache.abandoned_loads)
+        return bool(self.waiting or self.landing or self.loading or self.running
+                    or self.cache.abandoned_loads)  # fmt: skip
 
     def queue_lengths(self) -> dict[str, int]:
         return {
             "waiting": len(self.waiting),
-            "loading": len(self.loading),
+            "loading": len(self.loading) + len(self.landing),
             "running": len(self.running),
             "given_up_loads": self.cache.abandoned_loads,
             "prefetching": self.prefetcher.in_flight,
@@ -241,20 +244,18 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Start the oldest waiting requests while L1 can hold them (engine/admission.py)."""
+        self._start_landed()
         if not self.waiting:
             return
-        busy = bool(self.running or self.loading)
+        busy = bool(self.running or self.loading or self.landing)
         if self.backing_off and busy:
             return
         self.backing_off = False
-        admitted = [*self.running, *self.loading.values()]
+        admitted = [*self.running, *self.loading.values(), *self.landing]
         room = self.cache.available_pages() - self.budget.outstanding(admitted)
         limit = self.config.max_running_requests
-        for req in list(self.waiting):
-            if len(self.running) + len(self.loading) >= limit:
-                return
-            if self.prefetcher.waiting_on(req):
-                continue  # its prefix is landing in L2: admitted once it has
+        while self.waiting and len(self.running) + len(self.loading) + len(self.landing) < limit:
+            req = self.waiting[0]
             locked = (self.cache.locked_prefix_pages(req.tokens, req.cache_salt)
                       if self._prefix_enabled() else 0)  # fmt: skip
             need = self.budget.need(req, locked)
@@ -262,12 +263,25 @@ class Scheduler:
             # (its pages are found or it fails), unless copies in flight pin L1.
             if need > room and (busy or self.cache.copies_pending):
                 return
-            if not self._start(req):
+            if self.prefetcher.waiting_on(req):
+                # Its read is landing in L2: admitted, it waits for the read as it would
+                # for a load started now (engine/prefetch.py), then loads from L2.
+                self.landing.append(req)
+            elif not self._start(req):
                 return
-            self.prefetcher.release(req)  # its match holds the prefetched pages now
-            self.waiting.remove(req)
+            else:
+                self.prefetcher.release(req)  # its match holds the prefetched pages now
+            self.waiting.popleft()
             room -= need
             busy = True
+
+    def _start_landed(self) -> None:
+        """Admitted requests whose arrival read landed (or was given up): match and load."""
+        for req in list(self.landing):
+            if self.prefetcher.waiting_on(req) or not self._start(req):
+                continue  # still reading, or no L1 room for its copy yet
+            self.prefetcher.release(req)
+            self.landing.remove(req)
 
     # ------------------------------------------------------------- batching
     def schedule(self, prefill_cap: int | None = None) -> Batch:
@@ -373,6 +387,8 @@ class Scheduler:
             return
         if req in self.waiting:
             self.waiting.remove(req)
+        if req in self.landing:
+            self.landing.remove(req)
         if req in self.running:
             self.running.remove(req)
             self.backing_off = False  # its pages come back: admission may resume

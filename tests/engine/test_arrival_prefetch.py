@@ -84,7 +84,7 @@ def test_without_arrival_prefetch_the_same_request_reads_the_disk_at_admission(
     _settled(rig)
 
 
-def test_admission_passes_over_a_request_whose_read_is_landing(make_rig: RigMaker) -> None:
+def test_a_request_admitted_while_its_read_lands_waits_for_it(make_rig: RigMaker) -> None:
     rig = _rig(make_rig, engine=EngineConfig(min_load_tokens=0))
     assert rig.storage is not None
     prefix = _on_disk_only(rig, 1, 2, 3)
@@ -94,7 +94,8 @@ def test_admission_passes_over_a_request_whose_read_is_landing(make_rig: RigMake
     other = Request("other", [*tokens_for(8), 5], GREEDY)
     rig.scheduler.add(other)
     step(rig)
-    assert slow.phase is Phase.WAITING and other.phase is Phase.RUNNING
+    assert slow in rig.scheduler.landing and other.phase is Phase.RUNNING  # FIFO kept
+    assert rig.scheduler.queue_lengths()["loading"] == 1
     rig.storage.hold = False
     run_until_idle(rig)
     assert (slow.cached.host, slow.cached.disk) == (0, 3 * PAGE)
