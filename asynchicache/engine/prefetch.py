@@ -18,7 +18,8 @@ The policy, in one place:
 * a request admitted while its read is still in flight waits for that read (it is
   admitted: it holds its place and its L1 budget, as a load started then would;
   reading the same pages again would be wasted I/O), at most until the load
-  deadline of `--prefetch-policy` (engine/cost.py); then the read is given up and
+  deadline of `--prefetch-policy` (engine/cost.py), counted from its admission
+  as a load's would be; then the read is given up and
   the request matched as usual: what L2 holds is loaded, the rest loaded or
   recomputed;
 * `--no-arrival-prefetch` turns it off: reads start at admission, as before.
@@ -56,7 +57,10 @@ PER_REQUEST_SHARE = 0.25
 class _Prefetch:
     ticket: LoadTicket
     pages: int  # counted against the budget: asked while reading, landed once done
-    deadline: float | None  # admission stops waiting for the read then (None: never)
+    # When the admitted request stops waiting for the read (None: never); set at its
+    # admission, as a load started then would be: its time in the queue is not counted.
+    deadline: float | None = None
+    admitted: bool = False
     landed: bool = False  # `poll()` reported the ticket: its handle is ours to unlock
 
 
@@ -109,8 +113,7 @@ class ArrivalPrefetcher:
         if ticket is None:
             return True  # nothing in storage past the tree (or no L2 room): nothing to wait for
         pages = ticket.pages_from_storage
-        deadline = load_deadline(self.config, self.cost, pages)
-        self._by_request[req] = _Prefetch(ticket, pages, deadline)
+        self._by_request[req] = _Prefetch(ticket, pages)
         self._requests[ticket.id] = req
         self.used += pages
         return True
@@ -135,6 +138,9 @@ class ArrivalPrefetcher:
         entry = self._by_request.get(req)
         if entry is None or entry.landed:
             return False
+        if not entry.admitted:  # the first question comes at its admission
+            entry.admitted = True
+            entry.deadline = load_deadline(self.config, self.cost, entry.pages)
         if entry.deadline is not None and time.monotonic() > entry.deadline:
             self.given_up += 1
             self.release(req)

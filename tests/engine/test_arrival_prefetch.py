@@ -175,3 +175,25 @@ def test_a_request_that_arrived_over_budget_is_prefetched_while_it_waits(
     assert counters.host_hit_tokens == 3 * 2 * PAGE  # each found its prefix in L2
     assert [r.cached.disk for r in reqs] == [2 * PAGE] * 3
     _settled(rig)
+
+
+def test_the_read_deadline_counts_from_admission_not_arrival(make_rig: RigMaker) -> None:
+    import time
+
+    rig = _rig(make_rig, prefetch_policy="timeout", prefetch_timeout_s=0.5)
+    assert rig.storage is not None
+    prefix = _on_disk_only(rig, 1, 2, 3)
+    rig.scheduler.add(Request("first", [*tokens_for(9), 5], GREEDY))
+    step(rig)
+    rig.storage.hold = True  # the read is slow
+    queued = Request("queued", [*prefix, 7], GREEDY)
+    rig.scheduler.add(queued)
+    time.sleep(0.6)  # longer in the queue than the timeout
+    rig.scheduler.abort("first")  # its slot frees: `queued` is admitted, its read still out
+    step(rig)
+    assert queued in rig.scheduler.landing and rig.scheduler.prefetcher.given_up == 0
+    rig.storage.hold = False
+    run_until_idle(rig)
+    assert rig.scheduler.prefetcher.given_up == 0
+    assert rig.cache.stats().counters.host_hit_tokens == 3 * PAGE
+    _settled(rig)
