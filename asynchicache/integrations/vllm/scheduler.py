@@ -13,10 +13,14 @@ non-blocking `_poll()` at the start of each entry point.
   computes the rest of it), so a restart recomputes less than a page.
 * Loads: once vLLM allocated blocks (`update_state_after_alloc`), a load job
   (L2 slots -> blocks) goes to the worker with the next metadata.
-* Saves: every full page a step computes (prompt or output) is copied by the
-  worker into a fresh L2 slot right after the forward pass; when the worker
-  reports it done, the slots are published in L2 and stored by the service.
-  vLLM's blocks are therefore never held past the step that filled them.
+* Saves (`saves.py`): every full page whose tokens are all known and accepted
+  is copied by the worker into a fresh L2 slot right after the forward pass
+  that computed it (or a later one, under async scheduling and speculative
+  decoding); when the worker reports it done, the slots are published in L2
+  and stored by the service. vLLM's blocks are never held for us.
+* Names (`request_names.py`): a request's pages are named by its tokens,
+  salt, LoRA adapter and multimodal items; a request that cannot be named is
+  refused (no lookup, no save) and counted.
 * The L2 segment belongs to this process; the worker maps it by name.
 """
 
@@ -37,6 +41,8 @@ from asynchicache.integrations.vllm.metadata import (
     AsynchicacheWorkerMeta,
     CopyJob,
 )
+from asynchicache.integrations.vllm.request_names import Refusal, RequestNamer
+from asynchicache.integrations.vllm.saves import SavePlanner, saveable_tokens
 from asynchicache.integrations.vllm.service_link import (
     ExistsAnswer,
     LinkEvent,
@@ -93,14 +99,17 @@ class SchedulerSide:
             )
         self.stats = AsynchicacheStats()
         self.kv_cache_manager: KVCacheManager | None = None
+        self.namer = RequestNamer(self.namespace, config.page_size)
         self._ids = itertools.count(1)
         self._requests: dict[str, Request] = {}
-        self._chains: dict[str, RequestChain] = {}
+        self._chains: dict[str, RequestChain | Refusal] = {}
         self._lookups: dict[str, Lookup] = {}
         self._waiting: dict[int, Lookup] = {}  # ASKING or LOADING, by key
         self._jobs: dict[int, Job] = {}
         self._loads: list[CopyJob] = []  # for the worker, with the next metadata
-        self._covered: dict[str, int] = {}  # leading pages known stored or being saved
+        self.saves = SavePlanner(
+            config.page_size, self.pages_per_block, self.index, self.stats, self._register
+        )
         self._yielded = False  # a waiting lookup slept in this scheduler step
         log.info(
             "asynchicache connector: %d L2 slots of %d tokens in %s, service %s",
@@ -146,11 +155,15 @@ class SchedulerSide:
 
     def _start(self, request: Request, first_page: int) -> Lookup:
         tokens = request.all_token_ids
-        hashes = self._chain(request).extend(tokens)
+        chain = self._chain(request)
         max_pages = (len(tokens) - 1) // self.page_size  # vLLM computes the last token
-        want = max(0, max_pages - first_page)
+        want = max(0, max_pages - first_page) if isinstance(chain, RequestChain) else 0
         lk = Lookup(next(self._ids), request.request_id, first_page, want, time.monotonic())
         self._lookups[request.request_id] = lk
+        if not isinstance(chain, RequestChain):  # refused: nothing to look up
+            self._answer(lk)
+            return lk
+        hashes = chain.extend(tokens)
         self.stats.add("lookups")
         lk.host_slots = self.index.leading(hashes[first_page : first_page + want])
         self.index.pin(lk.host_slots)
@@ -164,27 +177,35 @@ class SchedulerSide:
             self.link.ask_exists(lk.key, hashes[lk.next_page : first_page + want])
         return lk
 
-    def _chain(self, request: Request) -> RequestChain:
+    def _chain(self, request: Request) -> RequestChain | Refusal:
+        """The request's page names (made once), or why it has none (counted once)."""
         chain = self._chains.get(request.request_id)
         if chain is None:
-            salt = request.cache_salt or ""
-            ns = self.namespace.with_salt(salt) if salt else self.namespace
-            chain = self._chains[request.request_id] = RequestChain(ns.digest(), self.page_size)
+            chain = self._chains[request.request_id] = self.namer.chain(request)
+            if isinstance(chain, Refusal):
+                self.stats.add(f"refused_{chain.reason}")
+                log.info("asynchicache: %s not cached (%s)", request.request_id, chain.reason)
         return chain
+
+    def _register(self, job: Job) -> int:
+        job_id = next(self._ids)
+        self._jobs[job_id] = job
+        return job_id
 
     def _on_exists(self, lk: Lookup, pages: int) -> None:
         target = lk.next_page + pages
+        self.saves.service_holds(lk.req_id, range(lk.next_page, target))
         slots = self.index.allocate(pages) if pages > 0 else None
         if slots is None:
             self._answer(lk)
             return
         chain = self._chains[lk.req_id]
+        assert isinstance(chain, RequestChain)  # refused requests never ask the service
         refs = [
             PageRef(h, (), s)
             for h, s in zip(chain.hashes[lk.next_page : target], slots, strict=True)
         ]
-        job = next(self._ids)
-        self._jobs[job] = Job(JobKind.PREFETCH, lk.req_id, slots, refs, lk.key)
+        job = self._register(Job(JobKind.PREFETCH, lk.req_id, slots, refs, lk.key))
         self.link.load(job, [r.page_hash for r in refs], slots)
         lk.phase, lk.load_job, lk.loading_since = Phase.LOADING, job, time.monotonic()
 
@@ -268,8 +289,7 @@ class SchedulerSide:
         block_ids = blocks.get_block_ids()[0][first_block : first_block + n_blocks]
         slots = lk.slots[:pages]
         self.index.unpin(lk.slots[pages:])
-        job = next(self._ids)
-        self._jobs[job] = Job(JobKind.COPY_IN, request.request_id, slots)
+        job = self._register(Job(JobKind.COPY_IN, request.request_id, slots))
         self._loads.append(CopyJob(job, request.request_id, tuple(block_ids), tuple(slots)))
         lk.committed = True
         split = lk.split(pages)
@@ -285,59 +305,31 @@ class SchedulerSide:
         meta = AsynchicacheMetadata(self.pool.name, self._loads, [], self.config.load_async)
         self._loads = []
         for new in out.scheduled_new_reqs:
-            self._covered[new.req_id] = new.num_computed_tokens // self.page_size
-            done = new.num_computed_tokens + out.num_scheduled_tokens.get(new.req_id, 0)
-            self._plan_save(new.req_id, done, meta)
+            self.saves.start(new.req_id, new.num_computed_tokens)
+            self._plan_save(new.req_id, new.num_computed_tokens, out, meta)
         cached = out.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             computed = cached.num_computed_tokens[i]
             if req_id in cached.resumed_req_ids:
-                self._covered[req_id] = computed // self.page_size
-            self._plan_save(req_id, computed + out.num_scheduled_tokens.get(req_id, 0), meta)
+                self.saves.start(req_id, computed)
+            self._plan_save(req_id, computed, out, meta)
         return meta
 
-    def _plan_save(self, req_id: str, computed: int, meta: AsynchicacheMetadata) -> None:
-        """Save jobs for the full pages computed since the last step that L2 lacks."""
+    def _plan_save(
+        self, req_id: str, computed: int, out: SchedulerOutput, meta: AsynchicacheMetadata
+    ) -> None:
+        """Save jobs for the pages this step completes with known, accepted tokens."""
         request = self._requests.get(req_id)
-        target = computed // self.page_size
-        covered = self._covered.get(req_id, target)
-        if request is None or target <= covered or self.kv_cache_manager is None:
+        if request is None or self.kv_cache_manager is None:
             return
-        self._covered[req_id] = target
         chain = self._chain(request)
-        hashes = chain.extend(request.all_token_ids)
-        missing = [p for p in range(covered, target) if self.index.slot_of(hashes[p]) is None]
+        if not isinstance(chain, RequestChain):
+            return
+        tokens = request.all_token_ids
+        scheduled = out.num_scheduled_tokens.get(req_id, 0)
+        saveable = saveable_tokens(computed, scheduled, len(tokens))
         block_ids = self.kv_cache_manager.get_block_ids(req_id)[0]
-        for run in _runs(missing):
-            slots = self.index.allocate(len(run))
-            if slots is None:
-                self.stats.add("saves_skipped")
-                return
-            meta.saves.append(self._save_job(request, chain, run, slots, block_ids))
-
-    def _save_job(
-        self,
-        request: Request,
-        chain: RequestChain,
-        pages: range,
-        slots: list[int],
-        block_ids: list[int],
-    ) -> CopyJob:
-        tokens, size, ppb = request.all_token_ids, self.page_size, self.pages_per_block
-        refs = [
-            PageRef(chain.hashes[p], tuple(tokens[p * size : (p + 1) * size]), s, chain.parent(p))
-            for p, s in zip(pages, slots, strict=True)
-        ]
-        job = next(self._ids)
-        self._jobs[job] = Job(JobKind.SAVE_COPY, request.request_id, slots, refs)
-        first, last = pages[0] // ppb, (pages[-1] // ppb) + 1
-        return CopyJob(
-            job,
-            request.request_id,
-            tuple(block_ids[first:last]),
-            tuple(slots),
-            pages[0] - first * ppb,
-        )
+        meta.saves += self.saves.plan(req_id, chain, tokens, saveable, block_ids)
 
     # -- worker and service reports -------------------------------------------
 
@@ -361,8 +353,7 @@ class SchedulerSide:
             return
         slots = [r.slot for r in refs]
         self.index.pin(slots)
-        job = next(self._ids)
-        self._jobs[job] = Job(JobKind.STORE, saved.req_id, slots)
+        job = self._register(Job(JobKind.STORE, saved.req_id, slots))
         self.link.store(job, refs)
 
     def _poll(self) -> None:
@@ -405,7 +396,7 @@ class SchedulerSide:
             self._drop(lk)
         self._requests.pop(req_id, None)
         self._chains.pop(req_id, None)
-        self._covered.pop(req_id, None)
+        self.saves.finish(req_id)
 
     def take_stats(self) -> AsynchicacheStats | None:
         self._poll()
@@ -414,14 +405,3 @@ class SchedulerSide:
     def shutdown(self) -> None:
         self.link.close()
         self.pool.close()
-
-
-def _runs(pages: list[int]) -> list[range]:
-    """Ascending page numbers as runs of consecutive ones."""
-    out: list[range] = []
-    for p in pages:
-        if out and out[-1].stop == p:
-            out[-1] = range(out[-1].start, p + 1)
-        else:
-            out.append(range(p, p + 1))
-    return out
