@@ -134,6 +134,81 @@ def page_is_truth(page: torch.Tensor, truth: Truth, index: int) -> bool:
     return True
 
 
+def connector_config(root: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Our kv_connector_extra_config: a disk folder and service of `root`'s own."""
+    return {
+        "disk_cache_dir": str(root / "kv"),
+        "cache_service": f"ipc://{root}/run/c.sock",
+        "host_cache_gb": 0.002,
+        "page_size": PAGE,
+        "lookup_timeout": 10.0,
+        "prefetch_timeout": 10.0,
+        **(extra or {}),
+    }
+
+
+def make_vllm_config(
+    model: Path,
+    connector: dict[str, Any],
+    *,
+    spec_tokens: int = 0,
+    failure_policy: str = "recompute",
+    max_batched_tokens: int = 2048,
+    model_fields: dict[str, Any] | None = None,
+    cache_fields: dict[str, Any] | None = None,
+) -> Any:
+    """A VllmConfig for CPU with our connector, as vLLM's scheduler tests build one."""
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        KVTransferConfig,
+        ModelConfig,
+        SchedulerConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
+
+    speculative = (
+        SpeculativeConfig(
+            method="ngram",
+            num_speculative_tokens=spec_tokens,
+            prompt_lookup_max=4,
+            prompt_lookup_min=2,
+        )
+        if spec_tokens
+        else None
+    )
+    return VllmConfig(
+        model_config=ModelConfig(
+            **{
+                "model": str(model),
+                "dtype": "float32",
+                "seed": 0,
+                "skip_tokenizer_init": True,
+                **(model_fields or {}),
+            }
+        ),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=16,
+            max_num_batched_tokens=max_batched_tokens,
+            max_model_len=4096,
+            is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(
+            **{"block_size": BLOCK, "enable_prefix_caching": True, **(cache_fields or {})}
+        ),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="AsynchicacheConnector",
+            kv_connector_module_path="asynchicache.integrations.vllm",
+            kv_role="kv_both",
+            kv_connector_extra_config=connector,
+            kv_load_failure_policy=failure_policy,
+        ),
+        device_config=DeviceConfig("cpu"),
+        speculative_config=speculative,
+    )
+
+
 @contextmanager
 def current_config(vllm_config: Any) -> Iterator[None]:
     from vllm.config import set_current_vllm_config
@@ -157,15 +232,6 @@ class Engine:
         num_blocks: int = 200,
         max_batched_tokens: int = 2048,
     ) -> None:
-        from vllm.config import (
-            CacheConfig,
-            DeviceConfig,
-            KVTransferConfig,
-            ModelConfig,
-            SchedulerConfig,
-            SpeculativeConfig,
-            VllmConfig,
-        )
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
@@ -174,45 +240,12 @@ class Engine:
 
         from asynchicache.integrations.vllm.connector import AsynchicacheConnector
 
-        config = {
-            "disk_cache_dir": str(root / "kv"),
-            "cache_service": f"ipc://{root}/run/c.sock",
-            "host_cache_gb": 0.002,
-            "page_size": PAGE,
-            "lookup_timeout": 10.0,
-            "prefetch_timeout": 10.0,
-            **(extra or {}),
-        }
-        speculative = (
-            SpeculativeConfig(
-                method="ngram",
-                num_speculative_tokens=spec_tokens,
-                prompt_lookup_max=4,
-                prompt_lookup_min=2,
-            )
-            if spec_tokens
-            else None
-        )
-        self.vllm_config = VllmConfig(
-            model_config=ModelConfig(
-                model=str(model), dtype="float32", seed=0, skip_tokenizer_init=True
-            ),
-            scheduler_config=SchedulerConfig(
-                max_num_seqs=16,
-                max_num_batched_tokens=max_batched_tokens,
-                max_model_len=4096,
-                is_encoder_decoder=False,
-            ),
-            cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
-            kv_transfer_config=KVTransferConfig(
-                kv_connector="AsynchicacheConnector",
-                kv_connector_module_path="asynchicache.integrations.vllm",
-                kv_role="kv_both",
-                kv_connector_extra_config=config,
-                kv_load_failure_policy=failure_policy,
-            ),
-            device_config=DeviceConfig("cpu"),
-            speculative_config=speculative,
+        self.vllm_config = make_vllm_config(
+            model,
+            connector_config(root, extra),
+            spec_tokens=spec_tokens,
+            failure_policy=failure_policy,
+            max_batched_tokens=max_batched_tokens,
         )
         self.kv_cache_config = KVCacheConfig(
             num_blocks=num_blocks,

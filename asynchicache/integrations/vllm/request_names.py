@@ -40,7 +40,7 @@ REFUSALS = (
     "prompt_embeds",  # the prompt is embeddings, not token ids
     "lora_unreadable",  # the adapter's files cannot be read to fingerprint them
     "mm_unnamed",  # a multimodal item without a content hash
-    "disabled",  # the connector cannot name anything (see SchedulerSide.disable)
+    "backend_mismatch",  # vLLM's workers run another attention backend than the namespace names
 )
 
 
@@ -92,9 +92,12 @@ class RequestNamer:
         self.namespace = namespace
         self.page_size = page_size
         self.adapters = AdapterFingerprints()
+        self.refuse_all: Refusal | None = None  # nothing in this namespace can be named
 
     def chain(self, request: Request) -> RequestChain | Refusal:
         """A fresh chain for `request`'s pages, or why there can be none."""
+        if self.refuse_all is not None:
+            return self.refuse_all
         if getattr(request, "prompt_embeds", None) is not None:
             return Refusal("prompt_embeds")
         salt = request.cache_salt or ""

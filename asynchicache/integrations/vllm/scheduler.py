@@ -118,6 +118,25 @@ class SchedulerSide:
             self.pool.name,
             config.service_address,
         )
+        log.info(
+            "asynchicache namespace: model %s, engine %s, %s",
+            self.namespace.model_fingerprint,
+            self.namespace.engine,
+            ", ".join(f"{k}={v}" for k, v in spec.identity.numerics),
+        )
+
+    def check_backends(self, backends: set[str]) -> None:
+        """The workers' attention backends: pages are named by the one expected; if a
+        worker got another, nothing can be named right and every request is refused."""
+        named = self.spec.identity.attention_backend
+        if backends and backends != {named}:
+            log.error(
+                "asynchicache connector: pages are named for attention backend %s but vLLM's "
+                "workers run %s; caching is off (every request refused: backend_mismatch)",
+                named,
+                sorted(backends),
+            )
+            self.namer.refuse_all = Refusal("backend_mismatch")
 
     # -- lookups ------------------------------------------------------------
 
