@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -281,6 +282,8 @@ class Engine:
         assert self.worker._worker is not None
         self.worker._worker.register_kv_caches(self.model.tensors, "CPU_ATTN")
         self.truths: dict[str, Truth] = {}
+        self.requests: dict[str, Any] = {}  # vLLM's Request objects, by id
+        self.stats: Counter[str] = Counter()  # the connector's stats, as vLLM reports them
         self.drafts = DraftPolicy(spec_tokens) if spec_tokens else None
         self.pending: tuple[Any, Any] | None = None  # async: the step not yet updated
         self.finished: dict[str, Any] = {}  # request id -> its last EngineCoreOutput
@@ -314,6 +317,7 @@ class Engine:
             **request_fields,
         )
         self.truths[req_id] = truth
+        self.requests[req_id] = request
         self.scheduler.add_request(request)
         return request
 
@@ -351,6 +355,9 @@ class Engine:
     def _update(self, out: Any, result: Any) -> None:
         outputs = self.scheduler.update_from_output(out, result)
         for engine_outputs in outputs.values():
+            stats = engine_outputs.scheduler_stats
+            if stats is not None and stats.kv_connector_stats:
+                self.stats.update(stats.kv_connector_stats)
             for o in engine_outputs.outputs:
                 if o.finish_reason is not None:
                     self.finished[o.request_id] = o
@@ -437,6 +444,12 @@ class Engine:
             if side.index.use(slot) is SlotUse.READY:
                 out[side.index._slots[slot].page_hash] = pool[slot].clone()
         return out
+
+    def stat(self, name: str) -> float:
+        return self.stats[name]
+
+    def hit_tokens(self) -> float:
+        return sum(self.stats[f"hit_tokens_{tier}"] for tier in ("host", "disk", "remote"))
 
     def settle(self, timeout_s: float = 30.0) -> None:
         """Wait until the service finished every store (their L2 pins go then)."""

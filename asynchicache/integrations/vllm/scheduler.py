@@ -107,6 +107,7 @@ class SchedulerSide:
         self._waiting: dict[int, Lookup] = {}  # ASKING or LOADING, by key
         self._jobs: dict[int, Job] = {}
         self._loads: list[CopyJob] = []  # for the worker, with the next metadata
+        self._load_failed: set[str] = set()  # requests a copy into vLLM's blocks failed for
         self.saves = SavePlanner(
             config.page_size, self.pages_per_block, self.index, self.stats, self._register
         )
@@ -176,10 +177,11 @@ class SchedulerSide:
         tokens = request.all_token_ids
         chain = self._chain(request)
         max_pages = (len(tokens) - 1) // self.page_size  # vLLM computes the last token
-        want = max(0, max_pages - first_page) if isinstance(chain, RequestChain) else 0
+        named = isinstance(chain, RequestChain) and request.request_id not in self._load_failed
+        want = max(0, max_pages - first_page) if named else 0
         lk = Lookup(next(self._ids), request.request_id, first_page, want, time.monotonic())
         self._lookups[request.request_id] = lk
-        if not isinstance(chain, RequestChain):  # refused: nothing to look up
+        if not named or not isinstance(chain, RequestChain):  # nothing to look up
             self._answer(lk)
             return lk
         hashes = chain.extend(tokens)
@@ -359,6 +361,8 @@ class SchedulerSide:
         for job_id in meta.loads_done + meta.loads_failed:
             job = self._jobs.pop(job_id)
             self.index.unpin(job.slots)
+            if job_id in meta.loads_failed:  # vLLM recomputes it (or aborts it): no new hit
+                self._load_failed.add(job.req_id)
         for job_id in meta.saves_failed:
             self.index.release(self._jobs.pop(job_id).slots)
             self.stats.add("save_errors")
@@ -415,6 +419,7 @@ class SchedulerSide:
             self._drop(lk)
         self._requests.pop(req_id, None)
         self._chains.pop(req_id, None)
+        self._load_failed.discard(req_id)
         self.saves.finish(req_id)
 
     def take_stats(self) -> AsynchicacheStats | None:
