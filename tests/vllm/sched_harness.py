@@ -157,11 +157,13 @@ def make_vllm_config(
     max_batched_tokens: int = 2048,
     model_fields: dict[str, Any] | None = None,
     cache_fields: dict[str, Any] | None = None,
+    kv_events: dict[str, Any] | None = None,
 ) -> Any:
     """A VllmConfig for CPU with our connector, as vLLM's scheduler tests build one."""
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
+        KVEventsConfig,
         KVTransferConfig,
         ModelConfig,
         SchedulerConfig,
@@ -207,6 +209,7 @@ def make_vllm_config(
         ),
         device_config=DeviceConfig("cpu"),
         speculative_config=speculative,
+        kv_events_config=KVEventsConfig(**kv_events) if kv_events else None,
     )
 
 
@@ -232,6 +235,7 @@ class Engine:
         extra: dict[str, Any] | None = None,
         num_blocks: int = 200,
         max_batched_tokens: int = 2048,
+        kv_events: dict[str, Any] | None = None,
     ) -> None:
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -247,6 +251,7 @@ class Engine:
             spec_tokens=spec_tokens,
             failure_policy=failure_policy,
             max_batched_tokens=max_batched_tokens,
+            kv_events=kv_events,
         )
         self.kv_cache_config = KVCacheConfig(
             num_blocks=num_blocks,
@@ -451,7 +456,7 @@ class Engine:
     def hit_tokens(self) -> float:
         return sum(self.stats[f"hit_tokens_{tier}"] for tier in ("host", "disk", "remote"))
 
-    def settle(self, timeout_s: float = 30.0) -> None:
+    def settle(self, timeout_s: float = 120.0) -> None:
         """Wait until the service finished every store (their L2 pins go then)."""
         deadline = time.monotonic() + timeout_s
         while self.side.index.counts()["pinned"] or self.side.index.counts()["writing"]:

@@ -8,6 +8,7 @@ only maps vLLM's methods onto them; see those modules for the behaviour.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +22,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from asynchicache.integrations.vllm.config import ConnectorConfig
+from asynchicache.integrations.vllm.kv_events import events_enabled
 from asynchicache.integrations.vllm.metadata import AsynchicacheHandshake, AsynchicacheMetadata
 from asynchicache.integrations.vllm.numerics import qualified_backend
 from asynchicache.integrations.vllm.scheduler import SchedulerSide
@@ -30,6 +32,7 @@ from asynchicache.integrations.vllm.worker import WorkerSide, attention_backend
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
         KVConnectorPromMetrics,
         KVConnectorStats,
@@ -81,7 +84,9 @@ class AsynchicacheConnector(KVConnectorBase_V1):
                 f"vLLM's block size {spec.block_size}"
             )
         self._sched = (
-            SchedulerSide(spec, self._config) if role is KVConnectorRole.SCHEDULER else None
+            SchedulerSide(spec, self._config, events_enabled(vllm_config))
+            if role is KVConnectorRole.SCHEDULER
+            else None
         )
         self._worker = WorkerSide(spec, self._config) if role is KVConnectorRole.WORKER else None
         self._backend: str | None = None  # the worker's, once its KV caches are registered
@@ -201,6 +206,9 @@ class AsynchicacheConnector(KVConnectorBase_V1):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self._need_sched().on_worker_meta(connector_output.kv_connector_worker_meta)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        return self._need_sched().events.take()
 
     def request_finished(
         self, request: Request, block_ids: list[int]

@@ -35,6 +35,7 @@ from asynchicache.cache.pools import HostPool, KVLayout
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.host_index import HostIndex
 from asynchicache.integrations.vllm.jobs import Job, JobKind
+from asynchicache.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_STORAGE, KVEventLog
 from asynchicache.integrations.vllm.lookup import Lookup, Phase, RequestChain, TierSplit
 from asynchicache.integrations.vllm.metadata import (
     AsynchicacheMetadata,
@@ -70,7 +71,7 @@ _PREFAULT_BYTES = 256 << 20
 class SchedulerSide:
     """Owns this vLLM instance's L2 segment, its ledger and the line to the service."""
 
-    def __init__(self, spec: VllmKVSpec, config: ConnectorConfig) -> None:
+    def __init__(self, spec: VllmKVSpec, config: ConnectorConfig, kv_events: bool = False) -> None:
         self.spec = spec
         self.config = config
         self.page_size = config.page_size
@@ -88,6 +89,8 @@ class SchedulerSide:
         assert self.pool.tensor is not None
         self.pool.tensor[: min(slots, _PREFAULT_BYTES // layout.page_bytes)].zero_()
         self.index = HostIndex(slots)
+        self.events = KVEventLog(kv_events, config.page_size)
+        self.index.on_evict = lambda hashes: self.events.removed(hashes, MEDIUM_CPU)
         page = PageLayout(str(spec.dtype).removeprefix("torch."), layout.page_shape)
         self.link = ServiceLink(config, self.namespace.encode(), self.pool.name, page)
         # Start-up may wait for a service we start; one we only connect to answers at once.
@@ -222,9 +225,10 @@ class SchedulerSide:
             return
         chain = self._chains[lk.req_id]
         assert isinstance(chain, RequestChain)  # refused requests never ask the service
+        tokens, size = self._requests[lk.req_id].all_token_ids, self.page_size
         refs = [
-            PageRef(h, (), s)
-            for h, s in zip(chain.hashes[lk.next_page : target], slots, strict=True)
+            PageRef(chain.hashes[p], tuple(tokens[p * size : (p + 1) * size]), s, chain.parent(p))
+            for p, s in zip(range(lk.next_page, target), slots, strict=True)
         ]
         job = self._register(Job(JobKind.PREFETCH, lk.req_id, slots, refs, lk.key))
         self.link.load(job, [r.page_hash for r in refs], slots)
@@ -237,10 +241,12 @@ class SchedulerSide:
             log.info(
                 "asynchicache prefetch: %s (%d of %d pages)", done.error, ok, done.pages_requested
             )
-        ready = []
+        ready, fresh = [], []
         for ref in job.pages[:ok]:
-            self.index.publish(ref.slot, ref.page_hash)  # a duplicate frees its slot
+            if self.index.publish(ref.slot, ref.page_hash):  # a duplicate frees its slot
+                fresh.append(ref)
             ready.append(self.index.slot_of(ref.page_hash))
+        self._announce(job.req_id, fresh, MEDIUM_CPU)
         if done.settled:
             self.index.release(job.slots[ok:])
             del self._jobs[job_id]
@@ -376,8 +382,21 @@ class SchedulerSide:
             return
         slots = [r.slot for r in refs]
         self.index.pin(slots)
-        job = self._register(Job(JobKind.STORE, saved.req_id, slots))
+        self._announce(saved.req_id, refs, MEDIUM_CPU)
+        job = self._register(Job(JobKind.STORE, saved.req_id, slots, refs))
         self.link.store(job, refs)
+
+    def _announce(self, req_id: str, refs: list[PageRef], medium: str) -> None:
+        """KV events for `refs` of request `req_id` (its chain root and LoRA name, while
+        the request is known)."""
+        chain = self._chains.get(req_id)
+        lora = getattr(self._requests.get(req_id), "lora_request", None)
+        self.events.stored(
+            refs,
+            medium,
+            chain.root if isinstance(chain, RequestChain) else None,
+            lora.lora_name if lora is not None else None,
+        )
 
     def _poll(self) -> None:
         for event in self.link.events():
@@ -405,6 +424,8 @@ class SchedulerSide:
             if event.error:
                 self.stats.add("store_failures")
                 log.info("asynchicache store: %s", event.error)
+            else:
+                self._announce(job.req_id, job.pages, MEDIUM_STORAGE)
             if event.settled:
                 del self._jobs[event.ticket]
                 self.index.unpin(job.slots)
