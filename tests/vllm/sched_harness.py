@@ -92,21 +92,27 @@ class DraftPolicy:
         return out
 
 
-class FakeModel:
-    """Writes K/V for scheduled positions into vLLM's blocks and samples the truth."""
+def rank_sign(rank: int) -> float:
+    """Tensor-parallel rank r's K/V are (-1)^r times rank 0's: each rank's heads differ."""
+    return -1.0 if rank % 2 else 1.0
 
-    def __init__(self, num_blocks: int) -> None:
+
+class FakeModel:
+    """One rank's KV blocks: writes K/V for scheduled positions (vLLM's CPU layout)."""
+
+    def __init__(self, num_blocks: int, heads: int = HEADS, rank: int = 0) -> None:
         from asynchicache.integrations.vllm.layouts import BlockFormat, canonical_kv
 
         # CPU_ATTN: [blocks, kv_heads, block_size, 2 * head_dim] per layer
         self.tensors = {
-            name: torch.zeros(num_blocks, HEADS, BLOCK, 2 * HEAD_DIM) for name in LAYER_NAMES
+            name: torch.zeros(num_blocks, heads, BLOCK, 2 * HEAD_DIM) for name in LAYER_NAMES
         }
         self.views = [canonical_kv(t, BlockFormat.HEAD_MAJOR_SPLIT) for t in self.tensors.values()]
+        self.sign = rank_sign(rank)
 
     def write(self, block_ids: Sequence[int], positions: range, tokens: list[int], adapter: int):
         for p, tok in zip(positions, tokens, strict=True):
-            value = kv_value(p, tok, adapter)
+            value = kv_value(p, tok, adapter) * self.sign
             b, off = block_ids[p // BLOCK], p % BLOCK
             for k, v in self.views:
                 k[b, off].fill_(value)
@@ -116,7 +122,7 @@ class FakeModel:
         """Positions below `upto` whose K/V are not the truth's."""
         bad = []
         for p in range(upto):
-            want = kv_value(p, truth.token(p), truth.adapter)
+            want = kv_value(p, truth.token(p), truth.adapter) * self.sign
             b, off = block_ids[p // BLOCK], p % BLOCK
             for k, v in self.views:
                 if not (bool((k[b, off] == want).all()) and bool((v[b, off] == -want).all())):
@@ -125,13 +131,17 @@ class FakeModel:
         return bad
 
 
-def page_is_truth(page: torch.Tensor, truth: Truth, index: int) -> bool:
-    """Whether an L2 page `[layers, 2, PAGE, heads, dim]` holds page `index` of `truth`."""
+def page_is_truth(page: torch.Tensor, truth: Truth, index: int, tp: int = 1) -> bool:
+    """Whether an L2 page `[layers, 2, PAGE, heads, dim]` holds page `index` of `truth`
+    (with `tp` ranks' heads, each rank's in its own slice)."""
+    per_rank = page.shape[3] // tp
     for i in range(PAGE):
         p = index * PAGE + i
-        want = kv_value(p, truth.token(p), truth.adapter)
-        if not (bool((page[:, 0, i] == want).all()) and bool((page[:, 1, i] == -want).all())):
-            return False
+        for rank in range(tp):
+            want = kv_value(p, truth.token(p), truth.adapter) * rank_sign(rank)
+            heads = page[:, :, i, rank * per_rank : (rank + 1) * per_rank]
+            if not (bool((heads[:, 0] == want).all()) and bool((heads[:, 1] == -want).all())):
+                return False
     return True
 
 
@@ -158,6 +168,7 @@ def make_vllm_config(
     model_fields: dict[str, Any] | None = None,
     cache_fields: dict[str, Any] | None = None,
     kv_events: dict[str, Any] | None = None,
+    tp: int = 1,
 ) -> Any:
     """A VllmConfig for CPU with our connector, as vLLM's scheduler tests build one."""
     from vllm.config import (
@@ -166,6 +177,7 @@ def make_vllm_config(
         KVEventsConfig,
         KVTransferConfig,
         ModelConfig,
+        ParallelConfig,
         SchedulerConfig,
         SpeculativeConfig,
         VllmConfig,
@@ -210,6 +222,7 @@ def make_vllm_config(
         device_config=DeviceConfig("cpu"),
         speculative_config=speculative,
         kv_events_config=KVEventsConfig(**kv_events) if kv_events else None,
+        parallel_config=ParallelConfig(tensor_parallel_size=tp),
     )
 
 
@@ -236,7 +249,9 @@ class Engine:
         num_blocks: int = 200,
         max_batched_tokens: int = 2048,
         kv_events: dict[str, Any] | None = None,
+        tp: int = 1,
     ) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
@@ -244,6 +259,7 @@ class Engine:
         from vllm.v1.structured_output import StructuredOutputManager
 
         from asynchicache.integrations.vllm.connector import AsynchicacheConnector
+        from asynchicache.integrations.vllm.worker import WorkerSide
 
         self.vllm_config = make_vllm_config(
             model,
@@ -252,6 +268,7 @@ class Engine:
             failure_policy=failure_policy,
             max_batched_tokens=max_batched_tokens,
             kv_events=kv_events,
+            tp=tp,
         )
         self.kv_cache_config = KVCacheConfig(
             num_blocks=num_blocks,
@@ -261,7 +278,7 @@ class Engine:
                     list(LAYER_NAMES),
                     FullAttentionSpec(
                         block_size=BLOCK,
-                        num_kv_heads=HEADS,
+                        num_kv_heads=HEADS // tp,  # each rank's (vLLM's spec is per rank)
                         head_size=HEAD_DIM,
                         dtype=torch.float32,
                     ),
@@ -279,13 +296,22 @@ class Engine:
                 block_size=BLOCK,
                 log_stats=True,
             )
-            self.worker = AsynchicacheConnector(
-                self.vllm_config, KVConnectorRole.WORKER, self.kv_cache_config
-            )
+            # One worker connector per tensor-parallel rank, each over its own blocks.
+            self.workers = [
+                AsynchicacheConnector(
+                    self.vllm_config, KVConnectorRole.WORKER, self.kv_cache_config
+                )
+                for _ in range(tp)
+            ]
         self.connector = self.scheduler.connector
-        self.model = FakeModel(num_blocks)
-        assert self.worker._worker is not None
-        self.worker._worker.register_kv_caches(self.model.tensors, "CPU_ATTN")
+        self.tp = tp
+        self.models = [FakeModel(num_blocks, HEADS // tp, rank) for rank in range(tp)]
+        for rank, (worker, model) in enumerate(zip(self.workers, self.models, strict=True)):
+            assert worker._worker is not None
+            worker._worker = WorkerSide(worker._worker.spec, worker._worker.config, rank=rank)
+            worker._worker.register_kv_caches(model.tensors, "CPU_ATTN")
+        self.worker, self.model = self.workers[0], self.models[0]
+        self.aggregator = KVOutputAggregator(tp)
         self.truths: dict[str, Truth] = {}
         self.requests: dict[str, Any] = {}  # vLLM's Request objects, by id
         self.stats: Counter[str] = Counter()  # the connector's stats, as vLLM reports them
@@ -381,10 +407,21 @@ class Engine:
         self.scheduler.update_draft_token_ids(DraftTokenIds(ids, drafts))
 
     def _execute(self, out: Any) -> Any:
-        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+        """Every rank runs the step on its blocks (loads, the forward pass, saves); their
+        outputs are aggregated as vLLM's executor does (KVOutputAggregator)."""
+        for worker in self.workers:
+            worker.bind_connector_metadata(out.kv_connector_metadata)
+            worker.start_load_kv(None)  # type: ignore[arg-type]
+        ids, sampled = self._forward(out)
+        outputs = []
+        for worker in self.workers:
+            worker.wait_for_save()
+            outputs.append(self._runner_output(worker, ids, sampled))
+            worker.clear_connector_metadata()
+        return self.aggregator.aggregate(outputs, output_rank=0)
 
-        self.worker.bind_connector_metadata(out.kv_connector_metadata)
-        self.worker.start_load_kv(None)  # type: ignore[arg-type]
+    def _forward(self, out: Any) -> tuple[list[str], list[list[int]]]:
+        """Writes every scheduled position's K/V on every rank; returns the sampled tokens."""
         computed = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
         computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
@@ -404,7 +441,8 @@ class Engine:
             known = n - len(drafts)
             tokens = [truth.token(p) for p in range(start, start + known)] + drafts
             blocks = self.scheduler.kv_cache_manager.get_block_ids(req_id)[0]
-            self.model.write(blocks, range(start, start + n), tokens, truth.adapter)
+            for model in self.models:
+                model.write(blocks, range(start, start + n), tokens, truth.adapter)
             ids.append(req_id)
             end = start + known  # the first position whose token is sampled now
             if end < len(truth.prompt):
@@ -415,19 +453,23 @@ class Engine:
                 accepted += 1
             sampled.append([truth.token(end + i) for i in range(accepted + 1)])
             self.device_len[req_id] = end + accepted + 1
-        self.worker.wait_for_save()
-        _, recved = self.worker.get_finished(set())
+        return ids, sampled
+
+    @staticmethod
+    def _runner_output(worker: Any, ids: list[str], sampled: list[list[int]]) -> Any:
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+        _, recved = worker.get_finished(set())
         output = KVConnectorOutput(
             finished_recving=recved,
-            invalid_block_ids=self.worker.get_block_ids_with_load_errors(),
-            kv_connector_worker_meta=self.worker.build_connector_worker_meta(),
-            kv_connector_stats=self.worker.get_kv_connector_stats(),
+            invalid_block_ids=worker.get_block_ids_with_load_errors(),
+            kv_connector_worker_meta=worker.build_connector_worker_meta(),
+            kv_connector_stats=worker.get_kv_connector_stats(),
         )
-        self.worker.clear_connector_metadata()
         return ModelRunnerOutput(
             req_ids=ids,
             req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=sampled,
+            sampled_token_ids=[list(t) for t in sampled],
             kv_connector_output=output,
         )
 
@@ -467,5 +509,6 @@ class Engine:
         self.side.index.check_integrity()
 
     def shutdown(self) -> None:
-        self.worker.shutdown()
+        for worker in self.workers:
+            worker.shutdown()
         self.connector.shutdown()

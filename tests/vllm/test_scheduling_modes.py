@@ -122,3 +122,36 @@ def test_chunked_prefill_saves_each_chunks_pages(model: Path, tmp_path: Path) ->
         assert all(h in in_l2 and page_is_truth(in_l2[h], t, i) for i, h in enumerate(chain))
     finally:
         made.shutdown()
+
+
+def test_tensor_parallel_ranks_save_and_load_their_own_heads(model: Path, tmp_path: Path) -> None:
+    """TP 2 (vLLM's scheduler, two ranks' workers over their own blocks, their outputs
+    aggregated as vLLM's executor does): a page holds both ranks' heads, each in its own
+    slice, published only once both copied; a later request loads each rank's heads back
+    into that rank's blocks."""
+    made = Engine(model, tmp_path, async_scheduling=True, tp=2)
+    try:
+        assert made.side.namespace.engine.endswith("/tp2")
+        first = truth(4, 3 * BLOCK + 5, 20)
+        made.add("tp-first", first, max_tokens=20)
+        made.run()
+        made.settle()
+        chain = names(made, first.prompt)
+        in_l2 = made.l2_pages()
+        assert all(page_is_truth(in_l2[h], first, i, tp=2) for i, h in enumerate(chain))
+        made.scheduler.reset_prefix_cache()
+        again = Truth([*first.prompt, 9], [3, 4])
+        req = made.add("tp-again", again, max_tokens=2)
+        for _ in range(40):
+            made.step()
+            if req.num_computed_tokens:
+                break
+        loaded = len(chain) * PAGE
+        blocks = made.scheduler.kv_cache_manager.get_block_ids("tp-again")[0]
+        for rank_model in made.models:  # each rank got its own heads back
+            assert rank_model.wrong_positions(blocks, again, loaded) == []
+        made.run()
+        made.settle()
+        assert made.hit_tokens() == loaded
+    finally:
+        made.shutdown()

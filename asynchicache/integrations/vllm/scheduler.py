@@ -42,6 +42,7 @@ from asynchicache.integrations.vllm.metadata import (
     AsynchicacheWorkerMeta,
     CopyJob,
 )
+from asynchicache.integrations.vllm.ranks import ReportTally
 from asynchicache.integrations.vllm.request_names import Refusal, RequestNamer
 from asynchicache.integrations.vllm.saves import SavePlanner, saveable_tokens
 from asynchicache.integrations.vllm.service_link import (
@@ -78,7 +79,7 @@ class SchedulerSide:
         self.block_size = spec.block_size
         self.pages_per_block = spec.block_size // config.page_size
         layout = KVLayout(
-            spec.num_layers, spec.num_kv_heads, spec.head_dim, config.page_size, spec.dtype
+            spec.num_layers, spec.page_kv_heads, spec.head_dim, config.page_size, spec.dtype
         )
         slots = max(config.host_cache_bytes // layout.page_bytes, 2 * self.pages_per_block)
         self.namespace = spec.namespace(config.page_size)
@@ -111,6 +112,7 @@ class SchedulerSide:
         self._jobs: dict[int, Job] = {}
         self._loads: list[CopyJob] = []  # for the worker, with the next metadata
         self._load_failed: set[str] = set()  # requests a copy into vLLM's blocks failed for
+        self._reports = ReportTally(spec.tp_size)  # worker reports: one per rank and job
         self.saves = SavePlanner(
             config.page_size, self.pages_per_block, self.index, self.stats, self._register
         )
@@ -364,17 +366,20 @@ class SchedulerSide:
         self._poll()
         if not isinstance(meta, AsynchicacheWorkerMeta):
             return
-        for job_id in meta.loads_done + meta.loads_failed:
+        reports = [(j, True) for j in meta.loads_done + meta.saves_done]
+        reports += [(j, False) for j in meta.loads_failed + meta.saves_failed]
+        for job_id, ok in self._reports.add(reports):  # every rank's copy reported
             job = self._jobs.pop(job_id)
-            self.index.unpin(job.slots)
-            if job_id in meta.loads_failed:  # vLLM recomputes it (or aborts it): no new hit
-                self._load_failed.add(job.req_id)
-        for job_id in meta.saves_failed:
-            self.index.release(self._jobs.pop(job_id).slots)
-            self.stats.add("save_errors")
-        for job_id in meta.saves_done:
-            self._store(self._jobs.pop(job_id))
-        self.stats.add("load_errors", len(meta.loads_failed))
+            if job.kind is JobKind.COPY_IN:
+                self.index.unpin(job.slots)
+                if not ok:  # vLLM recomputes it (or aborts it): no new hit
+                    self._load_failed.add(job.req_id)
+                    self.stats.add("load_errors")
+            elif ok:
+                self._store(job)
+            else:
+                self.index.release(job.slots)
+                self.stats.add("save_errors")
 
     def _store(self, saved: Job) -> None:
         refs = [r for r in saved.pages if self.index.publish(r.slot, r.page_hash)]

@@ -1,10 +1,11 @@
 """What the connector needs from vLLM's config, read once and checked at start-up.
 
 Both halves build a `VllmKVSpec` from the same `VllmConfig` and
-`KVCacheConfig`, so they agree on the page layout without a handshake. What
-we cannot serve (hybrid or MLA models, tensor or pipeline parallelism, a
-block size our page size does not divide) is refused at start with an error
-that says why, instead of caching wrong pages.
+`KVCacheConfig`, so they agree on the page layout without a handshake (a
+page holds every tensor-parallel rank's heads, ranks.py). What we cannot
+serve (hybrid or MLA models, encoder-decoder models, pipeline or context
+parallelism, a block size our page size does not divide) is refused at start
+with an error that says why, instead of caching wrong pages.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ class VllmKVSpec:
     @property
     def num_layers(self) -> int:
         return len(self.layer_names)
+
+    @property
+    def tp_size(self) -> int:
+        return self.identity.tp_size
+
+    @property
+    def page_kv_heads(self) -> int:
+        """KV heads of one of our pages: every tensor-parallel rank's (ranks.py)."""
+        return self.num_kv_heads * self.tp_size
 
     def namespace(self, page_size: int) -> Namespace:
         return vllm_namespace(self.identity, page_size)
@@ -91,7 +101,6 @@ def refuse_parallelism(vllm_config: VllmConfig) -> None:
     """Raise for the parallel layouts whose K/V a page cannot hold (yet)."""
     parallel = vllm_config.parallel_config
     sizes = {
-        "tensor_parallel_size": parallel.tensor_parallel_size,
         "pipeline_parallel_size": parallel.pipeline_parallel_size,
         "decode_context_parallel_size": parallel.decode_context_parallel_size,
         "prefill_context_parallel_size": parallel.prefill_context_parallel_size,
@@ -99,6 +108,7 @@ def refuse_parallelism(vllm_config: VllmConfig) -> None:
     wrong = {k: v for k, v in sizes.items() if v != 1}
     if wrong:
         raise ValueError(
-            f"AsynchicacheConnector does not support {wrong} (each rank would need its "
-            "own pages); run it with all of them 1"
+            f"AsynchicacheConnector does not support {wrong}: a page holds every layer and "
+            "every token of its positions, which these layouts split over ranks; run it "
+            "with them 1 (tensor parallelism is supported)"
         )
