@@ -208,7 +208,7 @@ class AsynchicacheConnector(KVConnectorBase_V1):
         self._need_sched().on_worker_meta(connector_output.kv_connector_worker_meta)
 
     def take_events(self) -> Iterable[KVCacheEvent]:
-        return self._need_sched().events.take()
+        return self._need_sched().host.events.take()
 
     def request_finished(
         self, request: Request, block_ids: list[int]

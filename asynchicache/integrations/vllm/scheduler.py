@@ -21,38 +21,31 @@ non-blocking `_poll()` at the start of each entry point.
 * Names (`request_names.py`): a request's pages are named by its tokens,
   salt, LoRA adapter and multimodal items; a request that cannot be named is
   refused (no lookup, no save) and counted.
-* The L2 segment belongs to this process; the worker maps it by name.
+* The L2 segment, its slots, the service link and the jobs in flight over
+  them are `HostTier`'s (host_tier.py); the segment belongs to this process
+  and the worker maps it by name.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from asynchicache.cache.pools import HostPool, KVLayout
 from asynchicache.integrations.vllm.config import ConnectorConfig
-from asynchicache.integrations.vllm.host_index import HostIndex
+from asynchicache.integrations.vllm.host_tier import HostTier, Prefetched
 from asynchicache.integrations.vllm.jobs import Job, JobKind
-from asynchicache.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_STORAGE, KVEventLog
 from asynchicache.integrations.vllm.lookup import Lookup, Phase, RequestChain, TierSplit
 from asynchicache.integrations.vllm.metadata import (
     AsynchicacheMetadata,
     AsynchicacheWorkerMeta,
     CopyJob,
 )
-from asynchicache.integrations.vllm.ranks import ReportTally
 from asynchicache.integrations.vllm.request_names import Refusal, RequestNamer
 from asynchicache.integrations.vllm.saves import SavePlanner, saveable_tokens
-from asynchicache.integrations.vllm.service_link import (
-    ExistsAnswer,
-    LinkEvent,
-    ServiceLink,
-)
 from asynchicache.integrations.vllm.spec import VllmKVSpec
 from asynchicache.integrations.vllm.stats import AsynchicacheStats
-from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled, TicketKind
+from asynchicache.storage.base import PageRef
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -66,11 +59,10 @@ log = logging.getLogger(__name__)
 # lookup sleeps (yields the CPU and the GIL) once per scheduler step, at most
 # this long, and wakes as soon as the answer is in.
 _YIELD_S = 0.002
-_PREFAULT_BYTES = 256 << 20
 
 
 class SchedulerSide:
-    """Owns this vLLM instance's L2 segment, its ledger and the line to the service."""
+    """Lookups, loads and saves of vLLM's requests over this instance's `HostTier`."""
 
     def __init__(self, spec: VllmKVSpec, config: ConnectorConfig, kv_events: bool = False) -> None:
         self.spec = spec
@@ -78,22 +70,12 @@ class SchedulerSide:
         self.page_size = config.page_size
         self.block_size = spec.block_size
         self.pages_per_block = spec.block_size // config.page_size
-        layout = KVLayout(
-            spec.num_layers, spec.page_kv_heads, spec.head_dim, config.page_size, spec.dtype
-        )
-        slots = max(config.host_cache_bytes // layout.page_bytes, 2 * self.pages_per_block)
         self.namespace = spec.namespace(config.page_size)
-        self.pool = HostPool.create(layout, slots, tag="vllm")
-        # Fault the first slots in now (the allocator hands out the lowest first): a
-        # fresh shared-memory page costs a fault, which on a busy host made the first
-        # saves slow enough to show in the first tokens' latency.
-        assert self.pool.tensor is not None
-        self.pool.tensor[: min(slots, _PREFAULT_BYTES // layout.page_bytes)].zero_()
-        self.index = HostIndex(slots)
-        self.events = KVEventLog(kv_events, config.page_size)
-        self.index.on_evict = lambda hashes: self.events.removed(hashes, MEDIUM_CPU)
-        page = PageLayout(str(spec.dtype).removeprefix("torch."), layout.page_shape)
-        self.link = ServiceLink(config, self.namespace.encode(), self.pool.name, page)
+        self.stats = AsynchicacheStats()
+        self.host = HostTier(
+            spec, config, self.namespace.encode(), self.stats, kv_events, self._describe
+        )
+        self.pool, self.index, self.link = self.host.pool, self.host.index, self.host.link
         # Start-up may wait for a service we start; one we only connect to answers at once.
         wait = config.service_start_timeout if config.start_service else 2.0
         if not self.link.wait_connected(wait):
@@ -101,25 +83,21 @@ class SchedulerSide:
                 "no asynchicache cache service at %s yet; recomputing until one answers",
                 config.service_address,
             )
-        self.stats = AsynchicacheStats()
         self.kv_cache_manager: KVCacheManager | None = None
         self.namer = RequestNamer(self.namespace, config.page_size)
-        self._ids = itertools.count(1)
         self._requests: dict[str, Request] = {}
         self._chains: dict[str, RequestChain | Refusal] = {}
         self._lookups: dict[str, Lookup] = {}
         self._waiting: dict[int, Lookup] = {}  # ASKING or LOADING, by key
-        self._jobs: dict[int, Job] = {}
         self._loads: list[CopyJob] = []  # for the worker, with the next metadata
         self._load_failed: set[str] = set()  # requests a copy into vLLM's blocks failed for
-        self._reports = ReportTally(spec.tp_size)  # worker reports: one per rank and job
         self.saves = SavePlanner(
-            config.page_size, self.pages_per_block, self.index, self.stats, self._register
+            config.page_size, self.pages_per_block, self.index, self.stats, self.host.register
         )
         self._yielded = False  # a waiting lookup slept in this scheduler step
         log.info(
             "asynchicache connector: %d L2 slots of %d tokens in %s, service %s",
-            slots,
+            self.index.num_slots,
             config.page_size,
             self.pool.name,
             config.service_address,
@@ -184,7 +162,7 @@ class SchedulerSide:
         max_pages = (len(tokens) - 1) // self.page_size  # vLLM computes the last token
         named = isinstance(chain, RequestChain) and request.request_id not in self._load_failed
         want = max(0, max_pages - first_page) if named else 0
-        lk = Lookup(next(self._ids), request.request_id, first_page, want, time.monotonic())
+        lk = Lookup(self.host.next_id(), request.request_id, first_page, want, time.monotonic())
         self._lookups[request.request_id] = lk
         if not named or not isinstance(chain, RequestChain):  # nothing to look up
             self._answer(lk)
@@ -213,10 +191,12 @@ class SchedulerSide:
                 log.info("asynchicache: %s not cached (%s)", request.request_id, chain.reason)
         return chain
 
-    def _register(self, job: Job) -> int:
-        job_id = next(self._ids)
-        self._jobs[job_id] = job
-        return job_id
+    def _describe(self, req_id: str) -> tuple[bytes | None, str | None]:
+        """A request's chain root and LoRA name, for KV events (host_tier.py)."""
+        chain = self._chains.get(req_id)
+        lora = getattr(self._requests.get(req_id), "lora_request", None)
+        root = chain.root if isinstance(chain, RequestChain) else None
+        return root, (lora.lora_name if lora is not None else None)
 
     def _on_exists(self, lk: Lookup, pages: int) -> None:
         target = lk.next_page + pages
@@ -232,33 +212,16 @@ class SchedulerSide:
             PageRef(chain.hashes[p], tuple(tokens[p * size : (p + 1) * size]), s, chain.parent(p))
             for p, s in zip(range(lk.next_page, target), slots, strict=True)
         ]
-        job = self._register(Job(JobKind.PREFETCH, lk.req_id, slots, refs, lk.key))
+        job = self.host.register(Job(JobKind.PREFETCH, lk.req_id, slots, refs, lk.key))
         self.link.load(job, [r.page_hash for r in refs], slots)
         lk.phase, lk.load_job, lk.loading_since = Phase.LOADING, job, time.monotonic()
 
-    def _on_prefetched(self, job_id: int, job: Job, done: Completion) -> None:
-        ok = done.pages_ok if done.settled else 0
-        if done.error and ok < done.pages_requested:
-            self.stats.add("prefetch_failures")
-            log.info(
-                "asynchicache prefetch: %s (%d of %d pages)", done.error, ok, done.pages_requested
-            )
-        ready, fresh = [], []
-        for ref in job.pages[:ok]:
-            if self.index.publish(ref.slot, ref.page_hash):  # a duplicate frees its slot
-                fresh.append(ref)
-            ready.append(self.index.slot_of(ref.page_hash))
-        self._announce(job.req_id, fresh, MEDIUM_CPU)
-        if done.settled:
-            self.index.release(job.slots[ok:])
-            del self._jobs[job_id]
-        else:  # the service may still write into them: quarantined until Settled
-            job.slots = job.slots[ok:]
-        lk = self._waiting.pop(job.lookup_key, None)
+    def _on_prefetched(self, got: Prefetched) -> None:
+        lk = self._waiting.pop(got.job.lookup_key, None)
         if lk is not None and self._lookups.get(lk.req_id) is lk:
-            lk.loaded_slots = [s for s in ready if s is not None]
+            lk.loaded_slots = got.ready
             self.index.pin(lk.loaded_slots)
-            lk.from_remote = min(done.pages_from_remote, len(lk.loaded_slots))
+            lk.from_remote = min(got.done.pages_from_remote, len(lk.loaded_slots))
             self._answer(lk)
 
     def _answer(self, lk: Lookup) -> None:
@@ -318,7 +281,7 @@ class SchedulerSide:
         block_ids = blocks.get_block_ids()[0][first_block : first_block + n_blocks]
         slots = lk.slots[:pages]
         self.index.unpin(lk.slots[pages:])
-        job = self._register(Job(JobKind.COPY_IN, request.request_id, slots))
+        job = self.host.register(Job(JobKind.COPY_IN, request.request_id, slots))
         self._loads.append(CopyJob(job, request.request_id, tuple(block_ids), tuple(slots)))
         lk.committed = True
         split = lk.split(pages)
@@ -366,74 +329,21 @@ class SchedulerSide:
         self._poll()
         if not isinstance(meta, AsynchicacheWorkerMeta):
             return
-        reports = [(j, True) for j in meta.loads_done + meta.saves_done]
-        reports += [(j, False) for j in meta.loads_failed + meta.saves_failed]
-        for job_id, ok in self._reports.add(reports):  # every rank's copy reported
-            job = self._jobs.pop(job_id)
+        for job, ok in self.host.worker_reports(meta):  # every rank's copy reported
             if job.kind is JobKind.COPY_IN:
                 self.index.unpin(job.slots)
                 if not ok:  # vLLM recomputes it (or aborts it): no new hit
                     self._load_failed.add(job.req_id)
                     self.stats.add("load_errors")
-            elif ok:
-                self._store(job)
-            else:
-                self.index.release(job.slots)
-                self.stats.add("save_errors")
-
-    def _store(self, saved: Job) -> None:
-        refs = [r for r in saved.pages if self.index.publish(r.slot, r.page_hash)]
-        if not refs:
-            return
-        slots = [r.slot for r in refs]
-        self.index.pin(slots)
-        self._announce(saved.req_id, refs, MEDIUM_CPU)
-        job = self._register(Job(JobKind.STORE, saved.req_id, slots, refs))
-        self.link.store(job, refs)
-
-    def _announce(self, req_id: str, refs: list[PageRef], medium: str) -> None:
-        """KV events for `refs` of request `req_id` (its chain root and LoRA name, while
-        the request is known)."""
-        chain = self._chains.get(req_id)
-        lora = getattr(self._requests.get(req_id), "lora_request", None)
-        self.events.stored(
-            refs,
-            medium,
-            chain.root if isinstance(chain, RequestChain) else None,
-            lora.lora_name if lora is not None else None,
-        )
 
     def _poll(self) -> None:
-        for event in self.link.events():
-            self._on_event(event)
-
-    def _on_event(self, event: LinkEvent) -> None:
-        if isinstance(event, ExistsAnswer):
-            lk = self._waiting.get(event.key)
+        for got in self.host.poll():
+            if isinstance(got, Prefetched):
+                self._on_prefetched(got)
+                continue
+            lk = self._waiting.get(got.key)
             if lk is not None and lk.phase is Phase.ASKING:
-                self._on_exists(lk, event.pages)
-            return
-        job = self._jobs.get(event.ticket)  # the link's job id
-        if job is None:
-            return
-        if isinstance(event, Settled):
-            del self._jobs[event.ticket]
-            if job.kind is JobKind.PREFETCH:
-                self.index.release(job.slots)
-            else:
-                self.index.unpin(job.slots)
-        elif event.kind is TicketKind.LOAD:
-            self._on_prefetched(event.ticket, job, event)
-        else:
-            self.stats.add("pages_stored", event.pages_ok)
-            if event.error:
-                self.stats.add("store_failures")
-                log.info("asynchicache store: %s", event.error)
-            else:
-                self._announce(job.req_id, job.pages, MEDIUM_STORAGE)
-            if event.settled:
-                del self._jobs[event.ticket]
-                self.index.unpin(job.slots)
+                self._on_exists(lk, got.pages)
 
     # -- lifetime -------------------------------------------------------------
 
@@ -453,5 +363,4 @@ class SchedulerSide:
         return self.stats.take()
 
     def shutdown(self) -> None:
-        self.link.close()
-        self.pool.close()
+        self.host.close()
