@@ -150,3 +150,36 @@ def test_a_local_model_is_named_by_its_weights(tmp_path: Path) -> None:
     before = digest(ident)
     (folder / "model.safetensors").write_bytes(b"weights two")
     assert digest(ident) != before
+
+
+def kv_config(*specs: Any):  # vLLM's KVCacheConfig, one group per spec
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    groups = [KVCacheGroupSpec([f"layers.{i}.attn"], spec) for i, spec in enumerate(specs)]
+    return KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def test_layouts_a_page_cannot_hold_are_refused_at_start(model: Path) -> None:
+    """Pipeline parallelism (layers on other ranks), MLA (one latent, not K and V) and
+    hybrid models (sliding-window or Mamba groups beside full attention): vLLM does not
+    start with our connector, and says why."""
+    import torch
+    from vllm.config import ParallelConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
+
+    from asynchicache.integrations.vllm.spec import VllmKVSpec
+
+    full = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=16, dtype=torch.float32)
+    config = make_vllm_config(model, {})
+    assert VllmKVSpec.from_vllm(config, kv_config(full)).num_kv_heads == 2  # the plain case
+    mla = MLAAttentionSpec(block_size=32, num_kv_heads=1, head_size=16, dtype=torch.float32)
+    with pytest.raises(ValueError, match="one full-attention KV cache group"):
+        VllmKVSpec.from_vllm(config, kv_config(mla))
+    window = SlidingWindowSpec(
+        block_size=32, num_kv_heads=2, head_size=16, dtype=torch.float32, sliding_window=64
+    )
+    with pytest.raises(ValueError, match="one full-attention KV cache group"):
+        VllmKVSpec.from_vllm(config, kv_config(full, window))
+    config.parallel_config = ParallelConfig(pipeline_parallel_size=2)
+    with pytest.raises(ValueError, match="pipeline_parallel_size"):
+        VllmKVSpec.from_vllm(config, kv_config(full))

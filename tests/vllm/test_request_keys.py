@@ -122,6 +122,13 @@ def test_lora_pages_come_back_from_disk_after_a_restart(model: Path, tmp_path: P
         again.shutdown()
 
 
+def test_an_adapter_whose_files_cannot_be_read_is_refused(engine: Engine, tmp_path: Path) -> None:
+    before = engine.stat("refused_lora_unreadable")
+    gone = lora("gone", 9, tmp_path / "no-such-adapter")
+    assert serve(engine, "lora-gone", Truth(tokens(12, 3 * PAGE + 1), [5, 6]), lora=gone) == 0
+    assert engine.stat("refused_lora_unreadable") - before == 1
+
+
 def test_prompt_embeddings_are_refused_and_counted(engine: Engine) -> None:
     before = engine.stat("refused_prompt_embeds")
     n = 5 * PAGE + 1
@@ -208,3 +215,23 @@ def test_a_failed_load_aborts_the_request_under_policy_fail(
         assert made.finished["second"].finish_reason.name == "ERROR"
     finally:
         made.shutdown()
+
+
+def test_a_worker_on_another_backend_turns_caching_off(engine: Engine) -> None:
+    """The namespace names the attention backend the scheduler expects vLLM to select;
+    a worker that reports another one (at vLLM's handshake) means no page can be named
+    right: every request is refused (counted), none loads or saves. (Last here: it turns
+    the module's engine off.)"""
+    from asynchicache.integrations.vllm.metadata import AsynchicacheHandshake
+
+    named = engine.side.spec.identity.attention_backend
+    engine.connector.set_xfer_handshake_metadata({0: AsynchicacheHandshake(named)})
+    assert engine.side.namer.refuse_all is None  # the expected one: nothing changes
+    prompt = tokens(13, 4 * PAGE + 1)
+    serve(engine, "before-mismatch", Truth(prompt, [5, 6]))
+    engine.connector.set_xfer_handshake_metadata({0: AsynchicacheHandshake("FLASH_ATTN")})
+    before = engine.stat("refused_backend_mismatch")
+    in_l2 = len(engine.l2_pages())
+    assert serve(engine, "after-mismatch", Truth(prompt, [5, 6])) == 0
+    assert engine.stat("refused_backend_mismatch") - before == 1
+    assert len(engine.l2_pages()) == in_l2
