@@ -24,6 +24,7 @@ from asynchicache.bench.vllm_process import VllmFlags, VllmServer
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
 
 N = 700
+SHM = Path("/dev/shm")
 LOADED = N // 16 * 16
 
 
@@ -49,6 +50,7 @@ def test_two_ranks_save_and_load_their_own_heads(
     )
     bind = f"{cores[0]}|{cores[1]}"
     s = VllmServer(flags, tmp_path / "vllm.log", env={"VLLM_CPU_OMP_THREADS_BIND": bind})
+    shm_before = set(SHM.iterdir())
     try:
         s.start()
         p = prompt(70, N)
@@ -59,6 +61,11 @@ def test_two_ranks_save_and_load_their_own_heads(
         assert hit_after(s, "host", host, LOADED) == LOADED
     finally:
         s.stop()
+        # vLLM's CPU communicator between the ranks leaves its shared memory behind
+        # (vllm_dist_*-cpushm_<rank>, 4 MiB each) when the server stops: ours to remove.
+        for left in set(SHM.iterdir()) - shm_before:
+            if left.name.startswith("vllm_dist_"):
+                left.unlink(missing_ok=True)
     log = (tmp_path / "vllm.log").read_text()
     assert "/tp2" in log  # the namespace names the TP size
     assert "backend_mismatch" not in log  # both ranks run the backend the pages name
