@@ -16,8 +16,10 @@ is computed by the end of the step being planned. For a request with
   token) and is saved by a later step, from the same blocks.
 * Prefill chunks: the chunk's end is the limit.
 
-Pages already in L2, or that the service holds (the request's lookup was told
-so), are not copied again. When L2 has no room for a page, planning stops at
+Pages already in L2, or that the service holds (the request's lookup read and
+verified them from it, or was told they exist when L2 had no room to read
+them), are not copied again: a page that failed its checks on the way in is
+recomputed and saved again. When L2 has no room for a page, planning stops at
 it (`saves_deferred`) and the next step tries again from there: the request's
 blocks still hold it while it runs. Pages never placed by the time the request
 finishes or is preempted are counted as `saves_skipped`.

@@ -200,9 +200,11 @@ class SchedulerSide:
 
     def _on_exists(self, lk: Lookup, pages: int) -> None:
         target = lk.next_page + pages
-        self.saves.service_holds(lk.req_id, range(lk.next_page, target))
         slots = self.index.allocate(pages) if pages > 0 else None
         if slots is None:
+            # No room in L2 to read them: the service's word is all we have (a corrupt
+            # file is found, removed and saved again by a later request's read).
+            self.saves.service_holds(lk.req_id, range(lk.next_page, target))
             self._answer(lk)
             return
         chain = self._chains[lk.req_id]
@@ -219,6 +221,9 @@ class SchedulerSide:
     def _on_prefetched(self, got: Prefetched) -> None:
         lk = self._waiting.pop(got.job.lookup_key, None)
         if lk is not None and self._lookups.get(lk.req_id) is lk:
+            # Only the pages read and verified are held: a page that failed its checks
+            # (corrupt, truncated, gone) is recomputed and must be saved again.
+            self.saves.service_holds(lk.req_id, range(lk.next_page, lk.next_page + len(got.ready)))
             lk.loaded_slots = got.ready
             self.index.pin(lk.loaded_slots)
             lk.from_remote = min(got.done.pages_from_remote, len(lk.loaded_slots))
