@@ -17,12 +17,15 @@ for the same tokens, so their pages must never meet (namespace.py):
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 import xxhash
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+log = logging.getLogger(__name__)
 
 # HF config keys that say where or with which library it was written, not what it computes.
 _CONFIG_NOISE = frozenset({"_name_or_path", "transformers_version", "_commit_hash"})
@@ -68,9 +71,15 @@ def selected_backend(vllm_config: VllmConfig, head_size: int, num_heads: int) ->
     from vllm.v1.attention.selector import get_attn_backend
 
     model, cache = vllm_config.model_config, vllm_config.cache_config
-    with set_current_vllm_config(vllm_config):
-        backend = get_attn_backend(head_size, model.dtype, cache.cache_dtype, num_heads=num_heads)
-    return qualified_backend(vllm_config, backend.get_name())
+    try:
+        with set_current_vllm_config(vllm_config):
+            backend = get_attn_backend(
+                head_size, model.dtype, cache.cache_dtype, num_heads=num_heads
+            )
+        return qualified_backend(vllm_config, backend.get_name())
+    except Exception as exc:  # the workers' handshake then refuses every request
+        log.warning("asynchicache: cannot tell which attention backend vLLM selects: %s", exc)
+        return "unknown"
 
 
 def qualified_backend(vllm_config: VllmConfig, name: str) -> str:
