@@ -176,7 +176,12 @@ class ServerConfig:
     log_level: str = "info"
     served_model_name: str | None = None  # None = the loaded model's own name
     startup_timeout_s: float = 600.0  # model load + first health answer
-    shutdown_timeout_s: float = 15.0  # per child, before SIGKILL
+    # At SIGTERM: how long running requests may finish (then each ends with an error),
+    # and then how long each child may take to stop before SIGKILL.
+    shutdown_timeout_s: float = 15.0
+    # Generated tokens one HTTP request may ask (prompts x best_of x max_tokens);
+    # None: server/work_bound.py's default for the model's context.
+    max_request_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -188,6 +193,8 @@ class ServerConfig:
             raise ValueError("--admin-api-key must not be empty")
         _positive("--startup-timeout", self.startup_timeout_s)
         _positive("--shutdown-timeout", self.shutdown_timeout_s)
+        if self.max_request_tokens is not None:
+            _positive("--max-request-tokens", self.max_request_tokens)
 
 
 @dataclass(frozen=True)

@@ -68,13 +68,19 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     if not errors:
         return APIError(400, "invalid request")
     first = errors[0]
-    # loc starts with "body"; the rest is the field path, e.g. body.messages.0.content
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # loc starts with "body"; the rest is the field path, e.g. body.messages.0.content,
+    # with the names of union members pydantic tried ("list[str]", "function-after[...]")
+    # left out: a client wants the field.
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and _is_field(p)]
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return APIError(400, f"malformed JSON body: {first.get('msg', '')}", code="invalid_json")
     where = f"'{param}': " if param else ""
     return APIError(400, f"{where}{first.get('msg', 'invalid value')}", param=param)
+
+
+def _is_field(part: object) -> bool:
+    return isinstance(part, int) or (isinstance(part, str) and part.isidentifier())
 
 
 async def _on_api_error(_: Request, exc: Exception) -> JSONResponse:
