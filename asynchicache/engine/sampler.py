@@ -118,7 +118,7 @@ def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> t
         # p_i >= min_p * p_0  <=>  logit_i >= logit_0 + log(min_p) (min_p 0: -inf, keeps all)
         floor = sorted_logits[:, :1] + min_p.log()
         sorted_logits = sorted_logits.masked_fill((sorted_logits < floor) & (ranks > 0), -math.inf)
-    top_k = torch.tensor([p.top_k or vocab for p in params], device=device)[:, None]
+    top_k = torch.tensor([min(p.top_k or vocab, vocab) for p in params], device=device)[:, None]
     sorted_logits = sorted_logits.masked_fill((ranks >= top_k) & (ranks > 0), float("-inf"))
     sorted_probs = sorted_logits.softmax(dim=-1)
     top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
