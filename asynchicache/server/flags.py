@@ -52,7 +52,8 @@ def _add_server(p: argparse.ArgumentParser) -> None:
     add_config_flags(g, s, {
         "--startup-timeout": "seconds to wait for the engine to load the model",
         "--shutdown-timeout": "at SIGTERM, seconds running requests get to finish (then "
-        "each ends with an error), then seconds each child gets to stop before SIGKILL",
+        "each ends with an error); each child then gets this long (at least 15 s) to stop "
+        "before SIGKILL",
     })  # fmt: skip
 
 

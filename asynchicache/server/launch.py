@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.5
 ENGINE_STABLE_S = 60.0
+# Each child gets at least this long to stop on SIGTERM (the engine hands its last stores
+# to the cache service, which finishes its writes) before SIGKILL.
+CHILD_STOP_S = 15.0
 
 
 def make_run_dir() -> Path:
@@ -329,7 +332,7 @@ def launch(config: LaunchConfig) -> int:
         # Cleanup is bounded (SIGKILL after the timeout); a second Ctrl-C must not cut it short.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
-        pids = sup.stop_all(config.server.shutdown_timeout_s)
+        pids = sup.stop_all(max(config.server.shutdown_timeout_s, CHILD_STOP_S))
         sock.close()
         shutil.rmtree(run_dir, ignore_errors=True)
         remove_stale_segments()
