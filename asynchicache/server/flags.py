@@ -19,7 +19,7 @@ from asynchicache.config import (
     ServiceTuning,
     default_disk_cache_dir,
 )
-from asynchicache.config_flags import WITH_DEFAULT, add_config_flags
+from asynchicache.config_flags import WITH_DEFAULT, add_config_flags, finite_float
 
 API_KEY_ENV = "ASYNCHICACHE_API_KEY"
 ADMIN_API_KEY_ENV = "ASYNCHICACHE_ADMIN_API_KEY"
@@ -142,7 +142,7 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching entirely")
     g.add_argument(
         "--storage-timeout",
-        type=float,
+        type=finite_float,
         default=DEFAULT_STORAGE_TIMEOUT_S,
         metavar="SECONDS",
         help="how long the engine waits for one L3/L4 load or store of the cache service "
