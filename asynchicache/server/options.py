@@ -68,8 +68,18 @@ def _from_args(cls: type[_Config], args: argparse.Namespace, **given: Any) -> _C
     return cls(**{**values, **given})
 
 
+def _check_disk_folder(folder: Path | None) -> None:
+    """A folder others could write into fails now, not in the cache service later."""
+    if folder is not None:
+        from asynchicache.storage.disk_folder import check_disk_folder
+
+        check_disk_folder(folder)
+
+
 def _cache(args: argparse.Namespace) -> CacheConfig:
     _check_remote_url(args.remote_url)
+    if not args.no_disk_cache and not args.no_prefix_cache:
+        _check_disk_folder(args.disk_cache_dir.expanduser())
     return _from_args(
         CacheConfig,
         args,

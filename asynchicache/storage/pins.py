@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asynchicache.storage.disk_names import namespace_folders, scandir
-from asynchicache.storage.fileio import write_private_text
+from asynchicache.storage.fileio import make_private_dir, write_private_text
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class PinStore:
 
     def write(self, pin: Pin) -> None:
         """Create or replace a pin (atomic: a reader sees the old or the new file)."""
-        self.dir.mkdir(mode=0o700, exist_ok=True)
+        make_private_dir(self.dir)
         write_private_text(self.dir / (pin.pin_id + PIN_SUFFIX), pin.to_json())
         self.invalidate()
 
