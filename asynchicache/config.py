@@ -207,6 +207,8 @@ class ServerConfig:
     served_model_name: str | None = None  # None = the loaded model's own name
     startup_timeout_s: float = 600.0  # model load + first health answer
     shutdown_timeout_s: float = 15.0  # per child, before SIGKILL
+    # A larger request body is answered 413 before it is read (server/body_limit.py).
+    max_request_bytes: int = 8 * 2**20
 
     def __post_init__(self) -> None:
         check_numbers(self)
@@ -222,6 +224,7 @@ class ServerConfig:
             raise ValueError("--admin-api-key must not be empty")
         _positive("--startup-timeout", self.startup_timeout_s)
         _positive("--shutdown-timeout", self.shutdown_timeout_s)
+        _positive("--max-request-bytes", self.max_request_bytes)
 
 
 @dataclass(frozen=True)
@@ -258,11 +261,20 @@ class LaunchConfig:
     # --kv-events-endpoint / --kv-events-replay-endpoint (engine/kv_events.py); None: off.
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
+    # Who may read them (engine/kv_event_access.py): beyond this machine only when
+    # allowed, and then with CURVE keys (the server's certificate, the clients' folder).
+    kv_events_allow_remote: bool = False
+    kv_events_curve_secret_key: Path | None = None
+    kv_events_curve_clients: Path | None = None
 
     def __post_init__(self) -> None:
         check_numbers(self, {"host_cache_tokens": "--hiradix_cache_token_num"})
         if self.kv_events_replay_endpoint is not None and self.kv_events_endpoint is None:
             raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+        curve = (self.kv_events_curve_secret_key, self.kv_events_curve_clients)
+        if (curve[0] is None) != (curve[1] is None):
+            raise ValueError("--kv-events-curve-secret-key and --kv-events-curve-clients go "
+                             "together")  # fmt: skip
         if self.cache.remote_url is not None and not self.cache.disk_enabled:
             raise ValueError(
                 "--remote-url needs the disk tier (drop --no-disk-cache/--no-prefix-cache): "

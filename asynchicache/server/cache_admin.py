@@ -9,6 +9,12 @@
 The engine does the work (engine/admin.py); an op it refuses answers with the
 status its code names: "bad_request" 400, "over_limit" 409 (a pin past
 --max-pinned-fraction), "unavailable" 503.
+
+Tenants: no answer names a salt (a pin's tenant is its `owner`, a keyed
+fingerprint), and the list of pins with their owners goes to the admin only
+(server/auth.py); others see the counts. A lookup reads one namespace, the shared
+one or the `cache_salt` the caller sends: the salt is the tenant's secret, and
+nothing lists salts, so a caller learns only what its own requests could.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
+from asynchicache.server.auth import is_admin
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineUnavailable
 from asynchicache.server.errors import APIError
@@ -85,8 +92,11 @@ async def _compute(ctx: AppContext, ids: list[int], salt: str) -> None:
 
 def add_cache_routes(app: FastAPI, ctx: AppContext) -> None:
     @app.get("/cache/stats")
-    async def cache_stats(integrity: bool = False) -> dict[str, Any]:
+    async def cache_stats(request: Request, integrity: bool = False) -> dict[str, Any]:
         payload = await admin(ctx, "stats")
+        pins = payload.get("pins")
+        if isinstance(pins, dict) and not is_admin(request):
+            payload["pins"] = {k: v for k, v in pins.items() if k != "pinned"}  # counts only
         if integrity:  # ?integrity=true: also run the cache's check_integrity() (soak, tests)
             payload["integrity"] = await admin(ctx, "integrity")
         return payload

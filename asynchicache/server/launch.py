@@ -31,7 +31,7 @@ from pathlib import Path
 from setproctitle import setproctitle
 
 from asynchicache.config import GIB, CacheConfig, LaunchConfig, ServiceTuning
-from asynchicache.engine.kv_events import KvEventsConfig
+from asynchicache.engine.kv_events import KvEventsConfig, kv_events_config
 from asynchicache.engine.process import EngineProcessConfig, run_engine
 from asynchicache.server.context import AppContext, ModelInfo
 from asynchicache.server.engine_client import (
@@ -161,9 +161,7 @@ def _engine_spec(
 
 
 def _kv_events(config: LaunchConfig) -> KvEventsConfig | None:
-    if config.kv_events_endpoint is None:
-        return None
-    return KvEventsConfig(config.kv_events_endpoint, config.kv_events_replay_endpoint)
+    return kv_events_config(config)
 
 
 async def _watch(supervisor: Supervisor, stop: StopSignal, client: EngineClient | None) -> None:

@@ -272,7 +272,7 @@ class DiskBackend(StorageBackend):
     # -- pins and contents ----------------------------------------------------
 
     def pin(
-        self, pages: Sequence[bytes], root: bytes, salt: str = "", ttl_s: float | None = None
+        self, pages: Sequence[bytes], root: bytes, owner: str = "", ttl_s: float | None = None
     ) -> PinResult:
         """Keep a chain from eviction (see storage.pins); raises PinLimitError over the cap."""
         if not pages:
@@ -283,7 +283,7 @@ class DiskBackend(StorageBackend):
             root,
             tuple(pages),
             self.config.page_file_bytes,
-            salt,
+            owner,
             now,
             None if ttl_s is None else now + ttl_s,
         )
