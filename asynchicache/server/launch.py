@@ -235,12 +235,13 @@ async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: 
     try:
         health = await _wait_healthy(client, stop, config.server.startup_timeout_s)
         if health is not None:
+            max_model_len = frontend.max_model_len(config.engine.max_model_len)
             ctx = AppContext(
                 client=client,
-                tokenizer=frontend.tokenizer,
+                tokenizer=frontend.bounded_tokenizer(max_model_len),  # refuses 8 MiB untokenized
                 model=ModelInfo(
                     name=config.server.served_model_name or str(health.get("model", "model")),
-                    max_model_len=frontend.max_model_len(config.engine.max_model_len),
+                    max_model_len=max_model_len,
                     vocab_size=frontend.config.vocab_size,
                     created=int(time.time()),
                     page_size=cache.page_size,
