@@ -10,6 +10,8 @@ import importlib
 import sys
 from pathlib import Path
 
+from asynchicache.config_flags import finite_float
+
 
 def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
     from asynchicache.server.options import main as serve_main
@@ -148,7 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--model", default=None, help="--deep: the model (default: the embedded)")
     cache.add_argument("--sample", type=int, default=None, help="--deep: check N random pages")
     cache.add_argument(
-        "--tolerance", type=float, default=None, help="--deep: max abs difference (1e-3)"
+        "--tolerance",
+        type=finite_float,
+        default=None,
+        help="--deep: max abs difference (1e-3)",
     )
     cache.add_argument("--keep", action="store_true", help="--deep: report only, remove no file")
     cache.add_argument("--audit-device", default=None, help="--deep: torch device (cpu)")

@@ -149,3 +149,27 @@ def test_argparse_errors_name_the_flag() -> None:
         from asynchicache.config_flags import finite_float
 
         finite_float("nan")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["cache", "verify", "--deep", "--tolerance", "nan"],
+     ["cache", "verify", "--deep", "--tolerance", "inf"]],
+)  # fmt: skip
+def test_the_cache_command_refuses_nan_too(argv: list[str]) -> None:
+    from asynchicache.cli import build_parser as cli_parser
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
+        cli_parser().parse_known_args(argv)
+    assert "--tolerance" in err.getvalue()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_the_cache_service_refuses_nan_too(value: str) -> None:
+    from asynchicache.storage.service_cli import _parse
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
+        _parse(["--disk-cache-dir", "/nonexistent", "--disk-cache-gb", value])
+    assert "--disk-cache-gb" in err.getvalue()
