@@ -81,9 +81,12 @@ def test_pins_and_owners_are_listed_to_the_admin_only(
 
 
 def test_neither_the_log_nor_the_disk_holds_the_salt(
-    answers: dict[str, httpx.Response], server: LiveServer, root: Path
+    answers: dict[str, httpx.Response], server: LiveServer, root: Path, secret_prompt: list[int]
 ) -> None:
-    assert SALT not in server.log_tail(10_000_000)
+    log = server.log_tail(10_000_000)
+    assert SALT not in log
+    assert "[secret0." not in log  # the prompt's text (make_prompts tags every entry)
+    assert ", ".join(map(str, secret_prompt[:8])) not in log  # nor its token ids
     pin_files = list((root / "kv").rglob("*.pin"))
     assert pin_files
     for path in pin_files:
