@@ -12,6 +12,7 @@ import uvicorn
 
 from asynchicache.config import ServerConfig
 from asynchicache.server.api import create_app
+from asynchicache.server.body_limit import BodyLimitMiddleware
 from asynchicache.server.context import AppContext
 
 GRACEFUL_HTTP_S = 5
@@ -58,7 +59,7 @@ async def serve_http(
 ) -> None:
     """Run uvicorn on `sock` until `stop` is set."""
     config = uvicorn.Config(
-        create_app(ctx),
+        BodyLimitMiddleware(create_app(ctx), server.max_request_bytes),
         log_level=server.log_level,
         timeout_graceful_shutdown=GRACEFUL_HTTP_S,
         lifespan="off",
