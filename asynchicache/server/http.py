@@ -20,6 +20,7 @@ import uvicorn
 
 from asynchicache.config import ServerConfig
 from asynchicache.server.api import create_app
+from asynchicache.server.body_limit import BodyLimitMiddleware
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineClient
 from asynchicache.server.errors import JSONErrors
@@ -72,7 +73,7 @@ async def serve_http(
 ) -> None:
     """Run uvicorn on `sock` until `stop` is set."""
     config = uvicorn.Config(
-        JSONErrors(create_app(ctx)),
+        JSONErrors(BodyLimitMiddleware(create_app(ctx), server.max_request_bytes)),
         log_level=server.log_level,
         timeout_graceful_shutdown=server.shutdown_timeout_s + GRACEFUL_HTTP_S,
         lifespan="off",

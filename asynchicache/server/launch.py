@@ -38,7 +38,7 @@ from pathlib import Path
 from setproctitle import setproctitle
 
 from asynchicache.config import GIB, CacheConfig, LaunchConfig, ServiceTuning
-from asynchicache.engine.kv_events import KvEventsConfig
+from asynchicache.engine.kv_events import KvEventsConfig, kv_events_config
 from asynchicache.engine.process import EngineProcessConfig, run_engine
 from asynchicache.server.context import AppContext, ModelInfo
 from asynchicache.server.engine_client import (
@@ -174,9 +174,7 @@ def _engine_spec(
 
 
 def _kv_events(config: LaunchConfig) -> KvEventsConfig | None:
-    if config.kv_events_endpoint is None:
-        return None
-    return KvEventsConfig(config.kv_events_endpoint, config.kv_events_replay_endpoint)
+    return kv_events_config(config)
 
 
 async def _watch(
@@ -277,12 +275,13 @@ async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: 
     try:
         health = await _wait_healthy(client, stop, config.server.startup_timeout_s)
         if health is not None:
+            max_model_len = frontend.max_model_len(config.engine.max_model_len)
             ctx = AppContext(
                 client=client,
-                tokenizer=frontend.tokenizer,
+                tokenizer=frontend.bounded_tokenizer(max_model_len),  # refuses 8 MiB untokenized
                 model=ModelInfo(
                     name=config.server.served_model_name or str(health.get("model", "model")),
-                    max_model_len=frontend.max_model_len(config.engine.max_model_len),
+                    max_model_len=max_model_len,
                     vocab_size=frontend.config.vocab_size,
                     created=int(time.time()),
                     page_size=cache.page_size,
