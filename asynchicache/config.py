@@ -206,9 +206,14 @@ class ServerConfig:
     log_level: str = "info"
     served_model_name: str | None = None  # None = the loaded model's own name
     startup_timeout_s: float = 600.0  # model load + first health answer
-    shutdown_timeout_s: float = 15.0  # per child, before SIGKILL
+    # At SIGTERM: how long running requests may finish (then each ends with an error),
+    # and then how long each child may take to stop before SIGKILL.
+    shutdown_timeout_s: float = 15.0
     # A larger request body is answered 413 before it is read (server/body_limit.py).
     max_request_bytes: int = 8 * 2**20
+    # Generated tokens one HTTP request may ask (prompts x best_of x max_tokens);
+    # None: server/work_bound.py's default for the model's context.
+    max_request_tokens: int | None = None
 
     def __post_init__(self) -> None:
         check_numbers(self)
@@ -225,6 +230,8 @@ class ServerConfig:
         _positive("--startup-timeout", self.startup_timeout_s)
         _positive("--shutdown-timeout", self.shutdown_timeout_s)
         _positive("--max-request-bytes", self.max_request_bytes)
+        if self.max_request_tokens is not None:
+            _positive("--max-request-tokens", self.max_request_tokens)
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,22 @@ def _add_server(p: argparse.ArgumentParser) -> None:
     )
     add_config_flags(g, s, {
         "--startup-timeout": "seconds to wait for the engine to load the model",
-        "--shutdown-timeout": "seconds each child gets to stop before SIGKILL",
+        "--shutdown-timeout": "at SIGTERM, seconds running requests get to finish (then "
+        "each ends with an error); each child then gets this long (at least 15 s) to stop "
+        "before SIGKILL",
     })  # fmt: skip
+
+
+def _add_request_limits(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("limits on a request's work")
+    g.add_argument(
+        "--max-request-tokens",
+        type=int,
+        metavar="TOKENS",
+        help="most tokens one request may ask to generate (prompts x best_of x max_tokens), "
+        "and a quarter of the logprob entries it may get back; more is a 400 (default: "
+        "16384, or twice the context length when that is more)",
+    )
 
 
 def _add_engine(p: argparse.ArgumentParser) -> None:
@@ -246,8 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
         "flags given on the command line win",
     )
     for add_group in (
-        _add_server, _add_engine, _add_cache, _add_service, _add_kv_events, _add_exposure,
-        _add_lightllm_aliases,
+        _add_server, _add_request_limits, _add_engine, _add_cache, _add_service,
+        _add_kv_events, _add_exposure, _add_lightllm_aliases,
     ):  # fmt: skip
         add_group(p)
     return p
