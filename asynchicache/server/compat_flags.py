@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
+from asynchicache.config_flags import finite_float
+
 
 class Peer(StrEnum):
     SGLANG = "SGLang HiCache"
@@ -230,5 +232,6 @@ def add_compat_flags(parser: argparse.ArgumentParser) -> None:
                 g.add_argument(row.flag, dest=row.dest, action="store_const", const=True,
                                default=None, help=text)  # fmt: skip
             else:
-                g.add_argument(row.flag, dest=row.dest, type=row.value, default=None,
+                kind = finite_float if row.value is float else row.value  # nan/inf: refused
+                g.add_argument(row.flag, dest=row.dest, type=kind, default=None,
                                metavar=row.value.__name__.upper(), help=text)  # fmt: skip

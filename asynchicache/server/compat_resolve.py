@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,8 +134,9 @@ def _extra_config(r: _Resolution, text: str | None) -> dict[str, Any]:
 
 def _number(r: _Resolution, extra: dict[str, Any], key: str, kind: type, default: Any) -> Any:
     value = extra.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, kind | int) or value < 0:
-        r.refuse(f"--hicache-storage-backend-extra-config: {key} must be a number >= 0, "
+    number = not isinstance(value, bool) and isinstance(value, kind | int)
+    if not number or not math.isfinite(value) or value < 0:  # JSON reads NaN and Infinity
+        r.refuse(f"--hicache-storage-backend-extra-config: {key} must be a finite number >= 0, "
                  f"got {value!r}")  # fmt: skip
         return default
     return value

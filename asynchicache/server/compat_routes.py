@@ -10,7 +10,7 @@
 
 vLLM's `bench serve` calls /tokenize and /detokenize to line its prompts up with
 the server's tokenizer. `ENDPOINTS` is the table docs/migrating.md is generated
-from; `ADMIN_COMPAT_PATHS` joins the admin routes of server/api.py.
+from; the two SGLang routes are among server/auth.py's ADMIN_PATHS.
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ ENDPOINTS = (
     CompatEndpoint("SGLang", "GET /health, GET /metrics", "the same paths"),
     CompatEndpoint("LightLLM", "GET /health, GET /metrics", "the same paths"),
 )  # fmt: skip
-ADMIN_COMPAT_PATHS = frozenset({"/flush_cache", "/clear_hicache_storage_backend"})
 
 
 class TokenizeRequest(BaseModel):

@@ -112,6 +112,8 @@ def test_lightllms_two_level_line_has_no_disk_and_its_defaults() -> None:
         ("--hicache-storage-backend-extra-config '{\"cost\": 1}'", "no counterpart here for cost"),
         ("--hicache-storage-backend-extra-config 'nope'", "not a JSON object"),
         ("--hicache-storage-backend file --hicache-storage-backend-extra-config "
+         "'{\"prefetch_timeout_base\": NaN}'", "prefetch_timeout_base must be a finite number"),
+        ("--hicache-storage-backend file --hicache-storage-backend-extra-config "
          "'{\"host\": \"h\"}'", "go with --hicache-storage-backend valkey"),
         ("--mem-fraction-static 0.8", "--device-cache-tokens"),
         ("--enable_disk_cache", "needs --enable_cpu_cache"),
@@ -126,6 +128,16 @@ def test_lightllms_two_level_line_has_no_disk_and_its_defaults() -> None:
 def test_what_cannot_hold_is_refused_with_what_to_do(line: str, says: str) -> None:
     with pytest.raises(CompatError, match=says.replace("(", r"\(")):
         _config(line)
+
+
+@pytest.mark.parametrize("flag", ["--hicache-ratio", "--cpu_cache_storage_size"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_their_float_flags_refuse_nan_and_inf_with_the_flags_name(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([flag, value])
+    assert flag in capsys.readouterr().err
 
 
 def test_performance_knobs_without_a_counterpart_are_accepted_and_logged(
