@@ -87,7 +87,6 @@ def create_app(ctx: AppContext) -> FastAPI:
     """The app for one engine; the launcher runs it under uvicorn."""
     app = FastAPI(title="asynchicache", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
-    ctx.metrics.bind_model(ctx.model.name, ctx.model.page_size)  # vLLM's model_name label
     _routes(app, ctx)
     if ctx.api_key is not None or ctx.admin_api_key is not None:
         app.add_middleware(APIKeyMiddleware, api_key=ctx.api_key, admin_api_key=ctx.admin_api_key)

@@ -71,3 +71,6 @@ class AppContext:
     service_probe: ServiceProbe | None = None
     # --max-request-tokens (server/work_bound.py); None: its default for this context.
     max_request_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        self.metrics.bind_model(self.model.name, self.model.page_size)  # vLLM's model_name
