@@ -133,9 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prefix-tokens",
         type=int,
-        default=1024,
-        help="tokens of each stored prefix (default 1024)",
+        default=512,
+        help="tokens of each stored prefix (default 512)",
     )
+    p.add_argument(
+        "--question-tokens",
+        type=int,
+        default=256,
+        help="tokens of each request's own question, computed after its prefix (default 256)",
+    )
+    p.add_argument("--max-tokens", type=int, default=16, help="tokens generated (default 16)")
     p.add_argument("--rounds", type=int, default=2, help="bursts per mode (default 2)")
     p.add_argument("--max-running-requests", type=int, default=8, help="default 8")
     p.add_argument("--device-cache-tokens", type=int, default=16384, help="L1 (default 16384)")

@@ -63,7 +63,12 @@ def fail_requests(scheduler: Scheduler, rids: Iterable[str], message: str) -> in
     wanted = set(rids)
     found = [
         r
-        for r in [*scheduler.waiting, *scheduler.running, *scheduler.loading.values()]
+        for r in [
+            *scheduler.waiting,
+            *scheduler.landing,
+            *scheduler.running,
+            *scheduler.loading.values(),
+        ]
         if r.rid in wanted
     ]
     for req in found:
