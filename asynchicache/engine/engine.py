@@ -34,6 +34,7 @@ from asynchicache.engine.request import Request
 from asynchicache.engine.runner import ForwardBatch, ModelRunner
 from asynchicache.engine.sampler import Pick, pick
 from asynchicache.engine.scheduler import Batch, Scheduler
+from asynchicache.engine.trace import Tracer
 from asynchicache.storage.base import PageLayout, StorageTier
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class Engine:
         self.steps = 0
         self.computed_prompt_tokens = 0  # prompt tokens fed to the model (cache misses)
         self.admin_ops = EngineAdmin(self)
+        self.tracer = Tracer()  # where each request's time to first token goes (trace.py)
 
     def _register_pool(self, storage: StorageTier | None) -> None:
         """Tell the cache service which shared-memory pool our L2 slot numbers index."""
@@ -140,7 +142,9 @@ class Engine:
         if error is not None:
             return TokenOutput(msg.rid, (), True, "error", n, 0, error=error)
         # A group's leader alone enters the scheduler; the others wait for its prefill.
-        self.scheduler.add(make_members(msg)[0])
+        leader = make_members(msg)[0]
+        self.scheduler.add(leader)
+        self.tracer.arrived(leader)
         return None
 
     def abort(self, rid: str, index: int | None = None) -> bool:
@@ -159,7 +163,9 @@ class Engine:
         """Run one scheduler step and one forward pass; returns new tokens.
 
         `prefill_cap`: at most this many prompt tokens this step (`Scheduler.schedule`)."""
+        self.tracer.step_began()
         batch = self.scheduler.schedule(prefill_cap)
+        self.tracer.scheduled()
         self.last_batch_size = len(batch.seqs)
         outputs: list[TokenOutput] = []
         if batch.seqs:
@@ -170,6 +176,8 @@ class Engine:
                     self.forker.end_waiting(req)
                 if not outputs_has(outputs, req.rid, req.index):
                     outputs.append(self._final_output(req, ()))
+                self.tracer.finished(req)
+        self.tracer.step_ended()
         self.steps += 1
         return outputs
 
@@ -190,9 +198,10 @@ class Engine:
         )
         if self.step_threads is not None:
             self.step_threads(batch.num_tokens)
-        t0 = time.perf_counter()
+        began, t0 = time.monotonic(), time.perf_counter()
         logits = self.runner.forward(forward)  # [seqs (+ every position of flagged), vocab]
         elapsed = time.perf_counter() - t0
+        self.tracer.forward([(s.request, s.num_new) for s in batch.seqs], began, elapsed)
         prefill_tokens = sum(s.num_new for s in batch.seqs if s.num_new > 1)
         if prefill_tokens >= 64 and prefill_tokens > len(batch.seqs):
             self.cost.prefill_tok_s.observe(batch.num_tokens, elapsed)
@@ -316,6 +325,7 @@ class Engine:
             "cache_lock_refs": sum(node.lock_ref for node in self.cache.tree.iter_nodes()),
             "prefill_tok_s_estimate": self.cost.prefill_tok_s.value,
             "torch_threads": torch.get_num_threads(),
+            "request_traces": self.tracer.summary(),
         }
 
     def _storage_stats(self) -> dict:
