@@ -26,6 +26,7 @@ BENCHMARKS = {
     "soak": "asynchicache.bench.soak",
     "compare": "asynchicache.bench.compare",
     "vllm": "asynchicache.bench.vllm",
+    "pressure": "asynchicache.bench.pressure",
 }
 
 # model sub-command -> module whose `main(argv) -> int` runs it
