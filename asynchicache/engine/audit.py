@@ -38,9 +38,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from asynchicache.cache.keys import Namespace, chain_hashes, namespace_digest
+from asynchicache.cache.keys import (
+    NATIVE_NUMERICS_VERSION,
+    NUMERICS_VERSION,
+    Namespace,
+    chain_hashes,
+    namespace_digest,
+)
 from asynchicache.engine.loader import LoadedModel, load_model
-from asynchicache.engine.runner import ForwardBatch, ModelRunner
+from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.disk import parse_page_file_name
 from asynchicache.storage.disk_admin import (
@@ -104,6 +110,7 @@ class _Chains:
     """The pages of one namespace folder, linked by their headers' parent hashes."""
 
     def __init__(self, namespace: bytes, pages: dict[bytes, _Page], page_size: int) -> None:
+        self.namespace = namespace
         self.root = namespace_digest(namespace)
         self.pages = pages
         self.page_size = page_size
@@ -237,7 +244,10 @@ class DeepAudit:
         if ns.dtype not in self._models:
             self._models[ns.dtype] = load_model(self.config.model, ns.dtype, self.config.device)
         loaded = self._models[ns.dtype]
-        ours = Namespace(loaded.fingerprint, ns.dtype, ns.page_size, cache_salt=ns.cache_salt)
+        ours = Namespace(loaded.fingerprint, ns.dtype, ns.page_size, cache_salt=ns.cache_salt,
+                         numerics_version=ns.numerics_version)  # fmt: skip
+        if ns.numerics_version not in (NUMERICS_VERSION, NATIVE_NUMERICS_VERSION):
+            return "another numerics version than this engine's", None
         if ours.encode() != namespace:
             return "another model, engine, numerics or KV layout than --model", None
         mc = loaded.config
@@ -281,7 +291,10 @@ class DeepAudit:
         weight = loaded.model.embed_tokens.weight
         pool = torch.zeros(len(chain), mc.num_layers, 2, chains.page_size, mc.num_kv_heads,
                            mc.head_dim, dtype=weight.dtype, device=weight.device)  # fmt: skip
-        runner = ModelRunner(loaded.model, pool, chains.page_size)
+        # The attention the pages were computed with (their namespace's numerics version).
+        native = Namespace.decode(chains.namespace).numerics_version == NATIVE_NUMERICS_VERSION
+        kernel = attention_kernel(mc, weight.dtype, weight.device, use=native) if native else None
+        runner = ModelRunner(loaded.model, pool, chains.page_size, kernel)
         table = list(range(len(chain)))
         step = self.config.chunk_tokens
         for start in range(0, len(tokens), step):

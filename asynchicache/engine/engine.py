@@ -31,7 +31,12 @@ from asynchicache.engine.protocol import (
     TokenOutput,
 )
 from asynchicache.engine.request import Request
-from asynchicache.engine.runner import ForwardBatch, ModelRunner
+from asynchicache.engine.runner import (
+    ForwardBatch,
+    ModelRunner,
+    attention_kernel,
+    numerics_version,
+)
 from asynchicache.engine.sampler import Pick, pick
 from asynchicache.engine.scheduler import Batch, Scheduler
 from asynchicache.engine.trace import Tracer
@@ -72,15 +77,20 @@ class Engine:
             page_size=cache_config.page_size,
             dtype=dtype,
         )
+        device = torch.device(engine_config.device)
+        kernel = attention_kernel(mc, dtype, device)  # its choice is part of the namespace
         self.namespace = Namespace(
-            self.loaded.fingerprint, engine_config.dtype, cache_config.page_size
+            self.loaded.fingerprint,
+            engine_config.dtype,
+            cache_config.page_size,
+            numerics_version=numerics_version(kernel),
         )
         self.cache = HiRadixCache(
             cache_config, self.layout, self.namespace, torch.device(engine_config.device), storage
         )
         self._register_pool(storage)
         self.runner = ModelRunner(
-            self.loaded.model, self.cache.device_pool.tensor, cache_config.page_size
+            self.loaded.model, self.cache.device_pool.tensor, cache_config.page_size, kernel
         )
         self.cost = CostModel.initial(
             self.layout.page_bytes, cache_config.page_size, engine_config.min_load_tokens
