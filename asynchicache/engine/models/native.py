@@ -34,7 +34,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "paged_attention.c"
-MAX_Q = 48  # query vectors per block (the C source's MAX_Q)
+MAX_Q = 96  # query vectors per block (the C source's MAX_Q)
 MAX_D = 256  # largest head_dim (MAX_D)
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno")
 # Tests set it to build into a fresh folder; operators to a shared one.
@@ -119,9 +119,11 @@ class KernelWork:
 
     @staticmethod
     def count_tasks(rows: Sequence[int], kv_heads: int, group: int) -> int:
-        """Tasks of items of `rows` rows each (the C source's blocks: MAX_Q vectors)."""
+        """Tasks of items of `rows` rows each, as the C source cuts them: an item whose
+        query vectors fit a block (MAX_Q) is one; else one per block of rows and KV head."""
         per_block = MAX_Q // group
-        return kv_heads * sum(-(-n // per_block) for n in rows)
+        heads = kv_heads * group
+        return sum(1 if n * heads <= MAX_Q else kv_heads * -(-n // per_block) for n in rows)
 
 
 def supports(dtype: torch.dtype, device: torch.device, head_dim: int, group: int) -> bool:

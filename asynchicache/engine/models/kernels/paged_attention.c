@@ -17,8 +17,10 @@
  * sequence, within `window` keys when window > 0. Each query head g of KV head
  * h = g / (heads / kv_heads) reads h's keys (grouped-query attention).
  *
- * Per item and KV head, up to MAX_Q query vectors (rows x the heads of the
- * group) go through the keys in chunks of up to 16 (never across a page):
+ * Tasks: an item with few rows (a decode: rows x heads <= MAX_Q) is one task over
+ * every KV head, so each of its pages is read once, in order; a longer one is a task
+ * per block of rows and KV head (up to MAX_Q query vectors: rows x the heads of the
+ * group). A task goes through its keys in chunks of up to 16 (never across a page):
  * the chunk's K is transposed once into a [head_dim][16] block, so a query's
  * 16 scores are head_dim vector FMAs; then an online softmax (running max
  * and sum, as flash attention) and the chunk's V added in with broadcast
@@ -32,7 +34,7 @@
 
 #define LANES 16
 #define MAX_D 256
-#define MAX_Q 48
+#define MAX_Q 96
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4)));
@@ -98,7 +100,7 @@ typedef struct {
     int64_t window;
 } Pool;
 
-#define QB 4 /* query vectors that share each load of K and V */
+#define QB 8 /* query vectors that share each load of K and V */
 
 /* The online softmax of query vectors [j0, j0 + QB) over one chunk of keys: scores s
  * (unscaled: q was scaled), masked by their positions; the weights go to p, and each
@@ -113,7 +115,7 @@ static inline int softmax_chunk(v16 *s, float (*p)[LANES], float *m, float *l, f
     for (int32_t q = 0; q < QB; q++) {
         const int32_t j = j0 + q;
         corr[q] = 1.0f;
-        if (j >= nq || k0 > qpos[j]) { /* no such vector, or every key in its future */
+        if (j >= nq || k0 > qpos[j]) { /* padding, or every key in its future */
             memset(p[q], 0, sizeof(p[q]));
             continue;
         }
@@ -137,13 +139,16 @@ static inline int softmax_chunk(v16 *s, float (*p)[LANES], float *m, float *l, f
     return any;
 }
 
-/* Query vectors of one block (rows [r0, r0 + nr) of an item, the heads of KV head h)
- * over their keys. Inlined per head_dim D so the accumulators stay in registers. */
+/* Query vectors of one block: rows [r0, r0 + nr) of an item, for KV heads [h0, h0 + nh)
+ * and every query head of their groups, over their keys. A chunk of keys is read once for
+ * all nh heads (a decode row takes every head: each page is read once, in order). Vector
+ * j = (head hh, row r, query g of the group) sits at j = (hh * nr + r) * group + g.
+ * Inlined per head_dim D so the accumulators stay in registers. */
 static inline __attribute__((always_inline)) void block_d(
     const Pool *pool, const int64_t *table, const float *q, float *out, int64_t r0, int64_t nr,
-    int64_t pos0, int32_t h, float scale, const int32_t D) {
+    int64_t pos0, int32_t h0, int32_t nh, float scale, const int32_t D) {
     const int32_t DV = D / LANES, group = pool->heads / pool->kv_heads;
-    const int32_t nq = (int32_t)nr * group;
+    const int32_t per_head = (int32_t)nr * group, nq = nh * per_head;
     float qs[MAX_Q + QB][MAX_D] __attribute__((aligned(64)));
     float acc[MAX_Q + QB][MAX_D] __attribute__((aligned(64)));
     float kt[MAX_D][LANES] __attribute__((aligned(64)));
@@ -151,79 +156,81 @@ static inline __attribute__((always_inline)) void block_d(
     float m[MAX_Q + QB], l[MAX_Q + QB], corr[QB];
     int64_t qpos[MAX_Q + QB];
     for (int32_t j = 0; j < nq; j++) {
-        const int64_t row = r0 + j / group;
-        const int32_t head = h * group + j % group;
-        const float *src = q + row * pool->q_stride + head * D;
+        const int64_t r = (j % per_head) / group;
+        const int32_t head = (h0 + j / per_head) * group + j % group;
+        const float *src = q + (r0 + r) * pool->q_stride + head * D;
         for (int32_t i = 0; i < D; i++) qs[j][i] = src[i] * scale;
         memset(acc[j], 0, sizeof(float) * D);
         m[j] = -FLT_MAX;
         l[j] = 0.0f;
-        qpos[j] = pos0 + (row - r0);
+        qpos[j] = pos0 + r;
     }
     for (int32_t j = nq; j < nq + QB; j++) memset(qs[j], 0, sizeof(float) * D);
-    const int64_t last = qpos[nq - 1]; /* keys the block's last row sees: [0, last] */
+    const int64_t last = pos0 + nr - 1; /* keys the block's last row sees: [0, last] */
     int64_t first = 0;
-    if (pool->window > 0 && qpos[0] - pool->window + 1 > 0) first = qpos[0] - pool->window + 1;
+    if (pool->window > 0 && pos0 - pool->window + 1 > 0) first = pos0 - pool->window + 1;
     const int64_t ps = pool->page_size, ts = pool->token_stride;
     for (int64_t k0 = first - first % ps; k0 <= last;) {
         const int64_t page = table[k0 / ps], in_page = k0 % ps;
         int64_t nk = ps - in_page < LANES ? ps - in_page : LANES;
         if (k0 + nk > last + 1) nk = last + 1 - k0;
-        const int64_t at = page * pool->page_stride + in_page * ts + (int64_t)h * D;
-        const float *kp = pool->k_base + at, *vp = pool->v_base + at;
-        for (int64_t t = 0; t < LANES; t++)
-            for (int32_t i = 0; i < D; i++) kt[i][t] = t < nk ? kp[t * ts + i] : 0.0f;
-        for (int32_t j0 = 0; j0 < nq; j0 += QB) {
-            v16 s[QB];
-            for (int32_t b = 0; b < QB; b++) s[b] = vsplat(0.0f);
-            for (int32_t i = 0; i < D; i++) {
-                const v16 kv = vload(kt[i]);
-                for (int32_t b = 0; b < QB; b++) s[b] += qs[j0 + b][i] * kv;
+        if (in_page == 0 && k0 + ps <= last) { /* fetch the next page while this one computes */
+            const int64_t next = table[k0 / ps + 1] * pool->page_stride;
+            const int64_t span = ps * ts; /* floats of one page's K (or V) in this layer */
+            for (int64_t f = 0; f < span; f += 16) {
+                __builtin_prefetch(pool->k_base + next + f);
+                __builtin_prefetch(pool->v_base + next + f);
             }
-            if (!softmax_chunk(s, p, m, l, corr, qpos, j0, nq, k0, nk, pool->window)) continue;
-            v16 a[QB][MAX_D / LANES];
-            for (int32_t b = 0; b < QB; b++)
-                for (int32_t c = 0; c < DV; c++) a[b][c] = vload(acc[j0 + b] + c * LANES) * corr[b];
-            for (int64_t t = 0; t < nk; t++) {
-                for (int32_t c = 0; c < DV; c++) {
-                    const v16 vt = vload(vp + t * ts + c * LANES);
-                    for (int32_t b = 0; b < QB; b++) a[b][c] += p[b][t] * vt;
+        }
+        for (int32_t hh = 0; hh < nh; hh++) {
+            const int64_t at = page * pool->page_stride + in_page * ts + (int64_t)(h0 + hh) * D;
+            const float *kp = pool->k_base + at, *vp = pool->v_base + at;
+            for (int64_t t = 0; t < LANES; t++)
+                for (int32_t i = 0; i < D; i++) kt[i][t] = t < nk ? kp[t * ts + i] : 0.0f;
+            const int32_t jb = hh * per_head, je = jb + per_head;
+            for (int32_t j0 = jb; j0 < je; j0 += QB) {
+                v16 s[QB];
+                for (int32_t b = 0; b < QB; b++) s[b] = vsplat(0.0f);
+                for (int32_t i = 0; i < D; i++) {
+                    const v16 kv = vload(kt[i]);
+                    for (int32_t b = 0; b < QB; b++) s[b] += qs[j0 + b][i] * kv;
+                }
+                if (!softmax_chunk(s, p, m, l, corr, qpos, j0, je, k0, nk, pool->window)) continue;
+                for (int32_t c = 0; c < DV; c++) { /* QB accumulators of 16 dims at a time */
+                    v16 a[QB];
+                    for (int32_t b = 0; b < QB; b++) a[b] = vload(acc[j0 + b] + c * LANES) * corr[b];
+                    for (int64_t t = 0; t < nk; t++) {
+                        const v16 vt = vload(vp + t * ts + c * LANES);
+                        for (int32_t b = 0; b < QB; b++) a[b] += p[b][t] * vt;
+                    }
+                    for (int32_t b = 0; b < QB; b++) vstore(acc[j0 + b] + c * LANES, a[b]);
                 }
             }
-            for (int32_t b = 0; b < QB; b++)
-                for (int32_t c = 0; c < DV; c++) vstore(acc[j0 + b] + c * LANES, a[b][c]);
         }
         k0 += nk;
     }
     for (int32_t j = 0; j < nq; j++) {
-        const int64_t row = r0 + j / group;
-        const int32_t head = h * group + j % group;
-        float *dst = out + (row * pool->heads + head) * D;
+        const int64_t r = (j % per_head) / group;
+        const int32_t head = (h0 + j / per_head) * group + j % group;
+        float *dst = out + ((r0 + r) * pool->heads + head) * D;
         const float inv = l[j] > 0.0f ? 1.0f / l[j] : 0.0f;
         for (int32_t i = 0; i < D; i++) dst[i] = acc[j][i] * inv;
     }
 }
 
-static void block_64(const Pool *pool, const int64_t *table, const float *q, float *out,
-                     int64_t r0, int64_t nr, int64_t pos0, int32_t h, float scale) {
-    block_d(pool, table, q, out, r0, nr, pos0, h, scale, 64);
-}
+#define BLOCK_ARGS                                                                            \
+    const Pool *pool, const int64_t *table, const float *q, float *out, int64_t r0, int64_t nr, \
+        int64_t pos0, int32_t h0, int32_t nh, float scale
+#define BLOCK_PASS pool, table, q, out, r0, nr, pos0, h0, nh, scale
 
-static void block_128(const Pool *pool, const int64_t *table, const float *q, float *out,
-                      int64_t r0, int64_t nr, int64_t pos0, int32_t h, float scale) {
-    block_d(pool, table, q, out, r0, nr, pos0, h, scale, 128);
-}
+static void block_64(BLOCK_ARGS) { block_d(BLOCK_PASS, 64); }
+static void block_128(BLOCK_ARGS) { block_d(BLOCK_PASS, 128); }
+static void block_any(BLOCK_ARGS) { block_d(BLOCK_PASS, pool->head_dim); }
 
-static void block_any(const Pool *pool, const int64_t *table, const float *q, float *out,
-                      int64_t r0, int64_t nr, int64_t pos0, int32_t h, float scale) {
-    block_d(pool, table, q, out, r0, nr, pos0, h, scale, pool->head_dim);
-}
-
-static void block(const Pool *pool, const int64_t *table, const float *q, float *out,
-                  int64_t r0, int64_t nr, int64_t pos0, int32_t h, float scale) {
-    if (pool->head_dim == 64) block_64(pool, table, q, out, r0, nr, pos0, h, scale);
-    else if (pool->head_dim == 128) block_128(pool, table, q, out, r0, nr, pos0, h, scale);
-    else block_any(pool, table, q, out, r0, nr, pos0, h, scale);
+static void block(BLOCK_ARGS) {
+    if (pool->head_dim == 64) block_64(BLOCK_PASS);
+    else if (pool->head_dim == 128) block_128(BLOCK_PASS);
+    else block_any(BLOCK_PASS);
 }
 
 /* items: [n_items][4] = {table offset into `tables`, first row, rows, first row's position}.
@@ -240,16 +247,20 @@ int paged_attention_f32(const float *k_base, const float *v_base, int64_t page_s
     if (group > MAX_Q || task_step <= 0) return -1;
     const Pool pool = {k_base, v_base, page_stride, token_stride, q_stride, heads,
                        kv_heads, head_dim, page_size, window};
-    const int64_t rows_per_block = MAX_Q / group;
     int64_t task = 0;
     for (int64_t i = 0; i < n_items; i++) {
         const int64_t *it = items + 4 * i;
         const int64_t *table = tables + it[0];
-        for (int64_t r = 0; r < it[2]; r += rows_per_block) {
-            const int64_t nr = it[2] - r < rows_per_block ? it[2] - r : rows_per_block;
+        if (it[2] * heads <= MAX_Q) { /* few rows (a decode): every head at once */
+            if (task++ % task_step == task_begin)
+                block(&pool, table, q, out, it[1], it[2], it[3], 0, kv_heads, scale);
+            continue;
+        }
+        for (int64_t r = 0; r < it[2]; r += MAX_Q / group) {
+            const int64_t nr = it[2] - r < MAX_Q / group ? it[2] - r : MAX_Q / group;
             for (int32_t h = 0; h < kv_heads; h++, task++)
                 if (task % task_step == task_begin)
-                    block(&pool, table, q, out, it[1] + r, nr, it[3] + r, h, scale);
+                    block(&pool, table, q, out, it[1] + r, nr, it[3] + r, h, 1, scale);
         }
     }
     return 0;
