@@ -175,7 +175,7 @@ class Engine:
         `prefill_cap`: at most this many prompt tokens this step (`Scheduler.schedule`)."""
         self.tracer.step_began()
         batch = self.scheduler.schedule(prefill_cap)
-        self.tracer.scheduled()
+        self.tracer.scheduled(self.scheduler.quick_loads.landed)
         self.last_batch_size = len(batch.seqs)
         outputs: list[TokenOutput] = []
         if batch.seqs:

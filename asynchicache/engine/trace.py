@@ -92,6 +92,7 @@ class Tracer:
         self._forward_s = 0.0
         # Carried by this step's forward before their first token.
         self._in_step: list[tuple[Request, RequestTrace]] = []
+        self._credit: dict[int, float] = {}  # step overhead already counted as load time
 
     def arrived(self, req: Request) -> None:
         self._open[id(req)] = (req, RequestTrace(req.rid, len(req.prompt), req.arrival))
@@ -100,11 +101,19 @@ class Tracer:
         self._step_began = self._clock()
         self._forward_s = 0.0
         self._in_step = []
+        self._credit = {}
 
-    def scheduled(self) -> None:
+    def scheduled(self, landed: Iterable[tuple[Request, float]] = ()) -> None:
         """After the scheduler's step: who was admitted, who started or ended a load.
 
-        Stamped with the step's beginning: the scheduling itself is the step's overhead."""
+        Stamped with the step's beginning: the scheduling itself is the step's overhead,
+        except the seconds the scheduler waited for a load to land in this step (`landed`,
+        engine/prefill_policy.py), which are that request's load time."""
+        for req, waited in landed:
+            entry = self._open.get(id(req))
+            if entry is not None:
+                entry[1].load_s += waited
+                self._credit[id(req)] = waited
         now = self._step_began
         for req, trace in self._open.values():
             if trace.first_token is not None:
@@ -141,7 +150,7 @@ class Tracer:
         now = self._clock()
         overhead = max(0.0, now - self._step_began - self._forward_s)
         for req, trace in self._in_step:
-            trace.overhead_s += overhead
+            trace.overhead_s += max(0.0, overhead - self._credit.get(id(req), 0.0))
             if req.output or req.phase is Phase.FINISHED:
                 trace.first_token = now
         self._in_step = []
