@@ -12,6 +12,7 @@ engine's phases.
 from __future__ import annotations
 
 import statistics
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -132,8 +133,8 @@ def plot_cdf(
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
     fig.suptitle(title, fontsize=10)
-    fig.text(0.01, 0.01, notes, fontsize=7)
-    fig.tight_layout(rect=(0, 0.05, 1, 0.95))
+    fig.text(0.01, 0.01, textwrap.fill(notes, 40 + 90 * len(counts)), fontsize=7)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
