@@ -72,6 +72,8 @@ static inline v16 vexp(v16 x) {
     return y * (v16)bits;
 }
 
+static inline v16 qs_vec(const float *row, int32_t c) { return *(const v16 *)(row + c * LANES); }
+
 static inline v16 vmax(v16 a, v16 b) { return vselect(a > b, a, b); }
 
 /* Horizontal max and sum as trees of shuffles (a serial chain of 16 would cost more
@@ -100,19 +102,20 @@ typedef struct {
     int64_t window;
 } Pool;
 
-#define QB 8 /* query vectors that share each load of K and V */
+#define QB 8 /* query vectors that share each load of K and V (a prompt's rows) */
+#define QD 4 /* the same for few vectors per KV head (a decode: the heads of a group) */
 
-/* The online softmax of query vectors [j0, j0 + QB) over one chunk of keys: scores s
+/* The online softmax of query vectors [j0, j0 + qn) over one chunk of keys: scores s
  * (unscaled: q was scaled), masked by their positions; the weights go to p, and each
  * running max/sum and accumulator is corrected. Returns whether any key counted. */
-static inline int softmax_chunk(v16 *s, float (*p)[LANES], float *m, float *l, float *corr,
-                                const int64_t *qpos, int32_t j0, int32_t nq, int64_t k0,
-                                int64_t nk, int64_t window) {
+static inline __attribute__((always_inline)) int softmax_chunk(
+    v16 *s, float (*p)[LANES], float *m, float *l, float *corr, const int64_t *qpos, int32_t j0,
+    int32_t nq, int64_t k0, int64_t nk, int64_t window, const int32_t qn) {
     i16 lane;
     for (int t = 0; t < LANES; t++) lane[t] = t;
     const i16 key = lane + (int32_t)k0; /* positions fit in int32: a context is < 2^31 */
     int any = 0;
-    for (int32_t q = 0; q < QB; q++) {
+    for (int32_t q = 0; q < qn; q++) {
         const int32_t j = j0 + q;
         corr[q] = 1.0f;
         if (j >= nq || k0 > qpos[j]) { /* padding, or every key in its future */
@@ -139,6 +142,54 @@ static inline int softmax_chunk(v16 *s, float (*p)[LANES], float *m, float *l, f
     return any;
 }
 
+/* 16 vectors' horizontal sums as one vector, lane t the sum of v[t]: a tree of
+ * shuffles (15 steps), whose lanes come out in bit-reversed order, put back at the end. */
+static inline v16 sum16(v16 *v) {
+    for (int i = 0; i < 8; i++)
+        v[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18,
+                                       19, 20, 21, 22, 23) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24,
+                                       25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 4; i++)
+        v[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9,
+                                       10, 11, 24, 25, 26, 27) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13,
+                                       14, 15, 28, 29, 30, 31);
+    for (int i = 0; i < 2; i++)
+        v[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9,
+                                       24, 25, 12, 13, 28, 29) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11,
+                                       26, 27, 14, 15, 30, 31);
+    v16 z = __builtin_shufflevector(v[0], v[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28,
+                                    14, 30) +
+            __builtin_shufflevector(v[0], v[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29,
+                                    15, 31);
+    return __builtin_shufflevector(z, z, 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
+}
+
+/* Scores of up to QD query vectors against a chunk's keys read as they lie (no
+ * transpose: worth it for a few vectors, as a decode's group). */
+static inline __attribute__((always_inline)) void direct_scores(
+    v16 *s, float (*qs)[MAX_D], int32_t j0, const float *kp, int64_t ts, int64_t nk,
+    const int32_t D) {
+    const int32_t DV = D / LANES;
+    v16 part[QD][LANES];
+    for (int64_t t = 0; t < LANES; t++) {
+        if (t >= nk) {
+            for (int32_t b = 0; b < QD; b++) part[b][t] = vsplat(0.0f);
+            continue;
+        }
+        v16 k[MAX_D / LANES];
+        for (int32_t c = 0; c < DV; c++) k[c] = vload(kp + t * ts + c * LANES);
+        for (int32_t b = 0; b < QD; b++) {
+            v16 a = qs_vec(qs[j0 + b], 0) * k[0];
+            for (int32_t c = 1; c < DV; c++) a += qs_vec(qs[j0 + b], c) * k[c];
+            part[b][t] = a;
+        }
+    }
+    for (int32_t b = 0; b < QD; b++) s[b] = sum16(part[b]);
+}
+
 /* Query vectors of one block: rows [r0, r0 + nr) of an item, for KV heads [h0, h0 + nh)
  * and every query head of their groups, over their keys. A chunk of keys is read once for
  * all nh heads (a decode row takes every head: each page is read once, in order). Vector
@@ -146,7 +197,7 @@ static inline int softmax_chunk(v16 *s, float (*p)[LANES], float *m, float *l, f
  * Inlined per head_dim D so the accumulators stay in registers. */
 static inline __attribute__((always_inline)) void block_d(
     const Pool *pool, const int64_t *table, const float *q, float *out, int64_t r0, int64_t nr,
-    int64_t pos0, int32_t h0, int32_t nh, float scale, const int32_t D) {
+    int64_t pos0, int32_t h0, int32_t nh, float scale, const int32_t D, const int32_t QN) {
     const int32_t DV = D / LANES, group = pool->heads / pool->kv_heads;
     const int32_t per_head = (int32_t)nr * group, nq = nh * per_head;
     float qs[MAX_Q + QB][MAX_D] __attribute__((aligned(64)));
@@ -166,6 +217,7 @@ static inline __attribute__((always_inline)) void block_d(
         qpos[j] = pos0 + r;
     }
     for (int32_t j = nq; j < nq + QB; j++) memset(qs[j], 0, sizeof(float) * D);
+    const int direct = QN == QD; /* few vectors a head: scores without the transpose */
     const int64_t last = pos0 + nr - 1; /* keys the block's last row sees: [0, last] */
     int64_t first = 0;
     if (pool->window > 0 && pos0 - pool->window + 1 > 0) first = pos0 - pool->window + 1;
@@ -185,25 +237,31 @@ static inline __attribute__((always_inline)) void block_d(
         for (int32_t hh = 0; hh < nh; hh++) {
             const int64_t at = page * pool->page_stride + in_page * ts + (int64_t)(h0 + hh) * D;
             const float *kp = pool->k_base + at, *vp = pool->v_base + at;
-            for (int64_t t = 0; t < LANES; t++)
-                for (int32_t i = 0; i < D; i++) kt[i][t] = t < nk ? kp[t * ts + i] : 0.0f;
+            if (!direct)
+                for (int64_t t = 0; t < LANES; t++)
+                    for (int32_t i = 0; i < D; i++) kt[i][t] = t < nk ? kp[t * ts + i] : 0.0f;
             const int32_t jb = hh * per_head, je = jb + per_head;
-            for (int32_t j0 = jb; j0 < je; j0 += QB) {
+            for (int32_t j0 = jb; j0 < je; j0 += QN) {
                 v16 s[QB];
-                for (int32_t b = 0; b < QB; b++) s[b] = vsplat(0.0f);
-                for (int32_t i = 0; i < D; i++) {
-                    const v16 kv = vload(kt[i]);
-                    for (int32_t b = 0; b < QB; b++) s[b] += qs[j0 + b][i] * kv;
+                if (direct) {
+                    direct_scores(s, qs, j0, kp, ts, nk, D);
+                } else {
+                    for (int32_t b = 0; b < QN; b++) s[b] = vsplat(0.0f);
+                    for (int32_t i = 0; i < D; i++) {
+                        const v16 kv = vload(kt[i]);
+                        for (int32_t b = 0; b < QN; b++) s[b] += qs[j0 + b][i] * kv;
+                    }
                 }
-                if (!softmax_chunk(s, p, m, l, corr, qpos, j0, je, k0, nk, pool->window)) continue;
-                for (int32_t c = 0; c < DV; c++) { /* QB accumulators of 16 dims at a time */
+                if (!softmax_chunk(s, p, m, l, corr, qpos, j0, je, k0, nk, pool->window, QN))
+                    continue;
+                for (int32_t c = 0; c < DV; c++) { /* QN accumulators of 16 dims at a time */
                     v16 a[QB];
-                    for (int32_t b = 0; b < QB; b++) a[b] = vload(acc[j0 + b] + c * LANES) * corr[b];
+                    for (int32_t b = 0; b < QN; b++) a[b] = vload(acc[j0 + b] + c * LANES) * corr[b];
                     for (int64_t t = 0; t < nk; t++) {
                         const v16 vt = vload(vp + t * ts + c * LANES);
-                        for (int32_t b = 0; b < QB; b++) a[b] += p[b][t] * vt;
+                        for (int32_t b = 0; b < QN; b++) a[b] += p[b][t] * vt;
                     }
-                    for (int32_t b = 0; b < QB; b++) vstore(acc[j0 + b] + c * LANES, a[b]);
+                    for (int32_t b = 0; b < QN; b++) vstore(acc[j0 + b] + c * LANES, a[b]);
                 }
             }
         }
@@ -223,14 +281,20 @@ static inline __attribute__((always_inline)) void block_d(
         int64_t pos0, int32_t h0, int32_t nh, float scale
 #define BLOCK_PASS pool, table, q, out, r0, nr, pos0, h0, nh, scale
 
-static void block_64(BLOCK_ARGS) { block_d(BLOCK_PASS, 64); }
-static void block_128(BLOCK_ARGS) { block_d(BLOCK_PASS, 128); }
-static void block_any(BLOCK_ARGS) { block_d(BLOCK_PASS, pool->head_dim); }
+/* One instance per head_dim (64, 128, any) and group shape: few vectors a KV head (a
+ * decode's group of at most QD query heads) or many (a prompt's rows). */
+static void block_64_few(BLOCK_ARGS) { block_d(BLOCK_PASS, 64, QD); }
+static void block_64_many(BLOCK_ARGS) { block_d(BLOCK_PASS, 64, QB); }
+static void block_128_few(BLOCK_ARGS) { block_d(BLOCK_PASS, 128, QD); }
+static void block_128_many(BLOCK_ARGS) { block_d(BLOCK_PASS, 128, QB); }
+static void block_any_few(BLOCK_ARGS) { block_d(BLOCK_PASS, pool->head_dim, QD); }
+static void block_any_many(BLOCK_ARGS) { block_d(BLOCK_PASS, pool->head_dim, QB); }
 
 static void block(BLOCK_ARGS) {
-    if (pool->head_dim == 64) block_64(BLOCK_PASS);
-    else if (pool->head_dim == 128) block_128(BLOCK_PASS);
-    else block_any(BLOCK_PASS);
+    const int few = nr * (pool->heads / pool->kv_heads) <= QD;
+    if (pool->head_dim == 64) (few ? block_64_few : block_64_many)(BLOCK_PASS);
+    else if (pool->head_dim == 128) (few ? block_128_few : block_128_many)(BLOCK_PASS);
+    else (few ? block_any_few : block_any_many)(BLOCK_PASS);
 }
 
 /* items: [n_items][4] = {table offset into `tables`, first row, rows, first row's position}.
