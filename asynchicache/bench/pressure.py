@@ -153,7 +153,8 @@ def _serving(opts: PressureOptions, peer: Peer, log_path: Path) -> Iterator[Benc
         yield server
     finally:
         server.stop()
-        remove_stale_segments()  # a vLLM engine core killed at shutdown leaves its L2 segment
+        if peer.name.startswith("vllm"):  # its engine core killed at shutdown leaves its L2
+            remove_stale_segments()
         shutil.rmtree(disk, ignore_errors=True)
 
 
