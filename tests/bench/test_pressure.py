@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from bench_helpers import ScriptedServer
 
-from asynchicache.bench import pressure_client
 from asynchicache.bench.pressure import ARMS, PressureOptions, arm_peer, main
 from asynchicache.bench.pressure_client import ClientRun, RequestTiming
 from asynchicache.bench.pressure_report import figures, match_traces, percentile
@@ -20,7 +19,6 @@ from asynchicache.bench.pressure_workload import PressureParams, build, warm_up_
 from asynchicache.engine.loader import default_model_path
 from asynchicache.engine.tokenizer import Tokenizer
 
-VLLM_PYTHON = Path(".venv-vllm/bin/python")
 TINY = PressureParams(l1_tokens=512, working_set=2.0, prefix_tokens=100, suffix_tokens=8,
                       repeats=2, max_tokens=2)  # fmt: skip
 
@@ -92,16 +90,15 @@ def _client(python: str, url: str, tmp_path: Path, client: str) -> ClientRun:
     return ClientRun.from_json(json.loads(out.read_text()))
 
 
-@pytest.mark.parametrize("client", pressure_client.CLIENTS)
-def test_both_clients_time_every_request_the_same_way(tmp_path: Path, client: str) -> None:
+def test_our_client_times_every_request(tmp_path: Path) -> None:
+    """(vLLM's client, the default, is tested under vLLM: tests/vllm/test_pressure_client.py.)"""
     server = ScriptedServer(first_delay_s=0.2, gap_s=0.05, tokens=3)
     server.start()
     try:
-        python = str(VLLM_PYTHON.absolute()) if client == "vllm" else sys.executable
-        run = _client(python, server.url, tmp_path, client)
+        run = _client(sys.executable, server.url, tmp_path, "ours")
     finally:
         server.close()
-    assert run.client == client and len(run.requests) == 6
+    assert run.client == "ours" and len(run.requests) == 6
     for r in run.requests:
         assert r.ok and r.prompt_tokens == 4 and r.output_tokens == 3
         assert 0.2 <= r.ttft < 1.5 and r.latency >= r.ttft + 0.09
