@@ -16,9 +16,10 @@ of one, one core less for each core they keep busy, and never below one.
 client streaming under pressure, ~0.3 of a core together, left the engine one
 thread on two cores while vLLM computed on both. A thread descheduled a third
 of the time still leaves a big step ~1.4x one thread's pace; the barrier
-stalls measured above were with the other core busy all the time.) It starts at cores - 1 (vLLM's CPU backend likewise keeps a core for its
-frontend) and reads the other processes' CPU use from /proc/stat. `--threads N`
-fixes the count instead.
+stalls measured above were with the other core busy all the time; not yet
+measured on a quiet machine.) It starts at cores - 1 (vLLM's CPU backend
+likewise keeps a core for its frontend) and reads the other processes' CPU use
+from /proc/stat. `--threads N` fixes the count instead.
 
 When it samples: a new count takes effect only after two samples in a row ask
 for it (a burst of client work does not flip it back and forth). Under load a
