@@ -34,7 +34,8 @@ def test_chunked_prefills_show_their_steps_and_the_wait_of_the_second(engine: En
     # Step 1: the short prompt whole and 12 tokens of the first; then chunks of 32 (at most
     # 32 prompt tokens a step, one unfinished prompt per step: prefill_policy.py).
     assert c.steps == 1 and c.first_token < a.first_token < b.first_token
-    assert a.steps == 4 and a.computed_tokens == 96 and a.max_step_tokens == 32
+    assert a.steps == 4 and a.computed_tokens == 96
+    assert 32 <= a.max_step_tokens <= 34  # a chunk of 32, and the others' decodes
     assert b.computed_tokens == 96 and b.wait_s > 0  # waited while the first went
     for t in (a, b, c):
         assert t.ttft_s is not None and t.ttft_s > 0
