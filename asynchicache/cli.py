@@ -29,6 +29,7 @@ BENCHMARKS = {
     "compare": "asynchicache.bench.compare",
     "vllm": "asynchicache.bench.vllm",
     "prefetch": "asynchicache.bench.prefetch",
+    "pressure": "asynchicache.bench.pressure",
 }
 
 # model sub-command -> module whose `main(argv) -> int` runs it

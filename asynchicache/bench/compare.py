@@ -46,6 +46,7 @@ from asynchicache.bench.output import add_output_arguments, print_report
 from asynchicache.bench.peers import Peer, ours, parse_peer, vllm
 from asynchicache.bench.server_process import BenchServer, ServerError, stop_servers_on_sigterm
 from asynchicache.bench.sweep import machine
+from asynchicache.bench.vllm_process import VllmThreads
 from asynchicache.config_flags import add_config_flags, config_kwargs
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class CompareOptions:
     seed: int = 0
     startup_timeout_s: float = 900.0
     work_dir: Path | None = None  # where per-round disk folders go
+    vllm_threads: VllmThreads | None = None  # None: no vLLM among the peers
 
     def __post_init__(self) -> None:
         if self.rounds <= 0 or self.requests_per_client <= 0 or self.max_tokens <= 0:
@@ -190,6 +192,7 @@ def compare(opts: CompareOptions) -> dict[str, Any]:
             "max_tokens": opts.max_tokens,
             "cold_prompt_tokens": opts.cold_prompt_tokens,
             "seed": opts.seed,
+            "vllm_threads": opts.vllm_threads.describe() if opts.vllm_threads else None,
         },
         "load_avg_1m_before": round(os.getloadavg()[0], 2),
         "failed": {},
@@ -244,6 +247,13 @@ def _parser() -> argparse.ArgumentParser:
         help="python of a venv with vLLM's CPU build (default %(default)s)",
     )
     p.add_argument("--no-vllm", action="store_true", help="leave vLLM out (e.g. ours vs peers)")
+    p.add_argument(
+        "--vllm-threads",
+        type=int,
+        default=None,
+        help="vLLM's compute threads (VLLM_CPU_NUM_OF_RESERVED_CPU = cores - threads; "
+        "default: every core, vLLM at its best on a small machine)",
+    )
     p.add_argument(
         "--peer-cmd",
         action="append",
@@ -311,20 +321,26 @@ def _l1_bytes(model: Path, ours_args: Sequence[str]) -> int:
 def options_from_args(args: argparse.Namespace) -> CompareOptions:
     model = _model(args.model, args.out, hf_needed=not args.no_vllm)
     peers = [ours(args.ours_arg)]
+    threads = None
     if not args.no_vllm:
         if not args.vllm_python.exists():
             raise ValueError(
                 f"--vllm-python {args.vllm_python} does not exist (a venv with "
                 "vLLM's CPU build; or --no-vllm)"
             )
-        peers.append(
-            vllm(args.vllm_python.absolute(), _l1_bytes(model, args.ours_arg), args.vllm_arg)
-        )
+        threads = VllmThreads.of(args.vllm_threads)
+        kv_bytes = _l1_bytes(model, args.ours_arg)
+        peers.append(vllm(args.vllm_python.absolute(), kv_bytes, args.vllm_arg, threads))
     peers += [parse_peer(spec) for spec in args.peer_cmd]
     clients = tuple(int(c) for c in args.clients.split(",") if c.strip())
     return CompareOptions(
         **config_kwargs(
-            CompareOptions, args, model=model.absolute(), peers=tuple(peers), clients=clients
+            CompareOptions,
+            args,
+            model=model.absolute(),
+            peers=tuple(peers),
+            clients=clients,
+            vllm_threads=threads,
         )
     )
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from asynchicache.bench.vllm_process import VllmThreads
+
 SERVED_NAME = "smollm2"  # the `model` every request names
 
 
@@ -80,8 +82,11 @@ def ours(extra: Sequence[str] = ()) -> Peer:
     return Peer("ours", argv)
 
 
-def vllm(python: Path, kv_cache_bytes: int, extra: Sequence[str] = ()) -> Peer:
-    """vLLM's OpenAI server, CPU build, float32, prefix caching on, default compilation.
+def vllm(
+    python: Path, kv_cache_bytes: int, extra: Sequence[str] = (), threads: VllmThreads | None = None
+) -> Peer:
+    """vLLM's OpenAI server, CPU build, float32, prefix caching on, default compilation,
+    computing on `threads` (default: every core; `VllmThreads`).
 
     On CPU vLLM reserves `--gpu-memory-utilization` (0.9) of all memory by
     default and refuses to start when less is free; `--kv-cache-memory-bytes`
@@ -100,7 +105,8 @@ def vllm(python: Path, kv_cache_bytes: int, extra: Sequence[str] = ()) -> Peer:
         *extra,
     )
     # Its usage statistics would try to reach the internet.
-    return Peer("vllm", argv, MappingProxyType({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}))
+    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **(threads or VllmThreads.of()).env()}
+    return Peer("vllm", argv, MappingProxyType(env))
 
 
 def parse_peer(spec: str) -> Peer:

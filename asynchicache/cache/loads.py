@@ -223,7 +223,7 @@ class Loader:
             self._finish(job)
             return
         job.fill_start, job.fill_pages = start, dests
-        op = p.transfer.submit(p.host_pool.tensor, src, p.device_pool.tensor, used)
+        op = p.transfer.submit(p.host_pool.tensor, src, p.device_pool.tensor, used, urgent=True)
         job.phase, job.op = LoadPhase.FILLING, op
         p.transfers[op] = job
 

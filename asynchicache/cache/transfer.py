@@ -4,6 +4,11 @@ CPU: one worker thread copies runs of consecutive pages as slices. Measured on
 the default model's pages (368 KiB each), a slice `copy_` per run moves
 ~13 GB/s, about the speed of one large `copy_`, while `index_select` +
 `index_copy_` reaches only ~2 GB/s (it gathers into a temporary first).
+Urgent copies (loads: a request waits for them, `submit(urgent=True)`) go
+before the others (write-through: nobody waits), and a long background copy
+yields to them every `YIELD_PAGES` pages: under memory pressure every miss
+writes its ~60 pages (45 MB) through to L2, and a hit's load queued behind
+that missed the step it could have joined.
 CUDA: copies run on a side stream that first waits for the compute stream; a
 ticket is finished only once its event has completed, so nothing is published
 before its bytes have landed.
@@ -13,14 +18,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 log = logging.getLogger(__name__)
+
+YIELD_PAGES = 16  # a background copy checks for urgent ones this often (~12 MB here)
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,79 @@ def copy_pages(
         dst[d : d + n].copy_(src[s : s + n], non_blocking=non_blocking)
 
 
+def copy_pieces(
+    src: torch.Tensor, src_pages: Sequence[int], dst: torch.Tensor, dst_pages: Sequence[int]
+) -> list[Callable[[], None]]:
+    """The slice copies of `copy_pages`, at most `YIELD_PAGES` pages each."""
+    pieces: list[Callable[[], None]] = []
+    for s, d, n in page_runs(src_pages, dst_pages):
+        for i in range(0, n, YIELD_PAGES):
+            k = min(YIELD_PAGES, n - i)
+            pieces.append(lambda s=s + i, d=d + i, k=k: dst[d : d + k].copy_(src[s : s + k]))
+    return pieces
+
+
+@dataclass
+class _Work:
+    pieces: list[Callable[[], None]]
+    future: Future[None] = field(default_factory=Future)
+    done: int = 0  # pieces copied
+
+
+class _CopyWorker:
+    """One thread copying pages: urgent work first, background work a piece at a time."""
+
+    def __init__(self) -> None:
+        self._urgent: deque[_Work] = deque()
+        self._background: deque[_Work] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="kv-transfer", daemon=True)
+        self._thread.start()
+
+    def submit(self, pieces: list[Callable[[], None]], urgent: bool) -> Future[None]:
+        work = _Work(pieces)
+        with self._cond:
+            (self._urgent if urgent else self._background).append(work)
+            self._cond.notify()
+        return work.future
+
+    def _next(self) -> tuple[_Work, bool] | None:
+        """The work to do next and whether it is urgent; None once stopped and idle."""
+        with self._cond:
+            while not (self._urgent or self._background or self._stopping):
+                self._cond.wait()
+            if self._urgent:
+                return self._urgent[0], True
+            return (self._background[0], False) if self._background else None
+
+    def _run(self) -> None:
+        while (next_work := self._next()) is not None:
+            work, urgent = next_work
+            try:  # urgent work whole; background work one piece, then look again
+                for _ in range(len(work.pieces) - work.done if urgent else 1):
+                    if work.done < len(work.pieces):
+                        work.pieces[work.done]()
+                    work.done += 1
+                finished = work.done >= len(work.pieces)
+                error = None
+            except Exception as exc:  # reported through the ticket; the worker goes on
+                finished, error = True, exc
+            if finished:
+                with self._cond:
+                    (self._urgent if urgent else self._background).popleft()
+                if error is None:
+                    work.future.set_result(None)
+                else:
+                    work.future.set_exception(error)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+
+
 @dataclass
 class _Pending:
     num_pages: int
@@ -78,6 +159,7 @@ class _Pending:
     event: torch.cuda.Event | None = None
     keep: tuple[torch.Tensor, ...] = ()  # tensors the in-flight copy reads or writes
     error: str | None = None
+    urgent: bool = False
 
 
 class TransferEngine:
@@ -90,11 +172,7 @@ class TransferEngine:
         self._next_ticket = 0
         self._lock = threading.Lock()  # only guards ticket numbering against stray threads
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
-        self._executor = (
-            None
-            if self._cuda
-            else ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-transfer")
-        )
+        self._worker = None if self._cuda else _CopyWorker()
 
     @property
     def num_pending(self) -> int:
@@ -106,8 +184,10 @@ class TransferEngine:
         src_pages: Sequence[int],
         dst: torch.Tensor,
         dst_pages: Sequence[int],
+        urgent: bool = False,
     ) -> int:
-        """Start copying `src[src_pages[i]]` to `dst[dst_pages[i]]`; returns a ticket at once."""
+        """Start copying `src[src_pages[i]]` to `dst[dst_pages[i]]`; returns a ticket at once.
+        `urgent`: someone waits for it (a load); it goes before the others (CPU)."""
         src_pages, dst_pages = list(src_pages), list(dst_pages)
         if len(src_pages) != len(dst_pages):
             raise ValueError(f"{len(src_pages)} source pages but {len(dst_pages)} destinations")
@@ -115,13 +195,15 @@ class TransferEngine:
             ticket = self._next_ticket
             self._next_ticket += 1
         page_bytes = src[0].numel() * src.element_size() if len(src) else 0
-        job = _Pending(len(src_pages), len(src_pages) * page_bytes)
+        urgent = urgent and not self._cuda  # CUDA copies keep one stream, in order
+        job = _Pending(len(src_pages), len(src_pages) * page_bytes, urgent=urgent)
         try:
             if self._cuda:
                 self._submit_cuda(job, src, src_pages, dst, dst_pages)
             else:
-                assert self._executor is not None
-                job.future = self._executor.submit(copy_pages, src, src_pages, dst, dst_pages)
+                assert self._worker is not None
+                pieces = copy_pieces(src, src_pages, dst, dst_pages)
+                job.future = self._worker.submit(pieces, urgent)
         except Exception as exc:  # a bad submit reports as a failed ticket, not a crash
             log.exception("page copy submit failed")
             job.error = f"{type(exc).__name__}: {exc}"
@@ -163,14 +245,18 @@ class TransferEngine:
         return TransferDone(ticket, job.num_pages, job.num_bytes, error)
 
     def poll(self) -> list[TransferDone]:
-        """Copies finished since the last call, in submission order. Never blocks."""
-        done = []
+        """Copies finished since the last call, in submission order. Never blocks.
+
+        Background copies finish in submission order (one worker, one stream): checking
+        each in turn, a later one could finish between two checks and be reported first,
+        so the first unfinished one stops them. Urgent copies may overtake them and are
+        reported as soon as they finished."""
+        done, blocked = [], False
         for t, job in self._pending.items():
-            # Copies finish in submission order (one worker, one stream); checking each in
-            # turn, a later one could finish between two checks and be reported first.
-            if not self._finished(job):
-                break
-            done.append(t)
+            if (job.urgent or not blocked) and self._finished(job):
+                done.append(t)
+            elif not job.urgent:
+                blocked = True
         return [self._result(t, self._pending.pop(t)) for t in done]
 
     def wait(self, ticket: int, timeout: float | None = None) -> TransferDone:
@@ -203,5 +289,5 @@ class TransferEngine:
         """Finish every copy in flight, then stop the worker."""
         for ticket in list(self._pending):
             self.wait(ticket)
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        if self._worker is not None:
+            self._worker.close()

@@ -38,9 +38,16 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from asynchicache.cache.keys import Namespace, chain_hashes, namespace_digest
+from asynchicache.cache.keys import (
+    NATIVE_NUMERICS_VERSION,
+    NUMERICS_VERSION,
+    Namespace,
+    chain_hashes,
+    namespace_digest,
+)
 from asynchicache.engine.loader import LoadedModel, load_model
-from asynchicache.engine.runner import ForwardBatch, ModelRunner
+from asynchicache.engine.models.attention import KernelThreads
+from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.disk import parse_page_file_name
 from asynchicache.storage.disk_admin import (
@@ -104,6 +111,7 @@ class _Chains:
     """The pages of one namespace folder, linked by their headers' parent hashes."""
 
     def __init__(self, namespace: bytes, pages: dict[bytes, _Page], page_size: int) -> None:
+        self.namespace = namespace
         self.root = namespace_digest(namespace)
         self.pages = pages
         self.page_size = page_size
@@ -160,6 +168,7 @@ class DeepAudit:
         self.config = config
         self.report = AuditReport(str(config.root), config.model or "default", config.tolerance)
         self._models: dict[str, LoadedModel] = {}
+        self._kernels: dict[str, KernelThreads | None] = {}  # by dtype: the native attention
         self._unverifiable: Counter[str] = Counter()
 
     def run(self) -> AuditReport:
@@ -237,7 +246,12 @@ class DeepAudit:
         if ns.dtype not in self._models:
             self._models[ns.dtype] = load_model(self.config.model, ns.dtype, self.config.device)
         loaded = self._models[ns.dtype]
-        ours = Namespace(loaded.fingerprint, ns.dtype, ns.page_size, cache_salt=ns.cache_salt)
+        ours = Namespace(loaded.fingerprint, ns.dtype, ns.page_size, cache_salt=ns.cache_salt,
+                         numerics_version=ns.numerics_version)  # fmt: skip
+        if ns.numerics_version not in (NUMERICS_VERSION, NATIVE_NUMERICS_VERSION):
+            return "another numerics version than this engine's", None
+        if ns.numerics_version == NATIVE_NUMERICS_VERSION and self._kernel(loaded) is None:
+            return "pages of the native attention kernel, which cannot be built here", None
         if ours.encode() != namespace:
             return "another model, engine, numerics or KV layout than --model", None
         mc = loaded.config
@@ -245,6 +259,14 @@ class DeepAudit:
         if layout.shape != expected or layout.dtype != ns.dtype:
             return "a page layout this model does not make", None
         return None, loaded
+
+    def _kernel(self, loaded: LoadedModel) -> KernelThreads | None:
+        """The native attention for `loaded`'s dtype (None where it cannot be had)."""
+        weight = loaded.model.embed_tokens.weight
+        key = str(weight.dtype)
+        if key not in self._kernels:
+            self._kernels[key] = attention_kernel(loaded.config, weight.dtype, weight.device)
+        return self._kernels[key]
 
     def _draw(self, whole: list[bytes]) -> list[bytes]:
         n = self.config.sample
@@ -281,7 +303,10 @@ class DeepAudit:
         weight = loaded.model.embed_tokens.weight
         pool = torch.zeros(len(chain), mc.num_layers, 2, chains.page_size, mc.num_kv_heads,
                            mc.head_dim, dtype=weight.dtype, device=weight.device)  # fmt: skip
-        runner = ModelRunner(loaded.model, pool, chains.page_size)
+        # The attention the pages were computed with (their namespace's numerics version).
+        native = Namespace.decode(chains.namespace).numerics_version == NATIVE_NUMERICS_VERSION
+        runner = ModelRunner(loaded.model, pool, chains.page_size,
+                             self._kernel(loaded) if native else None)  # fmt: skip
         table = list(range(len(chain)))
         step = self.config.chunk_tokens
         for start in range(0, len(tokens), step):

@@ -32,9 +32,15 @@ from asynchicache.engine.protocol import (
     TokenOutput,
 )
 from asynchicache.engine.request import Request
-from asynchicache.engine.runner import ForwardBatch, ModelRunner
+from asynchicache.engine.runner import (
+    ForwardBatch,
+    ModelRunner,
+    attention_kernel,
+    numerics_version,
+)
 from asynchicache.engine.sampler import Pick
 from asynchicache.engine.scheduler import Batch, Scheduler
+from asynchicache.engine.trace import Tracer
 from asynchicache.storage.base import PageLayout, StorageTier
 
 log = logging.getLogger(__name__)
@@ -72,15 +78,20 @@ class Engine:
             page_size=cache_config.page_size,
             dtype=dtype,
         )
+        device = torch.device(engine_config.device)
+        kernel = attention_kernel(mc, dtype, device)  # its choice is part of the namespace
         self.namespace = Namespace(
-            self.loaded.fingerprint, engine_config.dtype, cache_config.page_size
+            self.loaded.fingerprint,
+            engine_config.dtype,
+            cache_config.page_size,
+            numerics_version=numerics_version(kernel),
         )
         self.cache = HiRadixCache(
             cache_config, self.layout, self.namespace, torch.device(engine_config.device), storage
         )
         self._register_pool(storage)
         self.runner = ModelRunner(
-            self.loaded.model, self.cache.device_pool.tensor, cache_config.page_size
+            self.loaded.model, self.cache.device_pool.tensor, cache_config.page_size, kernel
         )
         self.cost = CostModel.initial(
             self.layout.page_bytes, cache_config.page_size, engine_config.min_load_tokens
@@ -94,6 +105,7 @@ class Engine:
         self.computed_prompt_tokens = 0  # prompt tokens fed to the model (cache misses)
         self.failed_requests = 0  # ended by an error inside a step (engine/isolation.py)
         self.admin_ops = EngineAdmin(self)
+        self.tracer = Tracer()  # where each request's time to first token goes (trace.py)
 
     def _register_pool(self, storage: StorageTier | None) -> None:
         """Tell the cache service which shared-memory pool our L2 slot numbers index."""
@@ -142,7 +154,9 @@ class Engine:
         if error is not None:
             return TokenOutput(msg.rid, (), True, "error", n, 0, error=error)
         # A group's leader alone enters the scheduler; the others wait for its prefill.
-        self.scheduler.add(make_members(msg)[0])
+        leader = make_members(msg)[0]
+        self.scheduler.add(leader)
+        self.tracer.arrived(leader)
         return None
 
     def abort(self, rid: str, index: int | None = None) -> bool:
@@ -161,7 +175,9 @@ class Engine:
         """Run one scheduler step and one forward pass; returns new tokens.
 
         `prefill_cap`: at most this many prompt tokens this step (`Scheduler.schedule`)."""
+        self.tracer.step_began()
         batch = self.scheduler.schedule(prefill_cap)
+        self.tracer.scheduled(self.scheduler.quick_loads.landed)
         self.last_batch_size = len(batch.seqs)
         outputs: list[TokenOutput] = []
         if batch.seqs:
@@ -172,6 +188,8 @@ class Engine:
                     self.forker.end_waiting(req)
                 if not outputs_has(outputs, req.rid, req.index):
                     outputs.append(self._final_output(req, ()))
+                self.tracer.finished(req)
+        self.tracer.step_ended()
         self.steps += 1
         return outputs
 
@@ -205,9 +223,10 @@ class Engine:
         )
         if self.step_threads is not None:
             self.step_threads(batch.num_tokens)
-        t0 = time.perf_counter()
+        began, t0 = time.monotonic(), time.perf_counter()
         logits = self.runner.forward(forward)  # [seqs (+ every position of flagged), vocab]
         elapsed = time.perf_counter() - t0
+        self.tracer.forward([(s.request, s.num_new) for s in batch.seqs], began, elapsed)
         prefill_tokens = sum(s.num_new for s in batch.seqs if s.num_new > 1)
         if prefill_tokens >= 64 and prefill_tokens > len(batch.seqs):
             self.cost.prefill_tok_s.observe(batch.num_tokens, elapsed)
@@ -331,6 +350,7 @@ class Engine:
             "cache_lock_refs": sum(node.lock_ref for node in self.cache.tree.iter_nodes()),
             "prefill_tok_s_estimate": self.cost.prefill_tok_s.value,
             "torch_threads": torch.get_num_threads(),
+            "request_traces": self.tracer.summary(),
         }
 
     def _storage_stats(self) -> dict:

@@ -7,23 +7,61 @@ decodes. The runner flattens all new tokens into one `[T]` batch, builds the
 attention metadata once, and returns float32 logits for the last new token of
 each sequence only, plus, for sequences flagged in `every_position` (requests
 that want prompt logprobs), the logits of each of their new tokens.
+
+Attention reads the pool in place through the native kernel where it can
+(`attention_kernel`: float32 on CPU, a C compiler at hand); the plan then is
+one page table and one work item per sequence. Otherwise it gathers pages and
+uses torch (prefill spans, decodes in length groups).
 """
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from asynchicache.cache.keys import NATIVE_NUMERICS_VERSION, NUMERICS_VERSION
+from asynchicache.engine.models import native
 from asynchicache.engine.models.attention import (
     AttentionMetadata,
     DecodeGroup,
+    KernelThreads,
     PagedAttention,
     PrefillSpan,
 )
+from asynchicache.engine.models.config import ModelConfig
 from asynchicache.engine.models.llama import LlamaForCausalLM
+from asynchicache.engine.models.native import KernelWork
+
+
+def attention_kernel(
+    config: ModelConfig, dtype: torch.dtype, device: torch.device, use: bool | None = None
+) -> KernelThreads | None:
+    """The native attention kernel with threads to share it, or None for torch's path.
+
+    `use`: None picks the kernel where it fits and builds; False never; True requires it
+    (raises where it cannot be had). The choice changes the KV's last bits, so it is part
+    of the cache's namespace (`numerics_version`)."""
+    group = config.num_heads // config.num_kv_heads
+    fits = native.supports(dtype, torch.device(device), config.head_dim, group)
+    kernel = native.load() if fits and use is not False else None
+    if use and kernel is None:
+        raise RuntimeError("the native attention kernel does not fit or could not be built")
+    if kernel is None:
+        return None
+    cores = len(os.sched_getaffinity(0))
+    workers = ThreadPoolExecutor(cores - 1, thread_name_prefix="attention") if cores > 1 else None
+    return KernelThreads(kernel, workers)
+
+
+def numerics_version(kernel: KernelThreads | None) -> int:
+    """The cache namespace's numerics version of KV computed with or without the kernel."""
+    return NATIVE_NUMERICS_VERSION if kernel is not None else NUMERICS_VERSION
 
 
 @dataclass(frozen=True)
@@ -65,7 +103,13 @@ class ModelRunner:
     model's dtype and on its device; index 0 of the `2` axis is K, 1 is V.
     """
 
-    def __init__(self, model: LlamaForCausalLM, kv_pool: torch.Tensor, page_size: int) -> None:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_pool: torch.Tensor,
+        page_size: int,
+        kernel: KernelThreads | None = None,
+    ) -> None:
         config = model.config
         expected = (config.num_layers, 2, page_size, config.num_kv_heads, config.head_dim)
         if kv_pool.dim() != 6 or tuple(kv_pool.shape[1:]) != expected:
@@ -84,14 +128,15 @@ class ModelRunner:
         self.page_size = page_size
         self.num_pages = kv_pool.shape[0]
         self.device = weight.device
+        self.kernel = kernel
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits [num_seqs + extra, vocab] (float32): each sequence's last new token, then
         every new token of each sequence flagged in `every_position`, in batch order."""
         plan = _BatchPlan(batch, self.page_size, self.num_pages)
-        meta = plan.metadata(self.device)
-        attn = PagedAttention(self.kv_pool, meta, self.model.config.sliding_windows)
+        meta = plan.metadata(self.device, self.model.config if self.kernel else None)
+        attn = PagedAttention(self.kv_pool, meta, self.model.config.sliding_windows, self.kernel)
         input_ids = self._tensor(plan.input_ids)
         positions = self._tensor(plan.positions)
         logit_rows = self._tensor(plan.last_rows)
@@ -139,7 +184,9 @@ class _BatchPlan:
             raise ValueError(f"sequence {i} has a page id outside [0, {num_pages})")
         return table
 
-    def metadata(self, device: torch.device) -> AttentionMetadata:
+    def metadata(self, device: torch.device, kernel_for: ModelConfig | None) -> AttentionMetadata:
+        """The batch's attention metadata: the kernel's work when `kernel_for` (the model's
+        config) is given, else torch's prefill spans and decode groups."""
         write_pages = np.concatenate(
             [
                 table[np.arange(s, s + len(ids)) // self.page_size]
@@ -148,11 +195,25 @@ class _BatchPlan:
                 )
             ]
         )
-        return AttentionMetadata(
-            write_pages=torch.from_numpy(write_pages).to(device),
-            write_offsets=torch.from_numpy(self.positions % self.page_size).to(device),
-            prefills=self._prefills(device),
-            decodes=self._decodes(device),
+        pages = torch.from_numpy(write_pages).to(device)
+        offsets = torch.from_numpy(self.positions % self.page_size).to(device)
+        if kernel_for is not None:
+            return AttentionMetadata(pages, offsets, kernel_work=self._work(kernel_for))
+        return AttentionMetadata(pages, offsets, self._prefills(device), self._decodes(device))
+
+    def _work(self, config: ModelConfig) -> KernelWork:
+        """Every sequence as one kernel item: its table, first row, new rows, first position."""
+        offsets = np.cumsum([0, *(len(t) for t in self.tables)])[:-1]
+        counts = (self.ends - self.begins).tolist()
+        items = np.stack(
+            [offsets, self.begins, self.ends - self.begins, np.asarray(self.batch.starts)], axis=1
+        ).astype(np.int64)  # [seqs, 4]
+        group = config.num_heads // config.num_kv_heads
+        return KernelWork(
+            tables=torch.from_numpy(np.concatenate(self.tables)),
+            items=torch.from_numpy(np.ascontiguousarray(items)),
+            scale=1.0 / math.sqrt(config.head_dim),
+            tasks=KernelWork.count_tasks(counts, config.num_kv_heads, group),
         )
 
     def _prefills(self, device: torch.device) -> tuple[PrefillSpan, ...]:

@@ -39,6 +39,7 @@ from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.admission import MemoryBudget
 from asynchicache.engine.cost import CostModel, load_deadline
 from asynchicache.engine.prefetch import ArrivalPrefetcher, by_origin
+from asynchicache.engine.prefill_policy import QuickLoads, batch_order, partial_allowed
 from asynchicache.engine.protocol import CachedTokens
 from asynchicache.engine.request import Phase, Request
 from asynchicache.engine.sampler import request_generator
@@ -87,6 +88,7 @@ class Scheduler:
         self.loads_deferred = 0  # loads that waited a step for L1 room instead of recomputing
         self.backing_off = False  # after a preemption, admit nothing until a request ends
         self.prefetcher = ArrivalPrefetcher(cache_config, cache, cost)
+        self.quick_loads = QuickLoads(lambda pages: cost.load_seconds(pages, 0))
 
     # ----------------------------------------------------------------- queues
     def add(self, req: Request) -> None:
@@ -292,7 +294,10 @@ class Scheduler:
         self.poll()
         self._give_up_late_loads()
         self.prefetcher.top_up()
+        loading = set(self.loading)
         self._admit()
+        # L2-only loads just started land in milliseconds: in this step (prefill_policy.py).
+        self.quick_loads.wait([r for t, r in self.loading.items() if t not in loading], self.poll)
         batch = Batch()
         # Prompt tokens of all requests this step (--max-prefill-tokens), at most
         # --chunked-prefill-size of one request.
@@ -300,18 +305,21 @@ class Scheduler:
         chunk = self.config.chunked_prefill_size
         if prefill_cap is not None:
             budget = min(budget, prefill_cap)
-        # Decodes first (one token each), then prefill chunks, oldest first.
-        for req in sorted(self.running, key=lambda r: (r.is_prefill, r.arrival)):
+        # Decodes first (one token each), then prompts shortest remaining first, at most
+        # one of them not finished in this step (prefill_policy.py).
+        partials = 0
+        for req in sorted(self.running, key=batch_order):
             if req.phase is not Phase.RUNNING:
                 continue  # preempted while building this batch
             n = 1 if not req.is_prefill else min(req.remaining, chunk, budget)
-            if req.is_prefill and n <= 0:
+            if req.is_prefill and (n <= 0 or (n < req.remaining and not partial_allowed(partials))):
                 continue
             if not self._reserve(req, req.num_computed + n, batch):
                 continue
             batch.seqs.append(ScheduledSeq(req, n))
             if req.is_prefill:
                 budget -= n
+                partials += n < req.remaining
         return batch
 
     def _pages_needed(self, req: Request, upto: int) -> int:

@@ -10,11 +10,16 @@ prefill 615 -> 340 ms, but with both cores busy elsewhere a batch-8 step took
 1.6-2.7 s instead of 0.23 s with 1 thread.
 
 So by default the thread count follows what the machine leaves free
-(`ThreadGovernor`): every core when the other processes use less than a
-quarter of one, one core less for each core they keep busy, and never below
-one. It starts at cores - 1 (vLLM's CPU backend likewise keeps a core for its
-frontend) and reads the other processes' CPU use from /proc/stat. `--threads N`
-fixes the count instead.
+(`ThreadGovernor`): every core when the other processes use less than half
+of one, one core less for each core they keep busy, and never below one.
+(It was a quarter: then the HTTP process, the cache service and a benchmark
+client streaming under pressure, ~0.3 of a core together, left the engine one
+thread on two cores while vLLM computed on both. A thread descheduled a third
+of the time still leaves a big step ~1.4x one thread's pace; the barrier
+stalls measured above were with the other core busy all the time; not yet
+measured on a quiet machine.) It starts at cores - 1 (vLLM's CPU backend
+likewise keeps a core for its frontend) and reads the other processes' CPU use
+from /proc/stat. `--threads N` fixes the count instead.
 
 When it samples: a new count takes effect only after two samples in a row ask
 for it (a burst of client work does not flip it back and forth). Under load a
@@ -53,7 +58,7 @@ from pathlib import Path
 import torch
 
 # Other processes using less than this many cores leave the engine every core.
-OTHERS_SPARE = 0.25
+OTHERS_SPARE = 0.5
 SAMPLE_EVERY_S = 2.0  # a sample's span while busy with no change proposed
 QUICK_SAMPLE_S = 0.5  # while idle, just after work arrived, or to confirm a proposal
 # A shorter span when work arrives is mostly the request's own tokenization: wait.

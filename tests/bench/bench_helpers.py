@@ -1,6 +1,7 @@
 """A scripted OpenAI-style streaming server on a real socket, recording what it received.
 
-It answers `/v1/chat/completions` (stream only) after `first_delay_s` with
+It answers `/v1/chat/completions` and `/v1/completions` (stream only; a
+completion's prompt is token ids, its usage counts them) after `first_delay_s` with
 `tokens` chunks `gap_s` apart, then a usage chunk whose per-tier cached counts
 are read from the request (`cached` = 16 x the number of assistant messages,
 reported as L1 for even turns and L3 for odd ones). A user message containing
@@ -69,6 +70,12 @@ class ScriptedServer:
                 return JSONResponse({"error": {"message": "scripted failure"}}, status_code=500)
             return StreamingResponse(self._stream(body, received), media_type="text/event-stream")
 
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Response:
+            body = await request.json()
+            stream = self._completion(body, time.monotonic())
+            return StreamingResponse(stream, media_type="text/event-stream")
+
         @app.get("/v1/models")
         async def models() -> dict:
             return {"object": "list", "data": [{"id": self.model_name, "object": "model"}]}
@@ -97,6 +104,17 @@ class ScriptedServer:
             "prompt_tokens_details": {"cached_tokens": cached, "cached_tokens_by_tier": tiers},
         }
         # Recorded before the last bytes go out, so it precedes the client seeing the end.
+        self.calls.append(Call(received, time.monotonic(), body))
+        yield _event({"choices": [], "usage": usage})
+        yield b"data: [DONE]\n\n"
+
+    async def _completion(self, body: dict, received: float) -> AsyncIterator[bytes]:
+        await asyncio.sleep(self.first_delay_s)
+        for i in range(body.get("max_tokens") or self.tokens):
+            if i:
+                await asyncio.sleep(self.gap_s)
+            yield _event({"choices": [{"index": 0, "text": f" t{i}"}]})
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}
         self.calls.append(Call(received, time.monotonic(), body))
         yield _event({"choices": [], "usage": usage})
         yield b"data: [DONE]\n\n"

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from asynchicache.bench.peers import vllm
 from asynchicache.bench.vllm import ARMS, BenchConfig, _arms, _report, messages
-from asynchicache.bench.vllm_process import VllmFlags, metric_sum
+from asynchicache.bench.vllm_process import VllmFlags, VllmThreads, machine_cores, metric_sum
 
 
 def _argv(connector: str | None = None, extra_config: dict[str, str] | None = None) -> list[str]:
@@ -58,14 +61,32 @@ def test_metric_sum_matches_labels() -> None:
     assert metric_sum(metrics, "y_total") == 7.0
 
 
-def test_every_arm_reserves_the_same_cores() -> None:
+def test_every_arm_computes_on_the_same_threads() -> None:
     # vLLM reserves one more core when a connector is set; on 2 cores that
     # gives the connector arms two model threads and vLLM alone one, which
     # measured our cold arm 2x faster than vLLM alone (2.28 s vs 4.51 s).
-    arms = _arms(BenchConfig(None, reserved_cpus=1), Path("/m"), Path("/w"))
+    cores = machine_cores()
+    arms = _arms(BenchConfig(None, threads=1), Path("/m"), Path("/w"))
     assert {name: arm.env for name, arm in arms.items()} == {
-        name: {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"} for name in ("vllm", "ours", "example")
+        name: {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(cores - 1)}
+        for name in ("vllm", "ours", "example")
     }
-    assert _report(BenchConfig(None, reserved_cpus=0), {a: [1.0] for a in ARMS}, {}, 0.0)[
-        "env"
-    ] == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    report = _report(BenchConfig(None), {a: [1.0] for a in ARMS}, {}, 0.0)
+    assert report["env"] == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # default: every core
+    assert report["vllm_threads"]["threads"] == cores
+    with pytest.raises(ValueError, match="threads"):
+        BenchConfig(None, threads=cores + 1)
+
+
+def test_vllm_threads_set_the_reservation() -> None:
+    assert VllmThreads.of(2, cores=2).env() == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert VllmThreads.of(1, cores=2).env() == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
+    assert VllmThreads.of(cores=4).describe() == {
+        "threads": 4,
+        "cores": 4,
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": 0,
+    }
+    with pytest.raises(ValueError):
+        VllmThreads.of(0, cores=2)
+    peer = vllm(Path("/p"), 1, threads=VllmThreads.of(1, cores=2))
+    assert peer.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"  # bench compare's vLLM too

@@ -88,3 +88,19 @@ def test_failed_copy_is_reported_and_the_worker_survives(engine: TransferEngine)
     assert torch.equal(dst[3], src[2])
     with pytest.raises(ValueError):
         engine.submit(src, [0, 1], dst, [0])
+
+
+def test_an_urgent_copy_goes_before_background_ones(engine: TransferEngine) -> None:
+    """A load (urgent) overtakes write-throughs queued before it, even mid-copy."""
+    big_src = torch.ones(256, 64, 1024)  # 64 MiB: 16 pieces of YIELD_PAGES pages
+    big_dst = torch.zeros(256, 64, 1024)
+    writes = [engine.submit(big_src, list(range(256)), big_dst, list(range(256))) for _ in range(3)]
+    src, dst = _pools()
+    load = engine.submit(src, [1], dst, [2], urgent=True)
+    assert engine.wait(load).ok and torch.equal(dst[2], src[1])
+    # When the load was done, the background copies were not: it did not wait for them.
+    unfinished = [t for t in writes if t not in {d.ticket for d in engine.poll()}]
+    assert unfinished, "the load waited for every write queued before it"
+    for t in unfinished:
+        assert engine.wait(t).ok
+    assert big_dst.eq(1).all()

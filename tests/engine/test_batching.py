@@ -9,14 +9,26 @@ from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.request import Request
 
 
-def test_a_step_prefills_several_requests_up_to_max_prefill_tokens(make_rig: RigMaker) -> None:
+def test_a_step_takes_the_prompts_it_finishes_and_one_chunk_of_another(
+    make_rig: RigMaker,
+) -> None:
+    """Shortest remaining first; every prompt that completes, then one partial chunk, all of
+    it at most max_prefill_tokens (engine/prefill_policy.py)."""
     config = EngineConfig(
         min_load_tokens=0, chunked_prefill_size=3 * PAGE, max_prefill_tokens=8 * PAGE
     )
     rig = make_rig(device_pages=64, engine=config)
     one = SamplingParams(max_tokens=1, temperature=0.0)
-    for k in range(4):
-        rig.scheduler.add(Request(f"r{k}", tokens_for(*range(10 * k, 10 * k + 5)), one))
+    pages = {"long-old": 5, "short": 1, "long-new": 5, "short-new": 2}
+    for rid, n in pages.items():  # added in this order: arrival order
+        first = 10 * len(rid)
+        rig.scheduler.add(Request(rid, tokens_for(*range(first, first + n)), one))
     batch = rig.scheduler.schedule()
-    # Each request gets at most one chunk, all of them at most max_prefill_tokens.
-    assert [s.num_new for s in batch.seqs] == [3 * PAGE, 3 * PAGE, 2 * PAGE]
+    taken = [(s.request.rid, s.num_new) for s in batch.seqs]
+    # The two short prompts whole, then one chunk of the older long one; the newer long
+    # prompt waits (a second partial chunk would make every first token of the step wait).
+    assert taken == [("short", PAGE), ("short-new", 2 * PAGE), ("long-old", 3 * PAGE)]
+    rig.scheduler.after_forward(batch)
+    second = [(s.request.rid, s.num_new) for s in rig.scheduler.schedule().seqs]
+    # (the short ones decode, one token each, ahead of the prompts)
+    assert second[2:] == [("long-old", 2 * PAGE), ("long-new", 3 * PAGE)]  # the older first

@@ -39,8 +39,12 @@ def test_bench_prints_one_json_record(
         "ttft_l1_s",
         "ttft_l2_s",
         "ttft_l3_s",
+        "dd_read_cold_GBps",
+        "ttft_l3_bound_s",
     ):
         assert record[key] > 0, key
+    # The L3 hit's yardstick, measured in the same run: 4 pages of the tiny model's KV.
+    assert record["kv_bytes"] == 4 * (2 * 2 * 16 * 2 * 16 * 4)  # pages x (layers, K/V, ...)
     for tier in ("l1", "l2", "l3"):  # every tier served the whole prompt; its last token computes
         assert record[f"ttft_{tier}_cached_tokens"] == 63, tier
     assert record["model"] == tiny_checkpoints["qwen2"].name

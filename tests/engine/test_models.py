@@ -17,14 +17,20 @@ from engine_helpers import make_pool
 from hf_reference import hf_logits, hf_model
 
 from asynchicache.engine.loader import LoadedModel, load_model
-from asynchicache.engine.runner import ForwardBatch, ModelRunner
+from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
 
 PAGE = 8
 
 
-def our_logits(loaded: LoadedModel, prompt: list[int], prefill: int) -> torch.Tensor:
-    """[len(prompt) - prefill + 1, vocab]: logits after prompt[:prefill], then per token."""
-    runner = ModelRunner(loaded.model, make_pool(loaded, 16, PAGE), PAGE)
+def our_logits(
+    loaded: LoadedModel, prompt: list[int], prefill: int, attention: str = "torch"
+) -> torch.Tensor:
+    """[len(prompt) - prefill + 1, vocab]: logits after prompt[:prefill], then per token,
+    attending with torch or with the native kernel (`attention`)."""
+    kernel = None
+    if attention == "kernel":
+        kernel = attention_kernel(loaded.config, torch.float32, torch.device("cpu"), use=True)
+    runner = ModelRunner(loaded.model, make_pool(loaded, 16, PAGE), PAGE, kernel)
     table = [9, 3, 12, 0, 7, 15, 1, 4, 11, 2]  # scattered on purpose
     rows = [runner.forward(ForwardBatch([prompt[:prefill]], [0], [table]))[0]]
     for pos in range(prefill, len(prompt)):
@@ -39,16 +45,17 @@ def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
 
 
+@pytest.mark.parametrize("attention", ["torch", "kernel"])
 @pytest.mark.parametrize("name", list(TINY_SPECS))
 def test_tiny_architecture_matches_transformers(
-    name: str, tiny_checkpoints: dict[str, Path]
+    name: str, attention: str, tiny_checkpoints: dict[str, Path]
 ) -> None:
     folder = tiny_checkpoints[name]
     loaded = load_model(folder)
     hf = hf_model(folder)
     prompt = torch.randint(0, 1024, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     ref = hf_logits(hf, prompt)[29:]  # positions 29..39
-    ours = our_logits(loaded, prompt, prefill=30)
+    ours = our_logits(loaded, prompt, prefill=30, attention=attention)
     assert_logits_close(ours, ref)
 
 

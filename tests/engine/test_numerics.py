@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 import torch
 
-from asynchicache.cache.keys import NUMERICS_VERSION
+from asynchicache.cache.keys import NATIVE_NUMERICS_VERSION, NUMERICS_VERSION
 from asynchicache.engine.models import llama as llama_module
 from asynchicache.engine.models.config import ModelConfig, RopeConfig, RopeType
 from asynchicache.engine.models.llama import LlamaForCausalLM
 from asynchicache.engine.models.registry import get_architecture
-from asynchicache.engine.runner import ForwardBatch, ModelRunner
+from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
 
 REFERENCE = Path(__file__).with_name("numerics_reference.json")
 TOLERANCE = 1e-5
@@ -85,8 +85,9 @@ def hf_tensors(config: ModelConfig, seed: int) -> Iterator[tuple[str, torch.Tens
         yield name, torch.from_numpy(1.0 + noise if "norm" in name else noise)
 
 
-def reference_kv() -> np.ndarray:
-    """[tokens, layers, 2, kv_heads, head_dim] float32: the K/V the engine writes."""
+def reference_kv(attention: str = "torch") -> np.ndarray:
+    """[tokens, layers, 2, kv_heads, head_dim] float32: the K/V the engine writes, attending
+    with torch or with the native kernel (`attention`)."""
     with torch.device("cpu"):
         model: LlamaForCausalLM = get_architecture(CONFIG.arch).model_class(CONFIG)
     model.rotary.reset_buffers()
@@ -97,7 +98,10 @@ def reference_kv() -> np.ndarray:
     pool = torch.zeros(pages + 2, CONFIG.num_layers, 2, PAGE, CONFIG.num_kv_heads,
                        CONFIG.head_dim)  # fmt: skip
     table = list(range(pages + 1, 0, -1))[:pages]  # scattered, and page 0 left unused
-    runner = ModelRunner(model, pool, PAGE)
+    kernel = None
+    if attention == "kernel":
+        kernel = attention_kernel(CONFIG, torch.float32, torch.device("cpu"), use=True)
+    runner = ModelRunner(model, pool, PAGE, kernel)
     split = 13  # a chunked prefill: the second chunk starts mid-page
     runner.forward(ForwardBatch([PROMPT[:split]], [0], [table]))
     runner.forward(ForwardBatch([PROMPT[split:]], [split], [table]))
@@ -108,10 +112,10 @@ def reference_kv() -> np.ndarray:
     return kv[:n].numpy().copy()
 
 
-def drift(reference: dict) -> float:
+def drift(reference: dict, attention: str = "torch") -> float:
     """Largest absolute difference between today's K/V and the stored reference."""
     stored = np.asarray(reference["kv"], dtype=np.float32).reshape(reference["shape"])
-    now = reference_kv()
+    now = reference_kv(attention)
     assert now.shape == stored.shape, f"shape {now.shape} != reference {stored.shape}"
     return float(np.abs(now - stored).max())
 
@@ -132,6 +136,13 @@ def test_kv_numerics_match_the_reference_of_this_version() -> None:
         f"the previous code would be served as hits. Bump NUMERICS_VERSION in "
         f"asynchicache/cache/keys.py and rewrite {REFERENCE.name} (see this file's docstring)."
     )
+
+
+def test_the_native_kernel_stays_within_float32_noise_of_torch() -> None:
+    """Its pages are another namespace (NATIVE_NUMERICS_VERSION: other last bits), but its
+    K/V stay within the tolerance of torch's reference."""
+    assert NATIVE_NUMERICS_VERSION != NUMERICS_VERSION
+    assert drift(json.loads(REFERENCE.read_text()), "kernel") <= TOLERANCE
 
 
 def test_a_numerics_change_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@ must not change the logits (beyond float32 noise) or the greedy continuation."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ from engine_helpers import make_pool
 
 from asynchicache.engine import runner as runner_module
 from asynchicache.engine.loader import LoadedModel, load_model
-from asynchicache.engine.runner import ForwardBatch, ModelRunner, length_groups
+from asynchicache.engine.models.attention import KernelThreads
+from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel, length_groups
 
 PAGE = 8
 PAGES = 64
@@ -21,8 +23,23 @@ def prompt_of(n: int, seed: int) -> list[int]:
     return torch.randint(0, 1024, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def runner_for(loaded: LoadedModel, pool: torch.Tensor | None = None) -> ModelRunner:
-    return ModelRunner(loaded.model, make_pool(loaded, PAGES, PAGE) if pool is None else pool, PAGE)
+RunnerFactory = Callable[..., ModelRunner]
+
+
+@pytest.fixture(scope="module", params=["torch", "kernel"])
+def runner_for(request: pytest.FixtureRequest) -> RunnerFactory:
+    """Runners attending with torch (gathered pages) or with the native kernel (in place):
+    every test below holds for both."""
+
+    def make(loaded: LoadedModel, pool: torch.Tensor | None = None) -> ModelRunner:
+        kernel: KernelThreads | None = None
+        if request.param == "kernel":
+            c = loaded.config
+            kernel = attention_kernel(c, torch.float32, torch.device("cpu"), use=True)
+        pool = make_pool(loaded, PAGES, PAGE) if pool is None else pool
+        return ModelRunner(loaded.model, pool, PAGE, kernel)
+
+    return make
 
 
 def prefill_chunks(
@@ -66,7 +83,7 @@ def models(tiny_checkpoints: dict[str, Path]) -> dict[str, LoadedModel]:
 @pytest.mark.parametrize("name", ["llama3-rope-tied", "mistral-window", "qwen3"])
 @pytest.mark.parametrize("sizes", [[45], [1], [5], [3, 13], [8, 7, 9]])
 def test_chunked_prefill_equals_whole(
-    models: dict[str, LoadedModel], name: str, sizes: list[int]
+    runner_for: RunnerFactory, models: dict[str, LoadedModel], name: str, sizes: list[int]
 ) -> None:
     loaded = models[name]
     prompt = prompt_of(45, seed=3)
@@ -81,7 +98,7 @@ def test_chunked_prefill_equals_whole(
     )
 
 
-def test_cached_prefix_then_rest(models: dict[str, LoadedModel]) -> None:
+def test_cached_prefix_then_rest(runner_for: RunnerFactory, models: dict[str, LoadedModel]) -> None:
     """start > 0: the prefix's KV comes from the pool (computed by another runner call)."""
     loaded = models["llama3-rope-tied"]
     prompt = prompt_of(37, seed=4)
@@ -94,7 +111,9 @@ def test_cached_prefix_then_rest(models: dict[str, LoadedModel]) -> None:
         close(rest, whole)
 
 
-def test_pages_scattered_or_contiguous_give_same_logits(models: dict[str, LoadedModel]) -> None:
+def test_pages_scattered_or_contiguous_give_same_logits(
+    runner_for: RunnerFactory, models: dict[str, LoadedModel]
+) -> None:
     loaded = models["qwen3"]
     prompt = prompt_of(30, seed=5)
     contiguous = prefill_chunks(runner_for(loaded), prompt, [0, 1, 2, 3, 4], [11])
@@ -102,7 +121,9 @@ def test_pages_scattered_or_contiguous_give_same_logits(models: dict[str, Loaded
     close(scattered, contiguous)
 
 
-def test_kv_is_written_into_the_pool_in_place(models: dict[str, LoadedModel]) -> None:
+def test_kv_is_written_into_the_pool_in_place(
+    runner_for: RunnerFactory, models: dict[str, LoadedModel]
+) -> None:
     loaded = models["llama3-rope-tied"]
     pool = make_pool(loaded, PAGES, PAGE)
     runner = runner_for(loaded, pool)
@@ -116,7 +137,9 @@ def test_kv_is_written_into_the_pool_in_place(models: dict[str, LoadedModel]) ->
     assert pool[untouched].abs().amax() == 0
 
 
-def test_mixed_batch_equals_each_alone(models: dict[str, LoadedModel]) -> None:
+def test_mixed_batch_equals_each_alone(
+    runner_for: RunnerFactory, models: dict[str, LoadedModel]
+) -> None:
     """Prefill from 0, a prefill chunk after a prefix, and two decodes, in one batch."""
     loaded = models["mistral-window"]
     prompts = [prompt_of(n, seed=10 + n) for n in (23, 30, 19, 41)]
@@ -136,7 +159,9 @@ def test_mixed_batch_equals_each_alone(models: dict[str, LoadedModel]) -> None:
         close(mixed[i], alone[0])
 
 
-def test_decode_batch_of_different_lengths(models: dict[str, LoadedModel]) -> None:
+def test_decode_batch_of_different_lengths(
+    runner_for: RunnerFactory, models: dict[str, LoadedModel]
+) -> None:
     loaded = models["qwen3"]
     lengths = [3, 17, 9, 33, 1]
     tables = [[i * 6 + j for j in range(6)] for i in range(len(lengths))]
@@ -154,7 +179,9 @@ def test_decode_batch_of_different_lengths(models: dict[str, LoadedModel]) -> No
         close(together[i], alone[0])
 
 
-def test_logits_are_float32_one_row_per_sequence(models: dict[str, LoadedModel]) -> None:
+def test_logits_are_float32_one_row_per_sequence(
+    runner_for: RunnerFactory, models: dict[str, LoadedModel]
+) -> None:
     loaded = models["llama3-rope-tied"]
     out = runner_for(loaded).forward(
         ForwardBatch([prompt_of(9, 1), [5], prompt_of(3, 2)], [0, 0, 0], [[0, 1], [2], [3]])
@@ -163,7 +190,9 @@ def test_logits_are_float32_one_row_per_sequence(models: dict[str, LoadedModel])
     assert out.dtype == torch.float32
 
 
-def test_bad_batches_are_rejected(models: dict[str, LoadedModel]) -> None:
+def test_bad_batches_are_rejected(
+    runner_for: RunnerFactory, models: dict[str, LoadedModel]
+) -> None:
     loaded = models["llama3-rope-tied"]
     runner = runner_for(loaded)
     with pytest.raises(ValueError, match="needs 2 pages"):
@@ -191,7 +220,10 @@ def test_length_groups_minimize_padding_plus_overhead() -> None:
 
 @pytest.mark.parametrize("overhead", [0, 10**9])
 def test_decode_groups_give_each_sequence_its_own_logits(
-    models: dict[str, LoadedModel], overhead: int, monkeypatch: pytest.MonkeyPatch
+    runner_for: RunnerFactory,
+    models: dict[str, LoadedModel],
+    overhead: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Decodes of very different lengths (beyond the sliding window too) next to a
     prefill chunk, in one padded group or one group per length: as each alone."""

@@ -52,7 +52,7 @@ def test_the_governor_sets_torch_in_this_process_only() -> None:
 
 
 def test_threads_leave_what_the_others_use() -> None:
-    assert [threads_for(2, x) for x in (0.0, 0.2, 0.3, 1.0, 1.3, 5.0)] == [2, 2, 1, 1, 1, 1]
+    assert [threads_for(2, x) for x in (0.0, 0.2, 0.45, 0.6, 1.3, 5.0)] == [2, 2, 2, 1, 1, 1]
     assert [threads_for(8, x) for x in (0.1, 0.9, 2.2)] == [8, 7, 6]
 
 

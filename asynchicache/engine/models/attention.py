@@ -5,20 +5,33 @@ head_dim]`: one page is contiguous across all layers, and `pool[:, layer]` is a
 strided view of one layer. New K/V are written through `index_put_` on such
 views (never `pool[idx] = ...` on an advanced-indexed copy).
 
-Per layer, a prefill chunk attends with `scaled_dot_product_attention` to its
-prefix (gathered from its pages) and causally to its own new tokens; the decodes
-of the batch attend in a few padded SDPA calls, one per group of similar length
-(so that short sequences read little padding), their query heads folded under
-their KV head so that grouped-query attention needs no repeated K/V.
+Two ways to attend, chosen per forward by the runner:
+
+* the native kernel (`native.py`, `kernels/paged_attention.c`; float32 on CPU):
+  one call per layer for the whole batch, prefill chunks and decodes alike,
+  reading every page where it lies (no gather copy), shared by the engine's
+  threads (`KernelThreads`);
+* torch, where the kernel cannot be built or does not fit (other dtypes,
+  CUDA): a prefill chunk attends with `scaled_dot_product_attention` to its
+  prefix (gathered from its pages) and causally to its own new tokens; the
+  decodes of the batch attend in a few padded SDPA calls, one per group of
+  similar length (so that short sequences read little padding), their query
+  heads folded under their KV head so that grouped-query attention needs no
+  repeated K/V. A gather copies each page's K and V together (one contiguous
+  block of a layer per page: 8x faster than K and V apart, which copy half
+  pages through a strided view).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+
+from asynchicache.engine.models.native import KernelWork, PagedAttentionKernel
 
 
 class AttentionBackend(Protocol):
@@ -55,13 +68,40 @@ class DecodeGroup:
 
 
 @dataclass(frozen=True)
+class KernelThreads:
+    """The native kernel and the threads that share each of its calls: the calling
+    thread and `workers` (ctypes releases the GIL, so they run at once)."""
+
+    kernel: PagedAttentionKernel
+    workers: Executor | None = None
+
+    def run(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
+            work: KernelWork, window: int) -> None:  # fmt: skip
+        parts = torch.get_num_threads() if self.workers is not None else 1
+        parts = min(parts, work.tasks)
+        if parts <= 1:
+            self.kernel(k, v, q, out, work, window)
+            return
+        assert self.workers is not None
+        others = [
+            self.workers.submit(self.kernel, k, v, q, out, work, window, part, parts)
+            for part in range(1, parts)
+        ]
+        self.kernel(k, v, q, out, work, window, 0, parts)
+        for done in others:
+            done.result()
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
-    """Everything about a batch that is the same for every layer."""
+    """Everything about a batch that is the same for every layer: the kernel's work,
+    or the torch path's prefill spans and decode groups."""
 
     write_pages: torch.Tensor  # [T] page of each new token
     write_offsets: torch.Tensor  # [T] slot of each new token within its page
-    prefills: tuple[PrefillSpan, ...]
-    decodes: tuple[DecodeGroup, ...]
+    prefills: tuple[PrefillSpan, ...] = ()
+    decodes: tuple[DecodeGroup, ...] = ()
+    kernel_work: KernelWork | None = None
 
 
 class PagedAttention:
@@ -72,11 +112,13 @@ class PagedAttention:
         kv_pool: torch.Tensor,
         meta: AttentionMetadata,
         sliding_windows: tuple[int | None, ...],
+        kernel: KernelThreads | None = None,
     ) -> None:
         self.pool = kv_pool  # [pages, layers, 2, page_size, kv_heads, hd]
         self.page_size = kv_pool.shape[3]
         self.meta = meta
         self.windows = sliding_windows
+        self.kernel = kernel if meta.kernel_work is not None else None
         # Masks depend on the batch and the window only: built once, shared by layers.
         self._decode_masks: dict[tuple[int, int | None], torch.Tensor] = {}
         self._prefill_masks: dict[tuple[int, int | None], torch.Tensor] = {}
@@ -84,6 +126,11 @@ class PagedAttention:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self._write(layer, k, v)
         window = self.windows[layer]
+        if self.kernel is not None and self.meta.kernel_work is not None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, heads, hd]
+            k_pool, v_pool = self.pool[:, layer, 0], self.pool[:, layer, 1]
+            self.kernel.run(k_pool, v_pool, q, out, self.meta.kernel_work, window or 0)
+            return out
         decodes = self.meta.decodes
         if len(decodes) == 1 and decodes[0].contiguous:
             return self._decode(layer, q, 0, window)
@@ -102,10 +149,9 @@ class PagedAttention:
         self.pool[:, layer, 1].index_put_(index, v)
 
     def _gather(self, layer: int, page_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """page_ids [n] -> k, v [n * page_size, kv_heads, hd], each one contiguous copy."""
-        k = self.pool[:, layer, 0].index_select(0, page_ids)  # [n, page_size, kv_heads, hd]
-        v = self.pool[:, layer, 1].index_select(0, page_ids)
-        return k.flatten(0, 1), v.flatten(0, 1)
+        """page_ids [n] -> k, v [n * page_size, kv_heads, hd] (views of one gathered copy)."""
+        kv = self.pool[:, layer].index_select(0, page_ids)  # [n, 2, page_size, kv_heads, hd]
+        return kv[:, 0].flatten(0, 1), kv[:, 1].flatten(0, 1)
 
     def _prefill(
         self,

@@ -1,0 +1,331 @@
+/* Attention over a paged KV pool, reading K and V where they lie (no gather).
+ *
+ * Built by engine/models/native.py with the machine's C compiler
+ * (`cc -O3 -march=native`) and called through ctypes, which releases the GIL.
+ * Float32, head_dim a multiple of 16 (one 16-lane vector per 16 dims; GCC's
+ * vector extension lowers a 16-lane operation to AVX-512, two AVX2 or four
+ * NEON instructions).
+ *
+ * Pool: page p's K for token t and KV head h starts at
+ *     k_base + p * page_stride + t * token_stride + h * head_dim
+ * and V at the same offsets from v_base (both views of one layer of the
+ * page-first pool [pages, layers, 2, page_size, kv_heads, head_dim]).
+ *
+ * Work: an item is one sequence's run of query rows (a prefill chunk, or one
+ * decode row): `items[i] = {table offset, first row, rows, first row's
+ * position}`. Row r (position pos) attends causally to keys [0, pos] of its
+ * sequence, within `window` keys when window > 0. Each query head g of KV head
+ * h = g / (heads / kv_heads) reads h's keys (grouped-query attention).
+ *
+ * Tasks: an item with few rows (a decode: rows x heads <= MAX_Q) is one task over
+ * every KV head, so each of its pages is read once, in order; a longer one is a task
+ * per block of rows and KV head (up to MAX_Q query vectors: rows x the heads of the
+ * group). A task goes through its keys in chunks of up to 16 (never across a page):
+ * the chunk's K is transposed once into a [head_dim][16] block, so a query's
+ * 16 scores are head_dim vector FMAs; then an online softmax (running max
+ * and sum, as flash attention) and the chunk's V added in with broadcast
+ * weights. Exponentials are a vector polynomial (Cephes' expf: within 2 ulp).
+ */
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+#define MAX_D 256
+#define MAX_Q 96
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+
+static inline v16 vload(const float *p) { return *(const v16u *)p; }
+static inline void vstore(float *p, v16 v) { *(v16u *)p = v; }
+static inline v16 vsplat(float x) {
+    v16 z = {0};
+    return z + x;
+}
+static inline v16 vselect(i16 mask, v16 a, v16 b) { /* mask lanes -1: a, 0: b */
+    return (v16)(((i16)a & mask) | ((i16)b & ~mask));
+}
+
+/* exp(x) lane-wise for x <= 0 (a score less the running max); below -87 gives ~0. */
+static inline v16 vexp(v16 x) {
+    const v16 lo = vsplat(-87.0f);
+    x = vselect(x < lo, lo, x);
+    v16 fx = x * 1.44269504088896341f;
+    i16 n = __builtin_convertvector(fx, i16); /* truncation toward zero */
+    v16 nf = __builtin_convertvector(n, v16);
+    i16 over = nf > fx; /* floor for negatives */
+    n = n + over;       /* -1 where truncation rounded up */
+    nf = __builtin_convertvector(n, v16);
+    x = x - nf * 0.693359375f - nf * -2.12194440e-4f;
+    v16 y = vsplat(1.9875691500E-4f);
+    y = y * x + 1.3981999507E-3f;
+    y = y * x + 8.3334519073E-3f;
+    y = y * x + 4.1665795894E-2f;
+    y = y * x + 1.6666665459E-1f;
+    y = y * x + 5.0000001201E-1f;
+    y = y * x * x + x + 1.0f;
+    i16 bits = (n + 127) << 23;
+    return y * (v16)bits;
+}
+
+static inline v16 qs_vec(const float *row, int32_t c) { return *(const v16 *)(row + c * LANES); }
+
+static inline v16 vmax(v16 a, v16 b) { return vselect(a > b, a, b); }
+
+/* Horizontal max and sum as trees of shuffles (a serial chain of 16 would cost more
+ * than the 16 scores it reduces). */
+static inline float hmax(v16 v) {
+    v = vmax(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+    v = vmax(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+    v = vmax(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+    v = vmax(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+    return v[0];
+}
+
+static inline float hsum(v16 v) {
+    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return v[0];
+}
+
+typedef struct {
+    const float *k_base, *v_base;
+    int64_t page_stride, token_stride;
+    int64_t q_stride; /* floats from one query row to the next (heads x head_dim or more) */
+    int32_t heads, kv_heads, head_dim, page_size;
+    int64_t window;
+} Pool;
+
+#define QB 8 /* query vectors that share each load of K and V (a prompt's rows) */
+#define QD 4 /* the same for few vectors per KV head (a decode: the heads of a group) */
+
+/* The online softmax of query vectors [j0, j0 + qn) over one chunk of keys: scores s
+ * (unscaled: q was scaled), masked by their positions; the weights go to p, and each
+ * running max/sum and accumulator is corrected. Returns whether any key counted. */
+static inline __attribute__((always_inline)) int softmax_chunk(
+    v16 *s, float (*p)[LANES], float *m, float *l, float *corr, const int64_t *qpos, int32_t j0,
+    int32_t nq, int64_t k0, int64_t nk, int64_t window, const int32_t qn) {
+    i16 lane;
+    for (int t = 0; t < LANES; t++) lane[t] = t;
+    const i16 key = lane + (int32_t)k0; /* positions fit in int32: a context is < 2^31 */
+    int any = 0;
+    for (int32_t q = 0; q < qn; q++) {
+        const int32_t j = j0 + q;
+        corr[q] = 1.0f;
+        if (j >= nq || k0 > qpos[j]) { /* padding, or every key in its future */
+            memset(p[q], 0, sizeof(p[q]));
+            continue;
+        }
+        const int32_t pos = (int32_t)qpos[j];
+        i16 valid = (lane < (int32_t)nk) & (key <= pos);
+        if (window > 0) valid &= key > (int32_t)(pos - window);
+        v16 sj = vselect(valid, s[q], vsplat(-FLT_MAX));
+        const float cmax = hmax(sj);
+        if (cmax == -FLT_MAX) { /* all outside the window */
+            memset(p[q], 0, sizeof(p[q]));
+            continue;
+        }
+        const float mnew = cmax > m[j] ? cmax : m[j];
+        corr[q] = expf(m[j] - mnew);
+        v16 pj = vselect(valid, vexp(sj - mnew), vsplat(0.0f));
+        l[j] = l[j] * corr[q] + hsum(pj);
+        m[j] = mnew;
+        vstore(p[q], pj);
+        any = 1;
+    }
+    return any;
+}
+
+/* 16 vectors' horizontal sums as one vector, lane t the sum of v[t]: a tree of
+ * shuffles (15 steps), whose lanes come out in bit-reversed order, put back at the end. */
+static inline v16 sum16(v16 *v) {
+    for (int i = 0; i < 8; i++)
+        v[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18,
+                                       19, 20, 21, 22, 23) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24,
+                                       25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 4; i++)
+        v[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9,
+                                       10, 11, 24, 25, 26, 27) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13,
+                                       14, 15, 28, 29, 30, 31);
+    for (int i = 0; i < 2; i++)
+        v[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9,
+                                       24, 25, 12, 13, 28, 29) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11,
+                                       26, 27, 14, 15, 30, 31);
+    v16 z = __builtin_shufflevector(v[0], v[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28,
+                                    14, 30) +
+            __builtin_shufflevector(v[0], v[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29,
+                                    15, 31);
+    return __builtin_shufflevector(z, z, 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
+}
+
+/* Scores of up to QD query vectors against a chunk's keys read as they lie (no
+ * transpose: worth it for a few vectors, as a decode's group). */
+static inline __attribute__((always_inline)) void direct_scores(
+    v16 *s, float (*qs)[MAX_D], int32_t j0, const float *kp, int64_t ts, int64_t nk,
+    const int32_t D) {
+    const int32_t DV = D / LANES;
+    v16 part[QD][LANES];
+    for (int64_t t = 0; t < LANES; t++) {
+        if (t >= nk) {
+            for (int32_t b = 0; b < QD; b++) part[b][t] = vsplat(0.0f);
+            continue;
+        }
+        v16 k[MAX_D / LANES];
+        for (int32_t c = 0; c < DV; c++) k[c] = vload(kp + t * ts + c * LANES);
+        for (int32_t b = 0; b < QD; b++) {
+            v16 a = qs_vec(qs[j0 + b], 0) * k[0];
+            for (int32_t c = 1; c < DV; c++) a += qs_vec(qs[j0 + b], c) * k[c];
+            part[b][t] = a;
+        }
+    }
+    for (int32_t b = 0; b < QD; b++) s[b] = sum16(part[b]);
+}
+
+/* Query vectors of one block: rows [r0, r0 + nr) of an item, for KV heads [h0, h0 + nh)
+ * and every query head of their groups, over their keys. A chunk of keys is read once for
+ * all nh heads (a decode row takes every head: each page is read once, in order). Vector
+ * j = (head hh, row r, query g of the group) sits at j = (hh * nr + r) * group + g.
+ * Inlined per head_dim D so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void block_d(
+    const Pool *pool, const int64_t *table, const float *q, float *out, int64_t r0, int64_t nr,
+    int64_t pos0, int32_t h0, int32_t nh, float scale, const int32_t D, const int32_t QN) {
+    const int32_t DV = D / LANES, group = pool->heads / pool->kv_heads;
+    const int32_t per_head = (int32_t)nr * group, nq = nh * per_head;
+    float qs[MAX_Q + QB][MAX_D] __attribute__((aligned(64)));
+    float acc[MAX_Q + QB][MAX_D] __attribute__((aligned(64)));
+    float kt[MAX_D][LANES] __attribute__((aligned(64)));
+    float p[QB][LANES] __attribute__((aligned(64)));
+    float m[MAX_Q + QB], l[MAX_Q + QB], corr[QB];
+    int64_t qpos[MAX_Q + QB];
+    for (int32_t j = 0; j < nq; j++) {
+        const int64_t r = (j % per_head) / group;
+        const int32_t head = (h0 + j / per_head) * group + j % group;
+        const float *src = q + (r0 + r) * pool->q_stride + head * D;
+        for (int32_t i = 0; i < D; i++) qs[j][i] = src[i] * scale;
+        memset(acc[j], 0, sizeof(float) * D);
+        m[j] = -FLT_MAX;
+        l[j] = 0.0f;
+        qpos[j] = pos0 + r;
+    }
+    for (int32_t j = nq; j < nq + QB; j++) memset(qs[j], 0, sizeof(float) * D);
+    const int direct = QN == QD; /* few vectors a head: scores without the transpose */
+    const int64_t last = pos0 + nr - 1; /* keys the block's last row sees: [0, last] */
+    int64_t first = 0;
+    if (pool->window > 0 && pos0 - pool->window + 1 > 0) first = pos0 - pool->window + 1;
+    const int64_t ps = pool->page_size, ts = pool->token_stride;
+    for (int64_t k0 = first - first % ps; k0 <= last;) {
+        const int64_t page = table[k0 / ps], in_page = k0 % ps;
+        int64_t nk = ps - in_page < LANES ? ps - in_page : LANES;
+        if (k0 + nk > last + 1) nk = last + 1 - k0;
+        if (in_page == 0 && k0 + ps <= last) { /* fetch the next page while this one computes */
+            const int64_t next = table[k0 / ps + 1] * pool->page_stride;
+            const int64_t span = ps * ts; /* floats of one page's K (or V) in this layer */
+            for (int64_t f = 0; f < span; f += 16) {
+                __builtin_prefetch(pool->k_base + next + f);
+                __builtin_prefetch(pool->v_base + next + f);
+            }
+        }
+        for (int32_t hh = 0; hh < nh; hh++) {
+            const int64_t at = page * pool->page_stride + in_page * ts + (int64_t)(h0 + hh) * D;
+            const float *kp = pool->k_base + at, *vp = pool->v_base + at;
+            if (!direct)
+                for (int64_t t = 0; t < LANES; t++)
+                    for (int32_t i = 0; i < D; i++) kt[i][t] = t < nk ? kp[t * ts + i] : 0.0f;
+            const int32_t jb = hh * per_head, je = jb + per_head;
+            for (int32_t j0 = jb; j0 < je; j0 += QN) {
+                v16 s[QB];
+                if (direct) {
+                    direct_scores(s, qs, j0, kp, ts, nk, D);
+                } else {
+                    for (int32_t b = 0; b < QN; b++) s[b] = vsplat(0.0f);
+                    for (int32_t i = 0; i < D; i++) {
+                        const v16 kv = vload(kt[i]);
+                        for (int32_t b = 0; b < QN; b++) s[b] += qs[j0 + b][i] * kv;
+                    }
+                }
+                if (!softmax_chunk(s, p, m, l, corr, qpos, j0, je, k0, nk, pool->window, QN))
+                    continue;
+                for (int32_t c = 0; c < DV; c++) { /* QN accumulators of 16 dims at a time */
+                    v16 a[QB];
+                    for (int32_t b = 0; b < QN; b++) a[b] = vload(acc[j0 + b] + c * LANES) * corr[b];
+                    for (int64_t t = 0; t < nk; t++) {
+                        const v16 vt = vload(vp + t * ts + c * LANES);
+                        for (int32_t b = 0; b < QN; b++) a[b] += p[b][t] * vt;
+                    }
+                    for (int32_t b = 0; b < QN; b++) vstore(acc[j0 + b] + c * LANES, a[b]);
+                }
+            }
+        }
+        k0 += nk;
+    }
+    for (int32_t j = 0; j < nq; j++) {
+        const int64_t r = (j % per_head) / group;
+        const int32_t head = (h0 + j / per_head) * group + j % group;
+        float *dst = out + ((r0 + r) * pool->heads + head) * D;
+        const float inv = l[j] > 0.0f ? 1.0f / l[j] : 0.0f;
+        for (int32_t i = 0; i < D; i++) dst[i] = acc[j][i] * inv;
+    }
+}
+
+#define BLOCK_ARGS                                                                            \
+    const Pool *pool, const int64_t *table, const float *q, float *out, int64_t r0, int64_t nr, \
+        int64_t pos0, int32_t h0, int32_t nh, float scale
+#define BLOCK_PASS pool, table, q, out, r0, nr, pos0, h0, nh, scale
+
+/* One instance per head_dim (64, 128, any) and group shape: few vectors a KV head (a
+ * decode's group of at most QD query heads) or many (a prompt's rows). */
+static void block_64_few(BLOCK_ARGS) { block_d(BLOCK_PASS, 64, QD); }
+static void block_64_many(BLOCK_ARGS) { block_d(BLOCK_PASS, 64, QB); }
+static void block_128_few(BLOCK_ARGS) { block_d(BLOCK_PASS, 128, QD); }
+static void block_128_many(BLOCK_ARGS) { block_d(BLOCK_PASS, 128, QB); }
+static void block_any_few(BLOCK_ARGS) { block_d(BLOCK_PASS, pool->head_dim, QD); }
+static void block_any_many(BLOCK_ARGS) { block_d(BLOCK_PASS, pool->head_dim, QB); }
+
+static void block(BLOCK_ARGS) {
+    const int few = nr * (pool->heads / pool->kv_heads) <= QD;
+    if (pool->head_dim == 64) (few ? block_64_few : block_64_many)(BLOCK_PASS);
+    else if (pool->head_dim == 128) (few ? block_128_few : block_128_many)(BLOCK_PASS);
+    else (few ? block_any_few : block_any_many)(BLOCK_PASS);
+}
+
+/* items: [n_items][4] = {table offset into `tables`, first row, rows, first row's position}.
+ * q: rows of [heads][head_dim] q_stride floats apart; out: [T][heads][head_dim]. The work is a list of tasks (item, block of rows, KV head);
+ * this call does tasks task_begin, task_begin + task_step, ... (threads share a call's work
+ * by striding). Returns 0, or -1 when the shapes are unsupported. */
+int paged_attention_f32(const float *k_base, const float *v_base, int64_t page_stride,
+                        int64_t token_stride, int32_t heads, int32_t kv_heads, int32_t head_dim,
+                        int32_t page_size, int64_t window, float scale, const float *q,
+                        int64_t q_stride, float *out, const int64_t *tables, const int64_t *items,
+                        int64_t n_items, int64_t task_begin, int64_t task_step) {
+    if (head_dim % LANES || head_dim > MAX_D || kv_heads <= 0 || heads % kv_heads) return -1;
+    const int32_t group = heads / kv_heads;
+    if (group > MAX_Q || task_step <= 0) return -1;
+    const Pool pool = {k_base, v_base, page_stride, token_stride, q_stride, heads,
+                       kv_heads, head_dim, page_size, window};
+    int64_t task = 0;
+    for (int64_t i = 0; i < n_items; i++) {
+        const int64_t *it = items + 4 * i;
+        const int64_t *table = tables + it[0];
+        if (it[2] * heads <= MAX_Q) { /* few rows (a decode): every head at once */
+            if (task++ % task_step == task_begin)
+                block(&pool, table, q, out, it[1], it[2], it[3], 0, kv_heads, scale);
+            continue;
+        }
+        for (int64_t r = 0; r < it[2]; r += MAX_Q / group) {
+            const int64_t nr = it[2] - r < MAX_Q / group ? it[2] - r : MAX_Q / group;
+            for (int32_t h = 0; h < kv_heads; h++, task++)
+                if (task % task_step == task_begin)
+                    block(&pool, table, q, out, it[1] + r, nr, it[3] + r, h, 1, scale);
+        }
+    }
+    return 0;
+}

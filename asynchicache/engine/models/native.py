@@ -1,0 +1,159 @@
+"""Native kernels: C sources in `kernels/`, built once per machine with its C compiler.
+
+The paged attention kernel (`kernels/paged_attention.c`) reads K and V where
+they lie in the page pool; torch has no operation that attends over a page
+table without first gathering the pages into a contiguous copy. It is built
+with `cc -O3 -march=native` (the vector code then fits this CPU) into a cache
+folder (`$ASYNCHICACHE_KERNEL_DIR`, else `$XDG_CACHE_HOME/asynchicache/kernels`,
+else `~/.cache/asynchicache/kernels`), named by a hash of the source, the
+compiler's version and the flags, so a changed source or another machine
+type builds anew. A build goes to a temporary name and is renamed into place,
+so processes building at once never load half a file.
+
+Without a compiler (or when the build fails) `load()` returns None and logs
+why once; the engine then attends with torch (`attention.py`). The calls go
+through ctypes, which releases the GIL while the kernel runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels") / "paged_attention.c"
+MAX_Q = 96  # query vectors per block (the C source's MAX_Q)
+MAX_D = 256  # largest head_dim (MAX_D)
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno")
+# Tests set it to build into a fresh folder; operators to a shared one.
+DIR_ENV = "ASYNCHICACHE_KERNEL_DIR"
+
+_i64, _i32, _f32 = ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+_ptr = ctypes.c_void_p
+
+
+def _cache_dir() -> Path:
+    if os.environ.get(DIR_ENV):
+        return Path(os.environ[DIR_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "asynchicache" / "kernels"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _build(cc: str, folder: Path) -> Path:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:20]
+    target = folder / f"paged_attention-{key}.so"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return target
+
+
+@dataclass(frozen=True)
+class PagedAttentionKernel:
+    """`paged_attention_f32` of the built library, with its ctypes signature."""
+
+    library: Path
+    fn: ctypes._CFuncPtr  # type: ignore[name-defined]
+
+    def __call__(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
+                 work: KernelWork, window: int, part: int = 0, parts: int = 1) -> None:  # fmt: skip
+        """Attention of `work` over one layer, in place into `out`.
+
+        k, v: the layer's [pages, page_size, kv_heads, head_dim] views of the pool
+        (strided; each page's [page_size, kv_heads, head_dim] contiguous); q:
+        [T, heads, head_dim] float32 with contiguous rows of heads x head_dim (a view of
+        the fused projection is fine); out: [T, heads, head_dim] contiguous; window: keys
+        a row sees back from itself (0: all). Threads
+        share a layer by `part` of `parts` (tasks strided, see the C source)."""
+        _, page_size, kv_heads, head_dim = k.shape
+        heads = q.shape[1]
+        rc = self.fn(
+            k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), heads, kv_heads, head_dim,
+            page_size, window, work.scale, q.data_ptr(), q.stride(0), out.data_ptr(),
+            work.tables.data_ptr(), work.items.data_ptr(), work.items.shape[0], part, parts,
+        )  # fmt: skip
+        if rc != 0:
+            raise ValueError(
+                f"paged attention kernel: unsupported shape (heads {heads}, kv heads "
+                f"{kv_heads}, head_dim {head_dim})"
+            )
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    """A batch as the kernel takes it (built once per forward, `runner.py`)."""
+
+    tables: torch.Tensor  # int64 [pages]: every sequence's page table, one after another
+    items: torch.Tensor  # int64 [n, 4]: table offset, first row, rows, first row's position
+    scale: float  # of the scores (1 / sqrt(head_dim))
+    tasks: int  # (item, block of rows, KV head) triples: what threads share
+
+    @staticmethod
+    def count_tasks(rows: Sequence[int], kv_heads: int, group: int) -> int:
+        """Tasks of items of `rows` rows each, as the C source cuts them: an item whose
+        query vectors fit a block (MAX_Q) is one; else one per block of rows and KV head."""
+        per_block = MAX_Q // group
+        heads = kv_heads * group
+        return sum(1 if n * heads <= MAX_Q else kv_heads * -(-n // per_block) for n in rows)
+
+
+def supports(dtype: torch.dtype, device: torch.device, head_dim: int, group: int) -> bool:
+    """Shapes the kernel takes (see the C source: MAX_D, MAX_Q); the rest use torch.
+    `group`: query heads per KV head."""
+    return (
+        dtype == torch.float32
+        and device.type == "cpu"
+        and head_dim % 16 == 0
+        and head_dim <= MAX_D
+        and group <= MAX_Q
+    )
+
+
+@functools.cache
+def load() -> PagedAttentionKernel | None:
+    """The paged attention kernel, built on first use (once per process: a loaded library
+    is the process's anyway); None where it cannot be built, with the reason logged."""
+    cc = _compiler()
+    if cc is None:
+        log.warning("no C compiler: attention gathers pages and uses torch (slower)")
+        return None
+    try:
+        path = _build(cc, _cache_dir())
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError) as exc:
+        log.warning("paged attention kernel not built (%s); using torch", exc)
+        return None
+    fn = lib.paged_attention_f32
+    fn.restype = _i32
+    fn.argtypes = [_ptr, _ptr, _i64, _i64, _i32, _i32, _i32, _i32, _i64, _f32, _ptr, _i64,
+                   _ptr, _ptr, _ptr, _i64, _i64, _i64]  # fmt: skip
+    return PagedAttentionKernel(path, fn)

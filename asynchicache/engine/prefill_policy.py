@@ -1,0 +1,84 @@
+"""Which prompts a step computes: the ones nearest their first token first.
+
+Under memory pressure most requests are hits whose prompt is a few dozen
+tokens past a cached prefix, and some are misses of a thousand tokens. The
+batch used to take prompts oldest first, up to `--chunked-prefill-size` each
+and `--max-prefill-tokens` in all: four misses then shared every step
+(2,048 tokens, 2 s on two cores here), so each finished only when all four
+did, and a hit that arrived meanwhile waited behind a whole such step and
+then shared the next one. A step that carries first tokens was stretched by
+other requests' long prompts.
+
+So, after the decodes (one token each, first as before):
+
+* prompts go shortest remaining first (oldest first among equals): a hit's
+  few tokens are never queued behind a miss's chunk, and among misses the one
+  furthest along finishes first instead of all sharing;
+* a step computes at most one prompt it does not finish (`partial_allowed`):
+  every prompt that completes in the step (first tokens) and one chunk of the
+  next prompt in line, so a step holds one chunk of uncached work plus what is
+  about to answer, and the misses take turns rather than share.
+
+`QuickLoads`: a load served from L2 alone is a memory copy of a few
+milliseconds (a 1,000-token prefix, 45 MB, at ~10 GB/s), but the scheduler
+used to collect it at the next step, a whole step (up to seconds) later. The
+scheduler waits for such loads, started in this step, for at most a bounded
+time (twice the copy's expected time, at most `QUICK_LOAD_MAX_WAIT_S`) so the
+request joins the step it was admitted in; loads with a storage part (disk,
+Redis) are never waited for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from asynchicache.engine.request import Phase, Request
+
+QUICK_LOAD_MAX_WAIT_S = 0.02  # a copy slower than this is not worth holding a step for
+POLL_S = 0.0005
+
+
+def batch_order(req: Request) -> tuple[bool, int, float]:
+    """Sort key of the running requests for a step: decodes, then the shortest prompts."""
+    return (req.is_prefill, req.remaining if req.is_prefill else 0, req.arrival)
+
+
+def partial_allowed(partials: int) -> bool:
+    """Whether one more prompt that does not finish in this step may join it."""
+    return partials == 0
+
+
+class QuickLoads:
+    """Waits (bounded) for L2-only loads started in this step (module docstring)."""
+
+    def __init__(self, copy_seconds: Callable[[int], float]) -> None:
+        self._copy_seconds = copy_seconds  # expected seconds of an L2 -> L1 copy of n pages
+        # This step's requests whose load landed while waited for, and the seconds waited
+        # (the engine's trace counts them as load time: engine/trace.py).
+        self.landed: list[tuple[Request, float]] = []
+
+    def wait(self, started: Iterable[Request], poll: Callable[[], None]) -> None:
+        """Poll until every load of `started` that reads only L2 landed, or time is up."""
+        self.landed = []
+        quick = [r for r in started if _host_only(r)]
+        if not quick:
+            return
+        pages = sum(r.load_ticket.pages_from_host for r in quick if r.load_ticket is not None)
+        budget = min(QUICK_LOAD_MAX_WAIT_S, 2 * self._copy_seconds(pages))
+        began = time.monotonic()
+        while any(r.phase is Phase.LOADING for r in quick) and time.monotonic() - began < budget:
+            time.sleep(POLL_S)
+            poll()
+        waited = time.monotonic() - began
+        self.landed = [(r, waited) for r in quick if r.phase is not Phase.LOADING]
+
+
+def _host_only(req: Request) -> bool:
+    ticket = req.load_ticket
+    return (
+        req.phase is Phase.LOADING
+        and ticket is not None
+        and ticket.pages_from_storage == 0
+        and ticket.pages_from_host > 0
+    )

@@ -1,0 +1,68 @@
+"""The engine's per-request trace (engine/trace.py): the phases of a real run add up."""
+
+from __future__ import annotations
+
+import pytest
+
+from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.engine import Engine
+from asynchicache.engine.loader import LoadedModel
+from asynchicache.engine.protocol import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture
+def engine(tiny_llama: LoadedModel) -> Engine:
+    made = Engine(
+        EngineConfig(chunked_prefill_size=32, max_prefill_tokens=32),
+        CacheConfig(disk_cache_dir=None, host_cache_gb=0.01, device_cache_tokens=512),
+        loaded=tiny_llama,
+    )
+    yield made
+    made.cache.check_integrity()
+    made.close()
+
+
+def test_chunked_prefills_show_their_steps_and_the_wait_of_the_second(engine: Engine) -> None:
+    first, second, short = list(range(1, 97)), list(range(300, 396)), list(range(200, 220))
+    engine.generate([first, second, short], GREEDY)
+    traces = {t.prompt_tokens: t for t in engine.tracer.traces() if t.prompt_tokens != 96}
+    longs = sorted((t for t in engine.tracer.traces() if t.prompt_tokens == 96),
+                   key=lambda t: t.first_token)  # fmt: skip
+    a, b, c = longs[0], longs[1], traces[20]
+    # Step 1: the short prompt whole and 12 tokens of the first; then chunks of 32 (at most
+    # 32 prompt tokens a step, one unfinished prompt per step: prefill_policy.py).
+    assert c.steps == 1 and c.first_token < a.first_token < b.first_token
+    assert a.steps == 4 and a.computed_tokens == 96
+    assert 32 <= a.max_step_tokens <= 34  # a chunk of 32, and the others' decodes
+    assert b.computed_tokens == 96 and b.wait_s > 0  # waited while the first went
+    for t in (a, b, c):
+        assert t.ttft_s is not None and t.ttft_s > 0
+        assert t.step_s > 0 and t.max_step_s <= t.step_s and t.max_step_tokens > 0
+        assert t.admitted is not None and t.queue_s >= 0
+        # Every second of the way to the first token is in one phase or another.
+        parts = t.queue_s + t.load_s + t.wait_s + t.step_s + t.overhead_s
+        assert parts == pytest.approx(t.ttft_s, abs=1e-6)
+    summary = engine.stats()["request_traces"]
+    assert summary["requests"] == 3
+    assert summary["slowest"][0]["ttft_s"] == b.ttft_s
+    assert set(summary["ttft_s"]) == {"mean", "p50", "p90", "p99", "max"}
+
+
+def test_an_l2_hit_shows_its_load(engine: Engine) -> None:
+    prompt = list(range(1, 65))
+    engine.generate([prompt], GREEDY)
+    engine.cache.drain()
+    engine.cache.evict(engine.cache.stats().device.total)  # the prompt is on L2 alone now
+    steps = engine.steps
+    engine.generate([prompt], GREEDY)
+    # The L2 -> L1 copy landed in the step that admitted it (prefill_policy.QuickLoads):
+    # three steps for three tokens (it used to take a step more, collected a step later).
+    assert engine.steps - steps == 3
+    hit = engine.tracer.traces()[-1]
+    assert hit.cached.get("host") == 63  # its last token is computed again (copy-on-write)
+    assert hit.load_s > 0 and hit.computed_tokens == 1
+    assert hit.queue_s + hit.load_s + hit.wait_s + hit.step_s + hit.overhead_s == pytest.approx(
+        hit.ttft_s, abs=1e-6
+    )
