@@ -40,6 +40,7 @@ from asynchicache.integrations.vllm.metadata import (
 from asynchicache.integrations.vllm.service_link import (
     ExistsAnswer,
     LinkEvent,
+    ServiceConflict,
     ServiceLink,
 )
 from asynchicache.integrations.vllm.spec import VllmKVSpec
@@ -86,7 +87,12 @@ class SchedulerSide:
         self.link = ServiceLink(config, self.namespace.encode(), self.pool.name, page)
         # Start-up may wait for a service we start; one we only connect to answers at once.
         wait = config.service_start_timeout if config.start_service else 2.0
-        if not self.link.wait_connected(wait):
+        try:
+            connected = self.link.wait_connected(wait)
+        except ServiceConflict:  # another instance's service, other settings: fail the start
+            self.shutdown()
+            raise
+        if not connected:
             log.warning(
                 "no asynchicache cache service at %s yet; recomputing until one answers",
                 config.service_address,
