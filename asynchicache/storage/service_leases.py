@@ -73,9 +73,7 @@ class LeaseBook:
     def sweep(self, now: float) -> list[int]:
         """End expired leases and those whose holder is gone; returns their holders' pids."""
         ended = [
-            key
-            for key, held in self._held.items()
-            if now > held.expires or not held.holder.alive()
+            key for key, held in self._held.items() if now > held.expires or not held.holder.alive()
         ]
         return [self._held.pop(key).holder.pid for key in ended]
 
