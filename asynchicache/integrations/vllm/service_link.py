@@ -32,6 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from asynchicache.config import GIB
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.service_process import service_settings, spawn_service
 from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled
@@ -59,6 +60,13 @@ _KEYS = {
 }
 
 
+def _shown(name: str, settings: ServiceSettings) -> str:
+    value = getattr(settings, name)
+    if name == "disk_cache_bytes":
+        return f"{value / GIB:g} GiB"
+    return str(value)
+
+
 class ServiceConflict(ValueError):
     """The service at the address runs with other settings than this connector's."""
 
@@ -66,8 +74,8 @@ class ServiceConflict(ValueError):
 def conflict_message(address: str, reply: LeaseReply, wanted: ServiceSettings) -> str:
     """Which settings differ, by the connector's key names, with both values."""
     parts = [
-        f"{_KEYS.get(name, name)} (this instance: {getattr(wanted, name)!r}, "
-        f"the service: {getattr(reply.settings, name)!r})"
+        f"{_KEYS.get(name, name)} (this instance: {_shown(name, wanted)}, "
+        f"the service: {_shown(name, reply.settings)})"
         for name in reply.conflicts
     ]
     return (
@@ -216,13 +224,13 @@ class ServiceLink:
                 for done in client.poll():
                     self._report(done, tickets)
                 now = time.monotonic()
-                if client.connected and (not leased or now - last_lease > _RENEW_S):
+                if client.connected and now - last_lease > _RENEW_S:
                     last_lease = now
                     leased = self._lease(client, leased)
                 if client.connected:
                     down_since = now
-                else:
-                    leased = False
+                else:  # a service that comes back is leased at once
+                    leased, last_lease = False, 0.0
                 if leased:
                     self._connected.set()
                 else:
