@@ -225,8 +225,9 @@ def _storage(t: object) -> int:
 
 @pytest.mark.parametrize("name", BUILDERS)
 def test_a_decode_page_copies_only_its_rows(name: str) -> None:
-    """One new page in the middle of a 4-page kernel block of a split manager block (a
-    decode step's save): only that page's rows are read and copied, never the block."""
+    """One new page in the middle of an 8-page kernel block of a split manager block (a
+    decode step's save): only that page's rows are read and copied, never the block;
+    then two pages of a kernel block into slots that are not consecutive."""
     build, fmt = BUILDERS[name]
     # 6 kernel blocks of 16 tokens (3 manager blocks of 32), pages of 2 tokens
     k, v = (torch.cat([t, t]).reshape(B, 2 * N, H, D) for t in truth(8))
@@ -243,6 +244,12 @@ def test_a_decode_page_copies_only_its_rows(name: str) -> None:
     page = pool[0, 0, 0].numel()  # one page of one layer's K
     assert copied == pool[0].numel() * 4
     assert probe.numel <= page, (probe.numel, page)
+    with probe:
+        copier.save([2], pool, [2, 0], first_page=1)  # kernel block 4, pages 1 and 2
+    torch.testing.assert_close(pool[2, 0, 0], k[4, 2:4], rtol=0, atol=0)
+    torch.testing.assert_close(pool[0, 0, 1], v[4, 4:6], rtol=0, atol=0)
+    assert not pool[1].any()
+    assert probe.numel <= 2 * page, (probe.numel, page)
 
 
 def _built(
