@@ -48,6 +48,7 @@ import httpx
 from asynchicache.bench.text import text
 from asynchicache.bench.vllm_decode import DecodeLoad, decode_tok_s
 from asynchicache.bench.vllm_process import VllmFlags, VllmServer, metric_sum
+from asynchicache.storage.client import StorageClient
 
 ARMS = ("vllm_cold", "ours_restart", "example_restart", "ours_cold")
 DECODE_ARMS = ("vllm_decode", "ours_decode")
@@ -125,6 +126,9 @@ class Arm:
         if self.server is not None:
             self.server.stop()
             self.server = None
+        address = self.flags.extra_config.get("cache_service")
+        if address and not _service_gone(address, 120):  # a restart restarts it too
+            raise RuntimeError(f"the cache service at {address} outlived its vLLM")
 
     def timed(self, msgs: list[dict[str, str]]) -> float:
         assert self.server is not None
@@ -133,6 +137,21 @@ class Arm:
         time.sleep(1.0)  # the step's stats reach /metrics
         self.hit_tokens.append(self.hits(self.server) - before)
         return seconds
+
+
+def _service_gone(address: str, timeout_s: float) -> bool:
+    """Wait until no cache service answers at `address` (ours exits once the last vLLM
+    using it is gone, after its writes)."""
+    client = StorageClient.connect(address)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while client.wait_ready(0.5):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+    finally:
+        client.close()
 
 
 def _our_hits(server: VllmServer) -> float:

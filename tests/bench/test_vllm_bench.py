@@ -6,10 +6,20 @@ import json
 from pathlib import Path
 
 from bench_helpers import ScriptedServer
+from service_process import ServiceProcess
 
-from asynchicache.bench.vllm import ARMS, DECODE_ARMS, BenchConfig, _arms, _report, messages
+from asynchicache.bench.vllm import (
+    ARMS,
+    DECODE_ARMS,
+    BenchConfig,
+    _arms,
+    _report,
+    _service_gone,
+    messages,
+)
 from asynchicache.bench.vllm_decode import DecodeLoad, decode_tok_s
 from asynchicache.bench.vllm_process import VllmFlags, metric_sum
+from asynchicache.storage.client import StorageClient
 
 
 def _argv(connector: str | None = None, extra_config: dict[str, str] | None = None) -> list[str]:
@@ -107,3 +117,16 @@ def test_report_has_the_decode_rates_and_the_connector_cost() -> None:
     assert out["decode_load"] == {"clients": 8, "max_tokens": 256, "prompt_tokens": 64}
     no_decode = _report(BenchConfig(None, decode=None), times, {}, 0.0, {})
     assert "ours_decode_cost" not in no_decode
+
+
+def test_a_restart_arm_waits_for_its_cache_service_to_exit(tmp_path: Path) -> None:
+    address = f"ipc://{tmp_path}/svc.sock"
+    svc = ServiceProcess(tmp_path / "kv", address).start()
+    try:
+        probe = StorageClient.connect(address)
+        assert probe.wait_ready(30)
+        probe.close()
+        assert not _service_gone(address, 1.0)  # it answers
+    finally:
+        svc.stop()
+    assert _service_gone(address, 10.0)
