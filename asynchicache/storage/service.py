@@ -61,7 +61,7 @@ from asynchicache.storage.base import PageLayout
 from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk import DiskConfig
 from asynchicache.storage.events import StorageEvent
-from asynchicache.storage.liveness import pid_alive
+from asynchicache.storage.liveness import ProcessIdentity, pid_alive
 from asynchicache.storage.messages import (
     Cancel,
     CancelReply,
@@ -306,7 +306,8 @@ class CacheService:
         self._detach(client.segment)
         # A vLLM engine core is SIGKILLed at shutdown: nobody else removes its L2 segment.
         pid = owner_pid(client.segment)
-        if pid is not None and not pid_alive(pid) and client.segment not in self._segments:
+        gone = pid is not None and not ProcessIdentity.of(pid).alive()  # a zombie is gone
+        if gone and client.segment not in self._segments:
             (SHM_DIR / client.segment).unlink(missing_ok=True)
 
     def _sweep_clients(self) -> None:
