@@ -1,5 +1,5 @@
-"""Suite-wide fixtures and checks: no shared-memory segment outlives the tests (ours, or
-multiprocessing's that vLLM's servers make: tests/support/shm_leftovers.py); a
+"""Suite-wide fixtures and checks: no shared-memory segment of ours outlives the tests
+(tests/support/shm_leftovers.py; tests/vllm/conftest.py checks vLLM's too); a
 strict page ledger; `make_pool` for the tests that build L2 pools; transformers' SmolLM2,
 loaded once for every test that checks the default model against it."""
 
@@ -23,7 +23,7 @@ os.environ.setdefault(STRICT_ENV, "1")
 def _no_leaked_segments() -> Iterator[None]:
     before = snapshot()
     yield
-    leaked = wait_no_leftovers(before)
+    leaked = wait_no_leftovers(before, multiprocessing=False)
     assert not leaked, f"shared-memory segments leaked by the test suite: {leaked}"
 
 

@@ -170,9 +170,10 @@ class StatsReply:
 
 @dataclass(frozen=True)
 class ServiceSettings:
-    """What a service runs with that changes what its engines get: a client that leases it
-    says what it wants, and a service that runs otherwise refuses, naming the fields.
-    `disk_cache_dir` is a resolved path; None: no remote tier, or no L4 expiry."""
+    """What a service runs with that changes what its engines get (where pages live, how
+    many, which are admitted): a client that leases it says what it wants, and a service
+    that runs otherwise refuses, naming the fields. How it writes (O_DIRECT, syncs) is
+    left out. `disk_cache_dir` is a resolved path; None: no remote tier, or no L4 expiry."""
 
     disk_cache_dir: str
     disk_cache_bytes: int
@@ -180,8 +181,6 @@ class ServiceSettings:
     remote_ttl: int | None = None
     remote_admit_hits: int = 0  # L4 -> L3 promotion admission (RemoteTierConfig)
     remote_admit_tokens: int = 0
-    disk_sync: str = "batch"
-    direct_io: bool = True
 
     def differences(self, other: ServiceSettings) -> tuple[str, ...]:
         """The fields whose values differ, in field order."""

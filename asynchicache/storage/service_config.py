@@ -90,8 +90,6 @@ class ServiceConfig:
             remote.ttl_s if remote else None,
             remote.admit_hits if remote else 0,
             remote.admit_tokens if remote else 0,
-            self.sync.value,
-            self.direct_io,
         )
 
 

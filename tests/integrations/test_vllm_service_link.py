@@ -88,7 +88,6 @@ def test_the_service_outlives_the_instance_that_started_it(
     [
         ({"disk_cache_gb": 2.0}, "disk_cache_gb", ("2 GiB", "1 GiB")),
         ({"remote_url": "redis://127.0.0.1:1/0"}, "remote_url", ("redis://127.0.0.1:1/0", None)),
-        ({"direct_io": True}, "direct_io", (True, False)),
     ],
 )
 def test_an_instance_with_other_settings_fails_at_start_naming_the_setting(

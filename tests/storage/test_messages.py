@@ -51,7 +51,7 @@ from asynchicache.storage.pins import Pin
 
 H = [bytes([i]) * 16 for i in range(3)]
 SETTINGS = ServiceSettings("/var/kv", 20 << 30)
-REMOTE = ServiceSettings("/var/kv", 1 << 30, "redis://127.0.0.1:6379/0", 600, 2, 512, "none", False)
+REMOTE = ServiceSettings("/var/kv", 1 << 30, "redis://127.0.0.1:6379/0", 600, 2, 512)
 PIN = Pin(H[2].hex(), H[0], tuple(H), 8192, "tenant-a", 1_700_000_000.5, 1_700_003_600.5)
 SAMPLES = [
     Register(1, b"model\x1ffloat32", "asynchicache-1-pool-ab", PageLayout("bfloat16", (2, 2, 4))),
@@ -132,8 +132,6 @@ def test_settings_name_what_differs() -> None:
         "remote_ttl",
         "remote_admit_hits",
         "remote_admit_tokens",
-        "disk_sync",
-        "direct_io",
     )
 
 

@@ -5,11 +5,14 @@ and their resource tracker removes them unless it is killed first).
 Other programs on the machine (a benchmark, another checkout's tests) may hold segments of
 their own. A segment of ours is a leftover when its owner pid is this process or dead; a
 multiprocessing one when it appeared during the run and no live process maps it any more
-(a live server's are mapped by it).
+(a live server's are mapped by it). Those are named at random: on a shared machine another
+program's may show up too, so only the sessions that start vLLM servers check them
+(tests/vllm/conftest.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -26,18 +29,23 @@ def snapshot() -> set[str]:
 
 
 def mapped() -> set[str]:
-    """Names of the /dev/shm files some live process maps now."""
-    names: set[str] = set()
-    prefix = f"{SHM_DIR}/"
+    """Names of the /dev/shm files some live process maps now. Matched by inode: glibc's
+    sem_open maps a temporary name it then links under the real one."""
+    inodes: set[int] = set()
+    prefix = f" {SHM_DIR}/"
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
             text = maps.read_text()
         except OSError:  # gone meanwhile, or not ours to read
             continue
         for line in text.splitlines():
-            at = line.find(prefix)
-            if at >= 0:
-                names.add(line[at + len(prefix) :].removesuffix(" (deleted)"))
+            if prefix in line:
+                inodes.add(int(line.split()[4]))
+    names = set()
+    for name in os.listdir(SHM_DIR):
+        with contextlib.suppress(OSError):
+            if (SHM_DIR / name).stat().st_ino in inodes:
+                names.add(name)
     return names
 
 
@@ -46,18 +54,21 @@ def _orphaned(name: str) -> bool:
     return pid is None or pid == os.getpid() or not pid_alive(pid)
 
 
-def leftovers(before: set[str]) -> list[str]:
-    """Segments that appeared since `before` and that nobody will remove."""
+def leftovers(before: set[str], multiprocessing: bool = True) -> list[str]:
+    """Segments that appeared since `before` and that nobody will remove: ours, and
+    (`multiprocessing`) Python multiprocessing's."""
     new = snapshot() - before
     ours = {s for s in new if s.startswith(SEGMENT_PREFIX) and _orphaned(s)}
-    theirs = {s for s in new if s.startswith(MULTIPROCESSING)}
+    theirs = {s for s in new if multiprocessing and s.startswith(MULTIPROCESSING)}
     return sorted(ours | (theirs - mapped() if theirs else set()))
 
 
-def wait_no_leftovers(before: set[str], timeout_s: float = 10.0) -> list[str]:
+def wait_no_leftovers(
+    before: set[str], multiprocessing: bool = True, timeout_s: float = 10.0
+) -> list[str]:
     """`leftovers(before)` once empty, or as they are after `timeout_s` (a cache service
     removes a killed vLLM's segment at its next sweep, a tracker needs a moment)."""
     deadline = time.monotonic() + timeout_s
-    while (left := leftovers(before)) and time.monotonic() < deadline:
+    while (left := leftovers(before, multiprocessing)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left

@@ -56,7 +56,6 @@ _KEYS = {
     "disk_cache_bytes": "disk_cache_gb",
     "remote_url": "remote_url",
     "remote_ttl": "remote_ttl",
-    "direct_io": "direct_io",
 }
 
 
