@@ -77,7 +77,8 @@ class CacheStats:
     host: Occupancy | None
     page_bytes: int
     pending_transfers: int
-    pending_storage: int
+    pending_storage: int  # storage tickets in flight + stores waiting (store_queue.py)
+    stores_waiting: int = 0  # of which waiting for a quiet engine
     quarantined_slots: int = 0
     unsettled_tickets: int = 0
     page_states: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -110,7 +111,8 @@ def snapshot(parts: CacheParts) -> CacheStats:
         host=host_occ,
         page_bytes=parts.layout.page_bytes,
         pending_transfers=len(parts.transfers),
-        pending_storage=len(parts.storage_ops) + len(parts.store_queue),  # waiting ones too
+        pending_storage=len(parts.storage_ops) + len(parts.store_queue),
+        stores_waiting=len(parts.store_queue),
         quarantined_slots=host.count(*QUARANTINED),
         unsettled_tickets=len(parts.unsettled),
         page_states=dev.counts(),
