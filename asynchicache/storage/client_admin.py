@@ -81,10 +81,10 @@ class AdminRequests:
         return reply if isinstance(reply, ContentsReply) else None
 
     def lease(
-        self, holder: int, settings: ServiceSettings, ttl_s: float, timeout_s: float = 1.0
+        self, holder: int, settings: ServiceSettings | None, ttl_s: float, timeout_s: float = 1.0
     ) -> LeaseReply | None:
         """Take or renew a lease on the service for process `holder` (storage.service_leases);
-        refused, naming the fields, when `settings` are not the service's."""
+        refused, naming the fields, when `settings` (None: any) are not the service's."""
         msg = partial(Lease, holder=holder, settings=settings, ttl_s=ttl_s)
         reply = self._request(msg, timeout_s)
         return reply if isinstance(reply, LeaseReply) else None

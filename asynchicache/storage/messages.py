@@ -194,11 +194,12 @@ class ServiceSettings:
 @dataclass(frozen=True)
 class Lease:
     """Keep the service running while process `holder` lives and renews this within
-    `ttl_s` (a heartbeat); granted when `settings` equal the service's own."""
+    `ttl_s` (a heartbeat); granted when `settings` equal the service's own (None: a client
+    that would not start a service takes it as it runs)."""
 
     req_id: int
     holder: int  # a pid on the service's host
-    settings: ServiceSettings
+    settings: ServiceSettings | None
     ttl_s: float
 
     def __post_init__(self) -> None:

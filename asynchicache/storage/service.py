@@ -36,6 +36,12 @@ KV events (storage.events): each namespace's backend numbers its L3/L4
 changes; a client that registered with `events=True` gets them, in order, as
 `StorageEvents` sent by the loop thread whenever some are waiting.
 
+Leases (storage.service_leases): engines that share the service hold leases
+(`Lease`, renewed as a heartbeat; `Release`); a service started `--leased-by`
+its vLLM starter stops once none is held and no work is in flight. A client
+dropped because its pool's owner died gets its segment unlinked (a SIGKILLed
+vLLM engine core never removes its own).
+
 Configuration: storage.service_config; the process's command line:
 storage.service_cli.
 """

@@ -98,7 +98,7 @@ class LeaseDesk:
             if self.book.release(client):
                 log.info("cache service: a lease was released (%d held)", len(self.book))
             return self._reply(msg.req_id, False)
-        conflicts = self.settings.differences(msg.settings)
+        conflicts = self.settings.differences(msg.settings) if msg.settings else ()
         if conflicts:
             self.refused += 1
             log.warning(

@@ -149,3 +149,11 @@ def test_a_sigkilled_last_instance_ends_the_service_and_its_segment_goes(
         proc.wait(10)
     assert wait_service_gone(config.service_address, 30)
     assert not (SHM_DIR / segment).exists()
+
+
+def test_an_instance_that_starts_no_service_takes_the_running_one_as_it_is(
+    config: ConnectorConfig, links: Links
+) -> None:
+    assert links(config).wait_connected(60)
+    other = dataclasses.replace(config, disk_cache_gb=5.0, start_service=False)
+    assert links(other).wait_connected(20)  # leased, whatever its own disk_cache_gb says

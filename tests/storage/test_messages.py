@@ -105,6 +105,7 @@ SAMPLES = [
     ErrorReply(8, "unregistered", "register first"),
     Lease(13, 4242, SETTINGS, 30.0),
     Lease(13, 4242, REMOTE, 1.5),
+    Lease(13, 4242, None, 30.0),
     Release(14),
     LeaseReply(13, True, SETTINGS, (), 2, 999),
     LeaseReply(13, False, REMOTE, ("disk_cache_bytes", "remote_url"), 1, 999),

@@ -15,9 +15,10 @@ service answers, `exists` is 0 and tickets fail at once: vLLM recomputes.
 It holds a lease on the service (storage.service_leases) for this process,
 renewed every `_RENEW_S`, released at `close()`: the service lives while any
 vLLM instance using it lives. The lease asks for the settings of the service
-this connector would have started; a service that runs with others refuses it,
-naming them: `wait_connected` raises `ServiceConflict` at start-up, and later
-(a service restarted by another instance) the link serves by recompute.
+this connector would have started (with `start_service` off: none, it takes
+the service as it runs); a service that runs with others refuses it, naming
+them: `wait_connected` raises `ServiceConflict` at start-up, and later (a
+service restarted by another instance) the link serves by recompute.
 """
 
 from __future__ import annotations
@@ -70,10 +71,10 @@ class ServiceConflict(ValueError):
     """The service at the address runs with other settings than this connector's."""
 
 
-def conflict_message(address: str, reply: LeaseReply, wanted: ServiceSettings) -> str:
+def conflict_message(address: str, reply: LeaseReply, wanted: ServiceSettings | None) -> str:
     """Which settings differ, by the connector's key names, with both values."""
     parts = [
-        f"{_KEYS.get(name, name)} (this instance: {_shown(name, wanted)}, "
+        f"{_KEYS.get(name, name)} (this instance: {_shown(name, wanted or reply.settings)}, "
         f"the service: {_shown(name, reply.settings)})"
         for name in reply.conflicts
     ]
@@ -142,7 +143,9 @@ class ServiceLink:
         self._early: list[LinkEvent] = []  # taken by wait_events, handed out by events
         self._stop = threading.Event()
         self._connected = threading.Event()
-        self._settings = service_settings(config)
+        # What a service this connector would start runs with; one that starts none
+        # takes the service as it is.
+        self._settings = service_settings(config) if config.start_service else None
         self._conflict: str | None = None  # the service refused our lease (why)
         self._answered = threading.Event()  # leased or refused once
         self._proc: subprocess.Popen | None = None
