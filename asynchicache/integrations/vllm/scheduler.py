@@ -90,7 +90,8 @@ class SchedulerSide:
         try:
             connected = self.link.wait_connected(wait)
         except ServiceConflict:  # another instance's service, other settings: fail the start
-            self.shutdown()
+            self.link.close()
+            self.pool.close()
             raise
         if not connected:
             log.warning(
