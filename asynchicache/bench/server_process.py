@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 
 _GROUP_GRACE_S = 15.0  # a stopped server's helpers finish their clean-up within this
+_TRACKER = "multiprocessing.resource_tracker"
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -33,6 +34,13 @@ def _group_members(pgid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(stat.parent.name))
     return members
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def _group_gone(pgid: int, timeout_s: float) -> bool:
@@ -182,9 +190,17 @@ class BenchServer:
         return code
 
     def _kill_group(self) -> None:
+        """SIGKILL the group, its resource trackers last: once the processes that used
+        them are gone they remove what those left in /dev/shm, then exit."""
         assert self.proc is not None
+        pgid = self.proc.pid
+        for pid in _group_members(pgid):
+            if _TRACKER not in _cmdline(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        _group_gone(pgid, _GROUP_GRACE_S)
         with contextlib.suppress(ProcessLookupError, PermissionError):  # nothing left
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(pgid, signal.SIGKILL)
 
     def log_tail(self, n: int = 4000) -> str:
         try:
