@@ -10,6 +10,8 @@ import importlib
 import sys
 from pathlib import Path
 
+from asynchicache.config_flags import finite_float
+
 
 def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
     from asynchicache.server.options import main as serve_main
@@ -51,7 +53,8 @@ def _cmd_cache(args: argparse.Namespace, rest: list[str]) -> int:
         return _deep_verify(args)
     clear_only = {"--remote-url": args.remote_url, "--namespace": args.namespace or None,
                   "--cache-salt": args.cache_salt, "--include-pinned": args.include_pinned or None,
-                  "--all-remote-namespaces": args.all_remote_namespaces or None}  # fmt: skip
+                  "--all-remote-namespaces": args.all_remote_namespaces or None,
+                  "--force": args.force or None}  # fmt: skip
     given = [flag for flag, value in clear_only.items() if value is not None]
     if given and args.cache_cmd != "clear":
         raise SystemExit(f"asynchicache cache: {', '.join(given)} only go with clear")
@@ -82,7 +85,7 @@ def _clear(args: argparse.Namespace, root: Path) -> int:
                          "and no --cache-salt")  # fmt: skip
     try:
         request = ClearRequest(root, args.remote_url, tuple(args.namespace), args.include_pinned,
-                               args.all_remote_namespaces, root_of)  # fmt: skip
+                               args.all_remote_namespaces, root_of, args.force)  # fmt: skip
         report = clear_offline(request).as_dict()
     except ValueError as exc:
         raise SystemExit(f"asynchicache cache clear: {exc}") from None
@@ -147,7 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--model", default=None, help="--deep: the model (default: the embedded)")
     cache.add_argument("--sample", type=int, default=None, help="--deep: check N random pages")
     cache.add_argument(
-        "--tolerance", type=float, default=None, help="--deep: max abs difference (1e-3)"
+        "--tolerance",
+        type=finite_float,
+        default=None,
+        help="--deep: max abs difference (1e-3)",
     )
     cache.add_argument("--keep", action="store_true", help="--deep: report only, remove no file")
     cache.add_argument("--audit-device", default=None, help="--deep: torch device (cpu)")
@@ -168,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--all-remote-namespaces", action="store_true",
         help="clear: every asynchicache key (ackv:*) in the remote tier, known to the folder "
         "or not",
+    )  # fmt: skip
+    cache.add_argument(
+        "--force", action="store_true",
+        help="clear: also namespaces a running server uses (refused without it)",
     )  # fmt: skip
     cache.set_defaults(func=_cmd_cache)
     # No -h of its own either: `model export-hf --help` reaches the sub-command's parser.

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from numbers import Integral, Real
 from pathlib import Path
 
 
@@ -38,6 +40,32 @@ GIB = 2**30
 def default_disk_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "asynchicache" / "kv"
+
+
+def flag_of(field_name: str) -> str:
+    """The flag that sets a config field: `foo_bar` or `foo_bar_s` (seconds) -> `--foo-bar`."""
+    return "--" + field_name.removesuffix("_s").replace("_", "-")
+
+
+def check_numbers(config: object, flags: Mapping[str, str] | None = None) -> None:
+    """Every int and float field of a config dataclass holds a number of its type (a bool,
+    a string or a float where an int belongs is refused) and a finite one: nan would pass
+    every comparison below unnoticed, inf would overflow a size. The error names the
+    field's flag (`flags` for the fields whose flag is named otherwise)."""
+    for f in fields(config):  # type: ignore[arg-type]
+        kind = str(f.type).replace(" | None", "").replace("None | ", "")
+        if kind not in ("int", "float"):
+            continue
+        value = getattr(config, f.name)
+        if value is None and "None" in str(f.type):
+            continue
+        name = (flags or {}).get(f.name) or flag_of(f.name)
+        wanted = Integral if kind == "int" else Real
+        if isinstance(value, bool) or not isinstance(value, wanted):
+            what = "an integer" if kind == "int" else "a number"
+            raise ValueError(f"{name} must be {what}, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 def _positive(name: str, value: float) -> None:
@@ -82,6 +110,7 @@ class CacheConfig:
     max_pinned_fraction: float = 0.5
 
     def __post_init__(self) -> None:
+        check_numbers(self)
         _positive("--page-size", self.page_size)
         if not 0.0 <= self.max_pinned_fraction <= 1.0:
             raise ValueError(
@@ -151,6 +180,7 @@ class EngineConfig:
     threads: int | None = None  # torch threads of the engine; None = engine.threads default
 
     def __post_init__(self) -> None:
+        check_numbers(self)
         _one_of("--dtype", self.dtype, ("float32", "bfloat16", "float16"))
         _positive("--max-running-requests", self.max_running_requests)
         _positive("--decode-reserve-tokens", self.decode_reserve_tokens)
@@ -176,9 +206,20 @@ class ServerConfig:
     log_level: str = "info"
     served_model_name: str | None = None  # None = the loaded model's own name
     startup_timeout_s: float = 600.0  # model load + first health answer
-    shutdown_timeout_s: float = 15.0  # per child, before SIGKILL
+    # At SIGTERM: how long running requests may finish (then each ends with an error),
+    # and then how long each child may take to stop before SIGKILL.
+    shutdown_timeout_s: float = 15.0
+    # A larger request body is answered 413 before it is read (server/body_limit.py).
+    max_request_bytes: int = 8 * 2**20
+    # Generated tokens one HTTP request may ask (prompts x best_of x max_tokens);
+    # None: server/work_bound.py's default for the model's context.
+    max_request_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        check_numbers(self)
+        for name, key in (("--api-key", self.api_key), ("--admin-api-key", self.admin_api_key)):
+            if key is not None and not isinstance(key, str):
+                raise ValueError(f"{name} must be a string, got a {type(key).__name__}")
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must be in 1..65535, got {self.port}")
         _one_of("--log-level", self.log_level, ("debug", "info", "warning", "error", "critical"))
@@ -188,6 +229,9 @@ class ServerConfig:
             raise ValueError("--admin-api-key must not be empty")
         _positive("--startup-timeout", self.startup_timeout_s)
         _positive("--shutdown-timeout", self.shutdown_timeout_s)
+        _positive("--max-request-bytes", self.max_request_bytes)
+        if self.max_request_tokens is not None:
+            _positive("--max-request-tokens", self.max_request_tokens)
 
 
 @dataclass(frozen=True)
@@ -200,6 +244,7 @@ class ServiceTuning:
     client_ttl_s: float = 120.0  # an engine silent this long is forgotten
 
     def __post_init__(self) -> None:
+        check_numbers(self)
         _one_of("--disk-sync", self.disk_sync, ("batch", "file", "none"))
         _positive("--io-threads", self.io_threads)
         _positive("--workers", self.workers)
@@ -223,10 +268,20 @@ class LaunchConfig:
     # --kv-events-endpoint / --kv-events-replay-endpoint (engine/kv_events.py); None: off.
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
+    # Who may read them (engine/kv_event_access.py): beyond this machine only when
+    # allowed, and then with CURVE keys (the server's certificate, the clients' folder).
+    kv_events_allow_remote: bool = False
+    kv_events_curve_secret_key: Path | None = None
+    kv_events_curve_clients: Path | None = None
 
     def __post_init__(self) -> None:
+        check_numbers(self, {"host_cache_tokens": "--hiradix_cache_token_num"})
         if self.kv_events_replay_endpoint is not None and self.kv_events_endpoint is None:
             raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+        curve = (self.kv_events_curve_secret_key, self.kv_events_curve_clients)
+        if (curve[0] is None) != (curve[1] is None):
+            raise ValueError("--kv-events-curve-secret-key and --kv-events-curve-clients go "
+                             "together")  # fmt: skip
         if self.cache.remote_url is not None and not self.cache.disk_enabled:
             raise ValueError(
                 "--remote-url needs the disk tier (drop --no-disk-cache/--no-prefix-cache): "

@@ -6,6 +6,9 @@ for its class-level defaults; an enum field offers its values as choices), its h
 with the default: a default is written once, in the dataclass. `config_kwargs` reads the
 parsed values back by the same rule.
 
+A float flag parses with `finite_float`: nan and inf are refused with the flag's name
+(argparse adds it), as every config refuses them again in `__post_init__`.
+
 This module imports nothing of asynchicache, so every layer may use it.
 """
 
@@ -13,11 +16,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
 WITH_DEFAULT = " (default %(default)s)"
+
+
+def finite_float(text: str) -> float:
+    """A flag's float: a finite number (argparse names the flag in its error)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
 
 
 def add_config_flags(
@@ -30,6 +45,8 @@ def add_config_flags(
         kw: dict[str, Any] = {"default": default}
         if isinstance(default, Enum):
             kw.update(default=default.value, choices=[x.value for x in type(default)])
+        elif isinstance(default, float):
+            kw["type"] = finite_float
         elif not isinstance(default, str):
             kw["type"] = type(default)
         group.add_argument(flag, help=text + WITH_DEFAULT, **kw)

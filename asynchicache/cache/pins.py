@@ -28,7 +28,7 @@ class PinnedChain:
     pin_id: str
     pages: tuple[bytes, ...]
     expires_at: float | None = None
-    salt: str = ""
+    owner: str = ""  # the tenant, as storage.tenant_key fingerprints its salt
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at

@@ -47,6 +47,10 @@ class Residency:
         """Pages per tier as last reported."""
         return {t: len(s) for t, s in self._seen.items()}
 
+    def pages(self) -> set[bytes]:
+        """Every page of L1 and L2 as last reported."""
+        return set().union(*self._seen.values())
+
     def changes(self) -> list[StorageEvent]:
         """Events that turn the last report into the tree's contents now (removals first)."""
         if not self.changed:

@@ -17,6 +17,10 @@ other servers on the folder made.
 
 Calls to the cache service wait a bounded time: these are an operator's acts,
 rare, and the engine's loop runs them between two steps.
+
+No answer names a salt: a pin's tenant is its `owner`, a keyed fingerprint of the
+salt (storage.tenant_key; the key is the disk folder's, so every server on it names
+a tenant alike). The HTTP layer lists pins and owners to the admin key only.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from asynchicache.cache.pins import PinnedChain
 from asynchicache.engine.protocol import AdminReply, AdminRequest
 from asynchicache.storage.admin_messages import ClearReply, PinReply, PinsReply
 from asynchicache.storage.client_admin import AdminRequests
+from asynchicache.storage.tenant_key import TenantKey
 
 if TYPE_CHECKING:
     from asynchicache.engine.engine import Engine
@@ -60,6 +65,15 @@ class EngineAdmin:
         self.cache = engine.cache
         storage = engine.cache.storage
         self.storage = storage if isinstance(storage, AdminRequests) else None
+        self._tenant_key: TenantKey | None = None
+
+    def owner(self, salt: str) -> str:
+        """The tenant of `salt` as listings name it ("" for none)."""
+        if self._tenant_key is None:  # on first use: the cache service made the folder
+            root = self.cache.config.disk_cache_dir
+            self._tenant_key = (TenantKey.for_folder(root) if self.storage is not None
+                                and root is not None else TenantKey.ephemeral())  # fmt: skip
+        return self._tenant_key.owner(salt)
 
     def handle(self, msg: AdminRequest) -> AdminReply:
         try:
@@ -115,7 +129,7 @@ class EngineAdmin:
             self._drop_pins(salt)
         scope = [t for t in CLEAR_TIERS if t in wanted]
         removed = sum(t["removed"] for t in out.values())
-        return {"scope": scope, "cache_salt": salt or None, "include_pinned": include_pinned,
+        return {"scope": scope, "owner": self.owner(salt) or None, "include_pinned": include_pinned,
                 "removed": removed, "cleared": removed, "tiers": out}  # fmt: skip
 
     def _clear_storage(
@@ -139,7 +153,8 @@ class EngineAdmin:
 
     def _drop_pins(self, salt: str) -> None:
         pins = self.cache.pins
-        pins.clear(None if not salt else [c.pin_id for c in pins.chains() if c.salt == salt])
+        owner = self.owner(salt)
+        pins.clear(None if not salt else [c.pin_id for c in pins.chains() if c.owner == owner])
         self.refresh_pins()
 
     # -- pins -------------------------------------------------------------------------------
@@ -161,14 +176,15 @@ class EngineAdmin:
             raise AdminError(f"ttl_s must be positive, got {ttl_s}", "bad_request")
         hashes = self._chain(tokens, salt)
         self._check_host_room(hashes)
-        reply = self._pin_below(hashes, salt, ttl_s)
+        owner = self.owner(salt)
+        reply = self._pin_below(hashes, salt, owner, ttl_s)
         expires = reply.pin.expires_at if reply is not None and reply.pin is not None else (
             None if ttl_s is None else time.time() + ttl_s)  # fmt: skip
         pin_id = hashes[-1].hex()
-        self.cache.pins.add(PinnedChain(pin_id, hashes, expires, salt))
+        self.cache.pins.add(PinnedChain(pin_id, hashes, expires, owner))
         cached = self.cache.persist(tokens[: len(hashes) * self.cache.page_size], salt)
         return {
-            "pin_id": pin_id, "cache_salt": salt or None, "pages": len(hashes),
+            "pin_id": pin_id, "owner": owner or None, "pages": len(hashes),
             "tokens": len(hashes) * self.cache.page_size, "expires_at": expires,
             "pages_cached": cached, "persistent": reply is not None,
             "pages_on_disk": reply.pages_present if reply is not None else 0,
@@ -192,12 +208,12 @@ class EngineAdmin:
             )
 
     def _pin_below(
-        self, hashes: tuple[bytes, ...], salt: str, ttl_s: float | None
+        self, hashes: tuple[bytes, ...], salt: str, owner: str, ttl_s: float | None
     ) -> PinReply | None:
         """The pin file in the disk folder (None: no disk tier, the pin lives in L2 only)."""
         if self.storage is None:
             return None
-        reply = self.storage.pin(hashes, self._root(salt), salt, ttl_s, timeout_s=PIN_TIMEOUT_S)
+        reply = self.storage.pin(hashes, self._root(salt), owner, ttl_s, timeout_s=PIN_TIMEOUT_S)
         if reply is None:
             raise AdminError("the cache service did not answer the pin", "unavailable")
         if reply.code == "over_limit":
@@ -225,7 +241,7 @@ class EngineAdmin:
         reply = self.storage.pins(timeout_s=timeout_s)
         if reply is not None:
             self.cache.pins.replace(
-                PinnedChain(p.pin_id, p.pages, p.expires_at, p.salt) for p in reply.pins
+                PinnedChain(p.pin_id, p.pages, p.expires_at, p.owner) for p in reply.pins
             )
         return reply
 
@@ -235,7 +251,7 @@ class EngineAdmin:
         pins = self.cache.pins
         slots = self.cache.parts.host.size
         return {
-            "pinned": [{"pin_id": c.pin_id, "cache_salt": c.salt or None, "pages": len(c.pages),
+            "pinned": [{"pin_id": c.pin_id, "owner": c.owner or None, "pages": len(c.pages),
                         "expires_at": c.expires_at} for c in pins.chains()],
             "pinned_pages": pins.num_pages,
             "host_limit_pages": int(self.cache.config.max_pinned_fraction * slots),

@@ -20,6 +20,7 @@ from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.admin import EngineAdmin
 from asynchicache.engine.cost import CostModel
 from asynchicache.engine.group import Forker, make_members
+from asynchicache.engine.isolation import fail_requests, failure_message, pick_isolated
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.logprobs import collect_prompt_logprobs
 from asynchicache.engine.protocol import (
@@ -32,7 +33,7 @@ from asynchicache.engine.protocol import (
 )
 from asynchicache.engine.request import Request
 from asynchicache.engine.runner import ForwardBatch, ModelRunner
-from asynchicache.engine.sampler import Pick, pick
+from asynchicache.engine.sampler import Pick
 from asynchicache.engine.scheduler import Batch, Scheduler
 from asynchicache.storage.base import PageLayout, StorageTier
 
@@ -91,6 +92,7 @@ class Engine:
         self.eos_ids = frozenset(self.loaded.tokenizer.eos_token_ids)
         self.steps = 0
         self.computed_prompt_tokens = 0  # prompt tokens fed to the model (cache misses)
+        self.failed_requests = 0  # ended by an error inside a step (engine/isolation.py)
         self.admin_ops = EngineAdmin(self)
 
     def _register_pool(self, storage: StorageTier | None) -> None:
@@ -163,7 +165,7 @@ class Engine:
         self.last_batch_size = len(batch.seqs)
         outputs: list[TokenOutput] = []
         if batch.seqs:
-            outputs += self._run(batch)
+            outputs += self._run_isolated(batch)
         while finished := self.scheduler.drain_finished():
             for req in finished:
                 if req.group is not None:  # a leader ended before its prompt was computed
@@ -172,6 +174,19 @@ class Engine:
                     outputs.append(self._final_output(req, ()))
         self.steps += 1
         return outputs
+
+    def _run_isolated(self, batch: Batch) -> list[TokenOutput]:
+        """`_run`; if it raises, the step's requests end with an error and the engine goes
+        on (engine/isolation.py). Their final outputs come from the scheduler's drain."""
+        try:
+            return self._run(batch)
+        except Exception as exc:
+            log.exception("a step of %d requests failed; they end with an error", len(batch.seqs))
+            message = failure_message("computing a step", exc)
+            self.failed_requests += fail_requests(
+                self.scheduler, {s.request.rid for s in batch.seqs}, message
+            )
+            return []
 
     def _run(self, batch: Batch) -> list[TokenOutput]:
         every = [s.request.needs_whole_prompt for s in batch.seqs]
@@ -209,12 +224,7 @@ class Engine:
         outputs = [self._prompt_only(r) for r in ready if r.sampling.max_tokens == 0]
         ready = [r for r in ready if r.sampling.max_tokens > 0]
         rows = logits[[index[id(r)] for r in ready]]
-        picks = pick(
-            rows,
-            [r.sampling for r in ready],
-            [r.generator for r in ready],
-            [(r.prompt, r.output) for r in ready],
-        )
+        picks = pick_isolated(rows, ready)  # a row that fails to sample fails alone
         return outputs + [self._append(req, p) for req, p in zip(ready, picks, strict=True)]
 
     def _collect_prompt_logprobs(self, batch: Batch, logits: torch.Tensor) -> None:
@@ -234,7 +244,11 @@ class Engine:
         self.scheduler.finish(req, "length")
         return self._final_output(req, ())
 
-    def _append(self, req: Request, chosen: Pick) -> TokenOutput:
+    def _append(self, req: Request, chosen: Pick | BaseException) -> TokenOutput:
+        if isinstance(chosen, BaseException):
+            self.failed_requests += 1
+            self.scheduler.finish(req, "error", failure_message("sampling", chosen))
+            return self._final_output(req, ())
         token = chosen.token
         req.output.append(token)
         if chosen.logprob is not None:
@@ -312,6 +326,7 @@ class Engine:
             "loads_given_up": self.scheduler.loads_given_up,
             "loads_deferred": self.scheduler.loads_deferred,
             "computed_prompt_tokens": self.computed_prompt_tokens,
+            "failed_requests": self.failed_requests,
             # Locks held on cached pages (0 when idle: every request released its own).
             "cache_lock_refs": sum(node.lock_ref for node in self.cache.tree.iter_nodes()),
             "prefill_tok_s_estimate": self.cost.prefill_tok_s.value,

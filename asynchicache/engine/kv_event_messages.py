@@ -11,11 +11,15 @@ Wire format (ZeroMQ):
   `topic` (b"" unless configured), `seq` the batch number as 8 bytes big-endian
   (consecutive from 1: a jump means batches were lost), `payload` one
   `KVEventBatch` encoded by `encode`.
-* ROUTER `--kv-events-replay-endpoint`: a REQ (or DEALER) socket sends any frame
-  and gets back `[seq, payload]`: a `KVEventBatch` with `replay=True` holding
-  the current contents of every tier (an `AllBlocksCleared` per tier, then
-  `BlockStored` events), exact as of batch `seq`. Apply it in place of what you
-  held, then only the live batches numbered after `seq`.
+* ROUTER `--kv-events-replay-endpoint`: a REQ (or DEALER) socket sends `[b"replay"]`
+  and gets back `[seq, payload]`: a `KVEventBatch` with `replay=True`, part 0 of
+  `parts` of the current contents of every tier (an `AllBlocksCleared` per tier,
+  then `BlockStored` events), exact as of batch `seq`. A part holds at most 10,000
+  events (a stored run counts once per page: engine/kv_replay.py); ask for the
+  next with `[b"replay", seq, part]` (8 bytes each, as `seq_frame` writes them).
+  An answer that is part 0 again (of another `seq`) means the snapshot expired:
+  start over with it. Apply all parts together in place of what you held, then
+  only the live batches numbered after `seq`.
 
 `encode` / `decode` go through the one codec (asynchicache/codec.py; maps tagged
 with the type's name under "type", as vLLM's events are); `decode` checks every
@@ -66,12 +70,14 @@ KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 @dataclass(frozen=True)
 class KVEventBatch:
     """Events published together, number `seq`; `ts` is unix time. `replay`: a snapshot of
-    every tier as of batch `seq` (the replay socket's answer)."""
+    every tier as of batch `seq` (the replay socket's answer), part `part` of `parts`."""
 
     seq: int
     ts: float
     events: tuple[KVEvent, ...]
     replay: bool = False
+    part: int = 0
+    parts: int = 1
 
 
 CODEC = Codec("KV event", (KVEventBatch, BlockStored, BlockRemoved, AllBlocksCleared), "type")

@@ -11,7 +11,14 @@ numbered stream (messages: engine/kv_event_messages.py):
   the pages they describe, and resyncs from the service's contents when some
   were lost); together one sequence, so a subscriber needs one socket;
 * a router that starts late, or sees a sequence number jump, asks the replay
-  socket for the current contents (exact as of the batch number it carries).
+  socket for the current contents (exact as of the batch number it carries), in
+  parts of at most 10,000 events, a bounded number of requests per tick
+  (engine/kv_replay.py).
+
+Who may read them: engine/kv_event_access.py (a private ipc:// folder or loopback
+unless `--kv-events-allow-remote`, and then ZeroMQ CURVE). What they show: page
+hashes of every tier, and the token ids of the shared namespace's pages only; a
+`cache_salt`'s pages go out as hashes (engine/kv_event_privacy.py).
 
 Everything runs on the engine's thread, between steps (`tick()`); the PUB
 socket drops batches a slow subscriber cannot take (its high-water mark), which
@@ -22,11 +29,18 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 
 from asynchicache.cache.hierarchy import HiRadixCache
+from asynchicache.config import LaunchConfig
+from asynchicache.engine.kv_event_access import (
+    CurveGuard,
+    CurveKeys,
+    check_endpoint,
+    prepare_ipc,
+)
 from asynchicache.engine.kv_event_messages import (
     AllBlocksCleared,
     BlockRemoved,
@@ -36,11 +50,12 @@ from asynchicache.engine.kv_event_messages import (
     encode,
     seq_frame,
 )
+from asynchicache.engine.kv_event_privacy import PublicChains
+from asynchicache.engine.kv_replay import ReplayLimits, ReplayServer
 from asynchicache.engine.storage_mirror import STORAGE_TIERS, StorageMirror
 from asynchicache.storage.admin_messages import ContentsReply
 from asynchicache.storage.client import StorageClient
 from asynchicache.storage.events import PagesRemoved, PagesStored, StorageEvent
-from asynchicache.storage.sockets import queued
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +72,34 @@ class KvEventsConfig:
     topic: str = ""
     interval_s: float = 0.02  # the least time between two walks of the tree
     send_hwm: int = 10_000  # batches queued per subscriber before it loses some
+    allow_remote: bool = False  # --kv-events-allow-remote (and then `curve` is required)
+    curve: CurveKeys | None = None  # --kv-events-curve-secret-key / --kv-events-curve-clients
+    replay: ReplayLimits = field(default_factory=ReplayLimits)
 
     def __post_init__(self) -> None:
         for flag, addr in (("--kv-events-endpoint", self.endpoint),
                            ("--kv-events-replay-endpoint", self.replay_endpoint)):  # fmt: skip
-            if addr is not None and not addr.startswith(("tcp://", "ipc://", "inproc://")):
-                raise ValueError(f"{flag} must be a ZeroMQ address like tcp://127.0.0.1:5557, "
-                                 f"got {addr!r}")  # fmt: skip
+            if addr is not None:
+                check_endpoint(flag, addr, self.allow_remote, self.curve)
+        if self.curve is not None:
+            self.curve.check()
         if self.interval_s < 0:
             raise ValueError(f"the KV event interval must be >= 0, got {self.interval_s}")
+
+
+def kv_events_config(launch: LaunchConfig) -> KvEventsConfig | None:
+    """The KV events `serve` was asked for (None: off); ValueError naming the flag."""
+    if launch.kv_events_endpoint is None:
+        return None
+    curve = None
+    if launch.kv_events_curve_secret_key is not None and launch.kv_events_curve_clients:
+        curve = CurveKeys(launch.kv_events_curve_secret_key, launch.kv_events_curve_clients)
+    return KvEventsConfig(
+        launch.kv_events_endpoint,
+        launch.kv_events_replay_endpoint,
+        allow_remote=launch.kv_events_allow_remote,
+        curve=curve,
+    )
 
 
 def to_wire(event: StorageEvent, page_size: int) -> KVEvent:
@@ -92,27 +126,38 @@ class KvEventPublisher:
         self.residency = cache.residency()
         self.storage = storage
         self.mirror = StorageMirror(cache.page_size)
+        self.public = PublicChains(cache.tree.root_hash)
         self.seq = 0  # the number of the last batch published
         self._synced = storage is None
         self._last_walk = 0.0
         self._last_sync_try = 0.0
         self._topic = config.topic.encode()
-        self._pub = ctx.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.LINGER, 0)
+        self._guard = CurveGuard(ctx, config.curve) if config.curve is not None else None
+        self._pub = self._socket(ctx, zmq.PUB, config.endpoint)
         self._pub.setsockopt(zmq.SNDHWM, config.send_hwm)
         self._pub.bind(config.endpoint)
-        self._replay: zmq.Socket | None = None
+        self.replays: ReplayServer | None = None
         if config.replay_endpoint is not None:
-            self._replay = ctx.socket(zmq.ROUTER)
-            self._replay.setsockopt(zmq.LINGER, 0)
-            self._replay.bind(config.replay_endpoint)
-        log.info("publishing KV events on %s (replay: %s)", config.endpoint,
-                 config.replay_endpoint)  # fmt: skip
+            router = self._socket(ctx, zmq.ROUTER, config.replay_endpoint)
+            router.setsockopt(zmq.RCVHWM, config.replay.rcvhwm)
+            router.bind(config.replay_endpoint)
+            self.replays = ReplayServer(router, self.snapshot, config.replay)
+        log.info("publishing KV events on %s (replay: %s%s)", config.endpoint,
+                 config.replay_endpoint, "; CURVE" if self._guard else "")  # fmt: skip
+
+    def _socket(self, ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
+        prepare_ipc(endpoint)
+        sock = ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self._guard is not None:
+            self._guard.secure(sock)
+        return sock
 
     def tick(self) -> None:
         """Publish what changed (L1/L2 at most every `interval_s`); answer replay requests."""
         self._flush(force=False)
-        self._answer_replays()
+        if self.replays is not None:
+            self.replays.answer()
 
     def _flush(self, force: bool) -> None:
         events = self._storage_events()
@@ -161,7 +206,9 @@ class KvEventPublisher:
 
     def _publish(self, events: list[StorageEvent]) -> None:
         self.seq += 1
-        wire = tuple(to_wire(e, self.page_size) for e in events)
+        wire = tuple(to_wire(e, self.page_size) for e in self.public.filter(events))
+        if len(self.public) > self.public.prune_at:
+            self._prune()
         payload = encode(KVEventBatch(self.seq, time.time(), wire))
         try:
             self._pub.send_multipart([self._topic, seq_frame(self.seq), payload], zmq.NOBLOCK)
@@ -173,23 +220,15 @@ class KvEventPublisher:
         self._flush(force=True)
         events: list[StorageEvent] = [*self.residency.snapshot(), *self.mirror.snapshot()]
         wire = [AllBlocksCleared(t) for t in STORAGE_TIERS]
-        wire += [to_wire(e, self.page_size) for e in events]
+        wire += [to_wire(e, self.page_size) for e in self.public.filter(events)]
         return KVEventBatch(self.seq, time.time(), tuple(wire), replay=True)
 
-    def _answer_replays(self) -> None:
-        if self._replay is None:
-            return
-        for frames in queued(self._replay.recv_multipart):
-            # [identity, (b"" from a REQ socket), request...]: echo the envelope.
-            envelope = frames[:2] if len(frames) >= 2 and frames[1] == b"" else frames[:1]
-            batch = self.snapshot()
-            try:
-                self._replay.send_multipart([*envelope, seq_frame(batch.seq), encode(batch)],
-                                            zmq.NOBLOCK)  # fmt: skip
-            except zmq.ZMQError as exc:  # the asker went away
-                log.debug("KV event replay not sent: %s", exc)
+    def _prune(self) -> None:
+        self.public.prune(self.residency.pages().union(*self.mirror.tiers.values()))
 
     def close(self) -> None:
         self._pub.close(linger=0)
-        if self._replay is not None:
-            self._replay.close(linger=0)
+        if self.replays is not None:
+            self.replays.sock.close(linger=0)
+        if self._guard is not None:
+            self._guard.close()

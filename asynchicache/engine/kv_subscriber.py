@@ -5,7 +5,11 @@ batches, and keeps it exact: it asks the replay socket for the contents when
 it starts (batches published before its subscription took hold are lost to
 it), and again whenever a batch number jumps (batches dropped by a full
 queue, or while it was away). Batches numbered at or below the replay's are
-already in it and skipped.
+already in it and skipped. A replay comes in parts (at most 10,000 events
+each), asked for one after another and applied together.
+
+`curve`: the server's public key and this client's certificate, for an engine
+that publishes with ZeroMQ CURVE (engine/kv_event_access.py).
 
     sub = KvEventSubscriber("tcp://10.0.0.5:5557", "tcp://10.0.0.5:5558")
     sub.catch_up()
@@ -20,6 +24,7 @@ import time
 
 import zmq
 
+from asynchicache.engine.kv_event_access import ClientCurve
 from asynchicache.engine.kv_event_messages import (
     TIERS,
     AllBlocksCleared,
@@ -28,6 +33,7 @@ from asynchicache.engine.kv_event_messages import (
     KVEventBatch,
     decode,
     read_seq,
+    seq_frame,
 )
 from asynchicache.storage.sockets import queued
 
@@ -37,9 +43,15 @@ class KvEventSubscriber:
     (`catch_up`)."""
 
     def __init__(
-        self, endpoint: str, replay_endpoint: str, topic: str = "", rcvhwm: int = 10_000
+        self,
+        endpoint: str,
+        replay_endpoint: str,
+        topic: str = "",
+        rcvhwm: int = 10_000,
+        curve: ClientCurve | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.curve = curve
         self.topic = topic.encode()
         self.rcvhwm = rcvhwm
         self.tiers: dict[str, set[bytes]] = {t: set() for t in TIERS}
@@ -48,9 +60,10 @@ class KvEventSubscriber:
         self.replays = 0
         self._waiting: list[KVEventBatch] = []  # live batches while a replay is asked for
         self._replay_pending = False
+        self._parts: list[KVEventBatch] = []  # the parts of the replay received so far
         self._ctx = zmq.Context()
         self._sub: zmq.Socket | None = None
-        self._replay = self._ctx.socket(zmq.DEALER)
+        self._replay = self._socket(zmq.DEALER)
         self._replay.setsockopt(zmq.LINGER, 0)
         self._replay.connect(replay_endpoint)
         self.connect()
@@ -58,10 +71,16 @@ class KvEventSubscriber:
     def connect(self) -> None:
         """(Re)open the subscription; what was published while away shows as a gap."""
         self.disconnect()
-        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub = self._socket(zmq.SUB)
         self._sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
         self._sub.setsockopt(zmq.SUBSCRIBE, self.topic)
         self._sub.connect(self.endpoint)
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        if self.curve is not None:
+            self.curve.apply(sock)
+        return sock
 
     def disconnect(self) -> None:
         if self._sub is not None:
@@ -76,6 +95,7 @@ class KvEventSubscriber:
     def request_replay(self) -> None:
         """Ask the engine for its contents; `poll()` applies them when they come."""
         if not self._replay_pending:
+            self._parts = []
             self._replay.send_multipart([b"", b"replay"])  # a REQ socket's envelope
             self._replay_pending = True
 
@@ -127,9 +147,21 @@ class KvEventSubscriber:
             _empty, seq, payload = self._replay.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
             return 0
-        batch = decode(payload)
-        if not batch.replay or batch.seq != read_seq(seq):
+        part = decode(payload)
+        if not part.replay or part.seq != read_seq(seq) or not 0 <= part.part < part.parts:
             raise ValueError("the replay socket answered with something else than a replay")
+        if part.part == 0:
+            self._parts = []  # a first part, or the snapshot expired: start over
+        elif not self._parts or (part.seq, part.part) != (self._parts[0].seq, len(self._parts)):
+            return 0  # not the part asked for (an answer to an older request)
+        self._parts.append(part)
+        if len(self._parts) < part.parts:
+            self._replay.send_multipart([b"", b"replay", seq_frame(part.seq),
+                                         seq_frame(len(self._parts))])  # fmt: skip
+            return 0
+        events = tuple(e for p in self._parts for e in p.events)
+        batch = KVEventBatch(part.seq, part.ts, events, replay=True)
+        self._parts = []
         self._replay_pending = False
         self.replays += 1
         self._apply(batch)
@@ -139,6 +171,12 @@ class KvEventSubscriber:
             if live.seq == (self.last or 0) + 1:
                 self._apply(live)
                 applied += 1
+        if any(live.seq > (self.last or 0) for live in waiting):
+            # The replay is older than the first live batch held (the engine shares a
+            # recent snapshot between askers): what lies between is lost, ask again.
+            self.gaps += 1
+            self._waiting = [b for b in waiting if b.seq > (self.last or 0)]
+            self.request_replay()
         return applied
 
     def _apply(self, batch: KVEventBatch) -> None:

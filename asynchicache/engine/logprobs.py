@@ -16,6 +16,9 @@ import torch
 
 from asynchicache.engine.protocol import TokenLogprob
 
+# What an impossible token's logprob reads (vLLM and OpenAI report -9999.0 too).
+LOGPROB_FLOOR = -9999.0
+
 
 def token_logprobs(
     logits: torch.Tensor, chosen: Sequence[int], top: Sequence[int]
@@ -25,7 +28,10 @@ def token_logprobs(
         raise ValueError(f"{logits.shape[0]} logit rows, {len(chosen)} tokens, {len(top)} tops")
     if not chosen:
         return []
+    # A -inf or NaN logprob (non-finite logits) is reported as LOGPROB_FLOOR: JSON has no
+    # infinities, and a client's sum of logprobs must stay a number.
     logp = torch.log_softmax(logits.float(), dim=-1)  # [n, vocab]
+    logp = torch.nan_to_num(logp, nan=LOGPROB_FLOOR, neginf=LOGPROB_FLOOR, posinf=0.0)
     ids = torch.tensor(chosen, device=logp.device)[:, None]
     picked = logp.gather(1, ids)[:, 0].tolist()  # [n]
     k = max(top)

@@ -8,7 +8,9 @@
   positive and multiplied by it when negative.
 
 They change what is sampled (greedy included), never the logprobs reported,
-which come from the raw distribution.
+which come from the raw distribution. A penalized logit that leaves the float
+range (a large penalty on a large logit) is clamped to it, and a NaN becomes
+-inf, so greedy and sampling always find a token (`sampler.finite_logits`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def apply_penalties(
     for i in rows:
         prompt, output = histories[i]
         out[i] = _penalize(out[i], params[i], prompt, output)
-    return out
+    big = torch.finfo(out.dtype).max
+    return torch.nan_to_num(out, nan=float("-inf"), posinf=big)
 
 
 def _penalize(

@@ -19,6 +19,7 @@ import zmq
 
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
+from asynchicache.engine.isolation import failure_message
 from asynchicache.engine.kv_events import KvEventsConfig
 from asynchicache.engine.protocol import (
     AbortRequest,
@@ -37,6 +38,7 @@ from asynchicache.storage.sockets import queued
 log = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 5
+SEND_WAIT_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,7 @@ class EngineLoop:
             log.warning("dropping a malformed message: %s", exc)
             return
         if isinstance(msg, GenerateRequest):
-            early = self.engine.add_request(msg)
-            if early is not None:
-                self._send(early)
+            self._add(msg)
         elif isinstance(msg, AbortRequest):
             self.engine.abort(msg.rid, msg.index)
         elif isinstance(msg, AdminRequest):
@@ -99,8 +99,33 @@ class EngineLoop:
         else:
             log.warning("dropping an unexpected message type %s", type(msg).__name__)
 
+    def _add(self, msg: GenerateRequest) -> None:
+        """Queue a request; one that cannot be queued is answered with an error, never
+        allowed to end the loop (and every other request with it)."""
+        try:
+            early = self.engine.add_request(msg)
+        except Exception as exc:
+            log.exception("request %s could not be queued", msg.rid)
+            error = failure_message("queueing", exc)
+            n = len(msg.prompt_token_ids)
+            early = TokenOutput(msg.rid, (), True, "error", n, 0, error=error)
+        if early is not None:
+            self._send(early)
+
     def _send(self, msg: object) -> None:
-        self.push.send(encode(msg), copy=False)
+        """Send without blocking for long: a PUSH socket with no HTTP process connected (it
+        stopped first at shutdown, or is gone) would block forever, and a blocked send
+        retries through SIGTERM. Wait up to SEND_WAIT_MS for one, then drop the message."""
+        data = encode(msg)
+        try:
+            self.push.send(data, zmq.NOBLOCK, copy=False)
+            return
+        except zmq.Again:
+            pass
+        if self.push.poll(SEND_WAIT_MS, zmq.POLLOUT):
+            self.push.send(data, zmq.NOBLOCK, copy=False)
+        else:
+            log.warning("no HTTP process takes outputs; dropped a %s", type(msg).__name__)
 
     def _drain(self, wait_ms: int) -> None:
         if not self.pull.poll(wait_ms):

@@ -15,6 +15,13 @@ from asynchicache.codec import Codec
 
 # The most alternatives a client may ask per token (OpenAI's chat limit; vLLM's default).
 MAX_LOGPROBS = 20
+# repetition_penalty divides or multiplies logits: bounded away from 0 and infinity, so
+# a penalized logit stays a number (vLLM takes any finite positive value; 1e-308 once
+# turned every logit into inf). The server refuses values outside with a 400.
+MIN_REPETITION_PENALTY = 0.01
+# Below this a temperature is greedy (as in vLLM): logits / 1e-6 overflow float32.
+MIN_TEMPERATURE = 1e-5
+MAX_REPETITION_PENALTY = 100.0
 
 
 @dataclass(frozen=True)
@@ -51,18 +58,23 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
     repetition_penalty: float = 1.0  # divides (or multiplies) logits of prompt and output tokens
     logit_bias: tuple[LogitBias, ...] = ()
+    min_p: float = 0.0  # drop tokens below min_p x the best token's probability (0: off)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0 or (self.max_tokens == 0 and self.prompt_logprobs is None):
             raise ValueError(
                 f"max_tokens must be positive (0 only with prompt_logprobs), got {self.max_tokens}"
             )
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ValueError("seed must be in [-2**63, 2**64) (what torch's generators take)")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and not 0 <= k <= MAX_LOGPROBS:
@@ -70,14 +82,17 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if not 0 < self.repetition_penalty < math.inf:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(
+                f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, "
+                f"{MAX_REPETITION_PENALTY}], got {self.repetition_penalty}"
+            )
         if any(not -100 <= b.bias <= 100 for b in self.logit_bias):
             raise ValueError("logit_bias values must be in [-100, 100]")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < MIN_TEMPERATURE or self.top_k == 1
 
     @property
     def penalized(self) -> bool:

@@ -5,22 +5,20 @@
     GET  /cache/stats             POST /cache/lookup             POST /cache/clear
     POST /cache/pin               POST /cache/unpin              (server/cache_admin.py)
 
-With an API key configured, every endpoint but `/health` and `/ready` wants
-`Authorization: Bearer <key>`. With an admin key configured, the routes that
-drop or pin cache contents (`ADMIN_PATHS`) want that key instead.
+Keys: server/auth.py (every endpoint but `/health` and `/ready` wants the API key;
+the admin key opens the cache admin routes and everything else).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from asynchicache.server import completions
+from asynchicache.server.auth import ADMIN_PATHS, PUBLIC_PATHS, APIKeyMiddleware
 from asynchicache.server.cache_admin import add_cache_routes, admin
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineUnavailable
@@ -33,50 +31,11 @@ from asynchicache.server.schemas import (
     ModelList,
 )
 
+__all__ = ["ADMIN_PATHS", "PUBLIC_PATHS", "APIKeyMiddleware", "create_app"]
+
 log = logging.getLogger(__name__)
 
-PUBLIC_PATHS = frozenset({"/health", "/ready"})
-ADMIN_PATHS = frozenset({"/cache/clear", "/cache/pin", "/cache/unpin"})
 STATS_TIMEOUT_S = 5.0
-
-
-class APIKeyMiddleware:
-    """Rejects requests without the right bearer token (plain ASGI: streams pass untouched).
-
-    `api_key` guards every path but `PUBLIC_PATHS`; `admin_api_key`, when set,
-    replaces it on `ADMIN_PATHS` (clearing or pinning the cache is an
-    operator's act, not a client's). None: that key is not required.
-    """
-
-    def __init__(self, app: ASGIApp, api_key: str | None, admin_api_key: str | None) -> None:
-        self.app = app
-        self._key = api_key.encode() if api_key is not None else None
-        self._admin_key = admin_api_key.encode() if admin_api_key is not None else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
-            await self.app(scope, receive, send)
-            return
-        admin = scope["path"] in ADMIN_PATHS and self._admin_key is not None
-        wanted = self._admin_key if admin else self._key
-        if wanted is None or _bearer_matches(scope, wanted):
-            await self.app(scope, receive, send)
-            return
-        what = "admin API key" if admin else "API key"
-        err = APIError(
-            401,
-            f"Incorrect or missing {what}; send 'Authorization: Bearer <key>'.",
-            code="invalid_api_key",
-        )
-        await err.response()(scope, receive, send)
-
-
-def _bearer_matches(scope: Scope, key: bytes) -> bool:
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            scheme, _, token = value.partition(b" ")
-            return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key)
-    return False
 
 
 def _routes(app: FastAPI, ctx: AppContext) -> None:

@@ -9,16 +9,24 @@
 The engine does the work (engine/admin.py); an op it refuses answers with the
 status its code names: "bad_request" 400, "over_limit" 409 (a pin past
 --max-pinned-fraction), "unavailable" 503.
+
+Tenants: no answer names a salt (a pin's tenant is its `owner`, a keyed
+fingerprint), and the list of pins with their owners goes to the admin only
+(server/auth.py); others see the counts. A lookup reads one namespace, the shared
+one or the `cache_salt` the caller sends: the salt is the tenant's secret, and
+nothing lists salts, so a caller learns only what its own requests could.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
+from asynchicache.server.auth import is_admin
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineUnavailable
 from asynchicache.server.errors import APIError
@@ -55,17 +63,33 @@ async def admin(
 
 
 def prompt_ids(ctx: AppContext, body: LookupRequest) -> list[int]:
-    """The token ids of a body's `prompt` (text or ids) or `messages` (chat template)."""
+    """The token ids of a body's `prompt` (text or ids) or `messages` (chat template), at
+    most the context length (the length checked before the ids, the text's bytes before
+    it is tokenized: server/bounded_tokenizer.py)."""
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "send exactly one of 'prompt' and 'messages'", param="prompt")
     if body.messages is not None:
-        return chat_prompt_ids(ctx, ChatCompletionRequest(messages=body.messages))
-    if isinstance(body.prompt, str):
-        return ctx.tokenizer.encode(body.prompt, add_special_tokens=False)
-    ids = list(body.prompt or [])
+        ids = chat_prompt_ids(ctx, ChatCompletionRequest(messages=body.messages))
+    elif isinstance(body.prompt, str):
+        ids = ctx.tokenizer.encode(body.prompt, add_special_tokens=False)
+    else:
+        ids = list(body.prompt or [])
+    _check_length(ctx, len(ids))
     if any(not 0 <= t < ctx.model.vocab_size for t in ids):
         raise APIError(400, "a token id is outside the vocabulary", param="prompt")
     return ids
+
+
+async def prompt_ids_off_loop(ctx: AppContext, body: LookupRequest) -> list[int]:
+    """`prompt_ids` in a worker thread: tokenizing a long prompt must not hold up others."""
+    return await asyncio.to_thread(prompt_ids, ctx, body)
+
+
+def _check_length(ctx: AppContext, n: int) -> None:
+    if n > ctx.model.max_model_len:
+        raise APIError(400, f"the prompt has {n} tokens; this model's context is "
+                       f"{ctx.model.max_model_len}", param="prompt",
+                       code="context_length_exceeded")  # fmt: skip
 
 
 async def _compute(ctx: AppContext, ids: list[int], salt: str) -> None:
@@ -85,15 +109,18 @@ async def _compute(ctx: AppContext, ids: list[int], salt: str) -> None:
 
 def add_cache_routes(app: FastAPI, ctx: AppContext) -> None:
     @app.get("/cache/stats")
-    async def cache_stats(integrity: bool = False) -> dict[str, Any]:
+    async def cache_stats(request: Request, integrity: bool = False) -> dict[str, Any]:
         payload = await admin(ctx, "stats")
+        pins = payload.get("pins")
+        if isinstance(pins, dict) and not is_admin(request):
+            payload["pins"] = {k: v for k, v in pins.items() if k != "pinned"}  # counts only
         if integrity:  # ?integrity=true: also run the cache's check_integrity() (soak, tests)
             payload["integrity"] = await admin(ctx, "integrity")
         return payload
 
     @app.post("/cache/lookup")
     async def cache_lookup(body: LookupRequest) -> dict[str, Any]:
-        ids = prompt_ids(ctx, body)
+        ids = await prompt_ids_off_loop(ctx, body)
         payload = await admin(ctx, "lookup", token_ids=tuple(ids), cache_salt=body.cache_salt or "")
         return {"prompt_tokens": len(ids), "cached_tokens_by_tier": payload}
 
@@ -106,7 +133,7 @@ def add_cache_routes(app: FastAPI, ctx: AppContext) -> None:
 
     @app.post("/cache/pin")
     async def cache_pin(body: PinRequest) -> dict[str, Any]:
-        ids = prompt_ids(ctx, body)
+        ids = await prompt_ids_off_loop(ctx, body)
         salt = body.cache_salt or ""
         full = len(ids) // ctx.model.page_size * ctx.model.page_size
         if full == 0:
@@ -125,7 +152,7 @@ def add_cache_routes(app: FastAPI, ctx: AppContext) -> None:
         pin_ids = tuple(body.pin_ids or ()) + ((body.pin_id,) if body.pin_id else ())
         ids: list[int] = []
         if not pin_ids:
-            ids = prompt_ids(ctx, body)
+            ids = await prompt_ids_off_loop(ctx, body)
         elif body.prompt is not None or body.messages is not None:
             raise APIError(400, "send pin ids or a prompt, not both", param="pin_id")
         return await admin(ctx, "unpin", timeout_s=PIN_TIMEOUT_S, token_ids=tuple(ids),

@@ -10,6 +10,7 @@ cumulative logprob are kept.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -189,7 +190,7 @@ def _completion_logprobs(
 
 
 async def completions(ctx: AppContext, request: Request, body: CompletionRequest) -> Response:
-    plan = plan_completion(ctx, body)
+    plan = await asyncio.to_thread(plan_completion, ctx, body)  # tokenizes: off the loop
     if body.stream:
         return _stream(_completion_events(ctx, plan, body.include_usage))
     results, tally = await _run_collect(ctx, request, plan, "completions")
@@ -291,7 +292,7 @@ def _chat_choice_logprobs(
 async def chat_completions(
     ctx: AppContext, request: Request, body: ChatCompletionRequest
 ) -> Response:
-    plan = plan_chat(ctx, body)
+    plan = await asyncio.to_thread(plan_chat, ctx, body)  # tokenizes: off the loop
     if body.stream:
         return _stream(_chat_events(ctx, plan, body.include_usage))
     results, tally = await _run_collect(ctx, request, plan, "chat")

@@ -1,11 +1,35 @@
 """`serve --config FILE.yaml`: a YAML mapping of flag names to values, read as the flags'
-defaults (so the command line wins), each value checked as the flag would parse it."""
+defaults (so the command line wins), each value checked as the flag would parse it.
+
+A value must have the flag's type as YAML reads it: a string flag (`api-key`, `host`,
+`model`...) takes a string only, so `api-key: 12345` (a YAML integer; `012345` would
+even be octal) is an error naming the key rather than a key that never matches; an
+integer flag takes an integer (not 80.5, not true); a float flag a finite number (not
+.nan or .inf). A key given twice is an error (YAML itself keeps the last one silently).
+"""
 
 from __future__ import annotations
 
 import argparse
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
+
+
+def _typed(action: argparse.Action, value: Any, where: str) -> Any:
+    """`value` if YAML gave the type the flag parses, else a ValueError naming the key."""
+    if isinstance(value, str):
+        return value  # parsed by the flag's own type below, as on the command line
+    kind = action.type
+    number = isinstance(value, Real) and not isinstance(value, bool)
+    if kind is int and number and isinstance(value, Integral):
+        return str(value)
+    if kind not in (None, int, str, Path) and number:
+        return repr(value)  # a float flag: its type refuses nan and inf
+    wanted = "an integer" if kind is int else "a string" if kind in (None, str, Path) else (
+        "a number")  # fmt: skip
+    hint = "; quote it" if kind in (None, str, Path) else ""
+    raise ValueError(f"{where} must be {wanted}{hint}, got {value!r}")
 
 
 def _file_value(action: argparse.Action, key: str, value: Any, path: Path) -> Any:
@@ -17,25 +41,48 @@ def _file_value(action: argparse.Action, key: str, value: Any, path: Path) -> An
         return value
     if value is None:
         return None
-    if isinstance(value, dict | list | bool):
+    if isinstance(value, dict | list):
         raise ValueError(f"{where} must be a single value, got {value!r}")
+    text = _typed(action, value, where)
     try:
-        parsed = action.type(value) if callable(action.type) else value
-    except (TypeError, ValueError) as exc:
+        parsed = action.type(text) if callable(action.type) else text
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
         raise ValueError(f"{where}: {exc}") from exc
     if action.choices is not None and parsed not in action.choices:
         raise ValueError(f"{where} must be one of {list(action.choices)}, got {value!r}")
     return parsed
 
 
+def _duplicate_keys(text: str) -> list[str]:
+    """Keys given more than once in the top-level mapping (YAML keeps the last silently)."""
+    import yaml
+
+    node = yaml.compose(text, Loader=yaml.SafeLoader)  # nodes only: nothing is built
+    if not isinstance(node, yaml.MappingNode):
+        return []
+    seen: set[str] = set()
+    twice = []
+    for key, _value in node.value:
+        name = str(key.value).lstrip("-").replace("-", "_")
+        if name in seen:
+            twice.append(str(key.value))
+        seen.add(name)
+    return twice
+
+
 def config_file_defaults(parser: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
-    """Flag defaults from a YAML file: `{dest: value}`; unknown keys are an error."""
+    """Flag defaults from a YAML file: `{dest: value}`; unknown or repeated keys are an
+    error."""
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        text = path.read_text()
+        twice = _duplicate_keys(text)
+        data = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"--config {path}: {exc}") from exc
+    if twice:
+        raise ValueError(f"--config {path}: {', '.join(map(repr, twice))} given more than once")
     if data is None:
         return {}
     if not isinstance(data, dict):

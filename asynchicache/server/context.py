@@ -67,3 +67,5 @@ class AppContext:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     # Pings the cache service for /ready (None: no disk tier, nothing to ask).
     service_probe: ServiceProbe | None = None
+    # --max-request-tokens (server/work_bound.py); None: its default for this context.
+    max_request_tokens: int | None = None

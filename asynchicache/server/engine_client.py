@@ -5,6 +5,12 @@ One PUSH socket carries requests to the engine, one PULL socket brings back
 `TokenOutput`s and `AdminReply`s; a single reader task routes each output to
 the queue of its request id and each admin reply to the future of its call.
 The engine binds both sockets; this side connects, so either may start first.
+
+When the engine process dies, the launcher calls `engine_lost`: every request
+in flight ends with `EngineUnavailable` (a JSON 503, or an error event and
+`[DONE]` on a stream), new ones are refused until `engine_back`, and the
+sockets are made anew so nothing queued for the dead engine reaches the next.
+At shutdown, `refuse_new` turns new generations away while running ones finish.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ log = logging.getLogger(__name__)
 # After an abort, how long to wait for the engine's final output (it carries the
 # cached-token counts) before answering without it.
 ABORT_GRACE_S = 2.0
+HEALTH_RETRY_S = 0.05
 
 
 def engine_input_addr(run_dir: Path) -> str:
@@ -62,10 +69,11 @@ class EngineClient:
         self._ctx = zmq.asyncio.Context()
         self._push: zmq.asyncio.Socket | None = None
         self._pull: zmq.asyncio.Socket | None = None
-        self._streams: dict[str, asyncio.Queue[TokenOutput]] = {}
+        self._streams: dict[str, asyncio.Queue[TokenOutput | EngineUnavailable]] = {}
         self._admin: dict[str, asyncio.Future[AdminReply]] = {}
         self._reader: asyncio.Task[None] | None = None
-        self._dead: str | None = None
+        self._dead: str | None = None  # why nothing is served now (engine gone, closing)
+        self._refusing: str | None = None  # why new generations are refused (shutting down)
 
     @classmethod
     def for_run_dir(cls, run_dir: Path) -> EngineClient:
@@ -80,20 +88,45 @@ class EngineClient:
         self._pull.connect(self._output_addr)
         self._reader = asyncio.create_task(self._read_loop(), name="engine-reader")
 
-    async def close(self) -> None:
+    async def _stop_sockets(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-        self.fail_all("the server is shutting down")
+            self._reader = None
         for sock in (self._push, self._pull):
             if sock is not None:
                 sock.close(linger=0)
+        self._push = self._pull = None
+
+    async def close(self) -> None:
+        await self._stop_sockets()
+        self.fail_all("the server is shutting down")
         self._ctx.term()
 
     @property
     def in_flight(self) -> int:
         return len(self._streams)
+
+    @property
+    def down(self) -> str | None:
+        """Why nothing is served now (the engine is gone or restarting); None when up."""
+        return self._dead
+
+    async def engine_lost(self, reason: str) -> None:
+        """The engine process died: end what is in flight, refuse new work until
+        `engine_back`, and drop whatever was queued for it (fresh sockets)."""
+        self.fail_all(reason)
+        await self._stop_sockets()
+        await self.start()
+
+    def engine_back(self) -> None:
+        """A (new) engine answered its health check: serve again."""
+        self._dead = None
+
+    def refuse_new(self, reason: str) -> None:
+        """Turn away new generations (shutdown); those running go on."""
+        self._refusing = reason
 
     # ------------------------------------------------------------------ reader
     async def _read_loop(self) -> None:
@@ -126,14 +159,20 @@ class EngineClient:
             queue.put_nowait(out)
 
     def fail_all(self, reason: str) -> None:
-        """End every open stream and admin call with an error (the engine is gone)."""
+        """End every open stream (its `generate` raises `EngineUnavailable`) and admin
+        call with `reason`, and refuse new ones until `engine_back`."""
         self._dead = reason
-        for rid, queue in list(self._streams.items()):
-            queue.put_nowait(TokenOutput(rid, (), True, "error", error=reason))
+        self.end_streams(reason)
         for fut in self._admin.values():
             if not fut.done():
                 fut.set_exception(EngineUnavailable(reason))
         self._admin.clear()
+
+    def end_streams(self, reason: str) -> None:
+        """End every open generation with `EngineUnavailable(reason)` (the engine may run
+        on: the shutdown's deadline passed, or it is gone)."""
+        for queue in list(self._streams.values()):
+            queue.put_nowait(EngineUnavailable(reason))
 
     # -------------------------------------------------------------- generation
     async def _send(self, msg: object) -> None:
@@ -147,15 +186,18 @@ class EngineClient:
         If the consumer stops early (client disconnected), the request is
         aborted so that the engine frees its pages.
         """
-        if self._dead is not None:
-            raise EngineUnavailable(self._dead)
-        queue: asyncio.Queue[TokenOutput] = asyncio.Queue()
+        refused = self._dead or self._refusing
+        if refused is not None:
+            raise EngineUnavailable(refused)
+        queue: asyncio.Queue[TokenOutput | EngineUnavailable] = asyncio.Queue()
         self._streams[req.rid] = queue
         open_members = set(range(req.n))
         try:
             await self._send(req)
             while open_members:
                 out = await queue.get()
+                if isinstance(out, EngineUnavailable):
+                    raise out
                 if out.finish_reason == "error":  # answers the whole request
                     open_members.discard(out.index)
                     yield out
@@ -176,7 +218,10 @@ class EngineClient:
 
     async def _abort_quietly(self, rid: str) -> None:
         # Runs in a finally that may itself be unwinding a cancellation: shield the
-        # send so the abort reaches the engine even then.
+        # send so the abort reaches the engine even then. With the engine gone there is
+        # nothing to abort (and a send would wait for the next engine to connect).
+        if self._dead is not None:
+            return
         try:
             await asyncio.shield(self._send(AbortRequest(rid)))
         except (asyncio.CancelledError, EngineUnavailable, zmq.ZMQError):
@@ -194,12 +239,22 @@ class EngineClient:
         """One admin call; `options` are further `AdminRequest` fields (tiers, ttl_s...)."""
         if self._dead is not None:
             raise EngineUnavailable(self._dead)
+        return await self._admin_call(op, token_ids, cache_salt, timeout_s, **options)
+
+    async def _admin_call(
+        self,
+        op: str,
+        token_ids: tuple[int, ...] = (),
+        cache_salt: str = "",
+        timeout_s: float = 10.0,
+        **options: Any,
+    ) -> AdminReply:
         req_id = uuid.uuid4().hex
         fut: asyncio.Future[AdminReply] = asyncio.get_running_loop().create_future()
         self._admin[req_id] = fut
         try:
-            await self._send(AdminRequest(req_id, op, token_ids, cache_salt, **options))
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s):  # a send waits while no engine is connected
+                await self._send(AdminRequest(req_id, op, token_ids, cache_salt, **options))
                 return await fut
         except TimeoutError as exc:
             raise EngineUnavailable(f"the engine did not answer {op!r} in {timeout_s}s") from exc
@@ -207,17 +262,19 @@ class EngineClient:
             self._admin.pop(req_id, None)
 
     async def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> dict[str, object]:
-        """Ask for "health" until the engine answers (it answers once the model is loaded)."""
+        """Ask for "health" until the engine answers (it answers once the model is loaded).
+
+        Asks even while the client is down (an engine restarting): that is how the
+        launcher learns the new one is up, before it calls `engine_back`."""
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 raise EngineUnavailable(f"the engine was not healthy within {timeout_s}s")
             try:
-                reply = await self.admin("health", timeout_s=min(poll_s, left))
+                reply = await self._admin_call("health", timeout_s=min(poll_s, left))
             except EngineUnavailable:
-                if self._dead is not None:
-                    raise
+                await asyncio.sleep(HEALTH_RETRY_S)  # sockets being made anew: don't spin
                 continue
             if reply.ok:
                 return reply.payload

@@ -2,11 +2,16 @@
 
 Clients written against the OpenAI API parse this body to raise their own
 exceptions, so validation errors, unknown routes and auth failures all use it,
-never FastAPI's default `{"detail": ...}`.
+never FastAPI's default `{"detail": ...}`. `JSONErrors`, the outermost layer,
+covers what escapes the app itself (a task cancelled at shutdown, an app that
+returned without answering): uvicorn would answer those with a plain-text 500.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
 from typing import Any
 
@@ -14,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +74,19 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     if not errors:
         return APIError(400, "invalid request")
     first = errors[0]
-    # loc starts with "body"; the rest is the field path, e.g. body.messages.0.content
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # loc starts with "body"; the rest is the field path, e.g. body.messages.0.content,
+    # with the names of union members pydantic tried ("list[str]", "function-after[...]")
+    # left out: a client wants the field.
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and _is_field(p)]
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return APIError(400, f"malformed JSON body: {first.get('msg', '')}", code="invalid_json")
     where = f"'{param}': " if param else ""
     return APIError(400, f"{where}{first.get('msg', 'invalid value')}", param=param)
+
+
+def _is_field(part: object) -> bool:
+    return isinstance(part, int) or (isinstance(part, str) and part.isidentifier())
 
 
 async def _on_api_error(_: Request, exc: Exception) -> JSONResponse:
@@ -102,3 +114,45 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(Exception, _on_unexpected)
+
+
+class JSONErrors:
+    """Outermost ASGI layer: a request the app leaves unanswered gets a JSON error
+    (503 when it was cancelled, at shutdown; 500 otherwise) instead of uvicorn's
+    plain-text 500. The exception still propagates (uvicorn logs it)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if not started:
+                await _send_error(send, APIError(503, "the server is shutting down"))
+            raise
+        except Exception:
+            if not started:
+                await _send_error(send, APIError(500, "internal error", type_="server_error"))
+            raise
+        if not started:
+            log.error("a request ended without an answer; answered 500")
+            await _send_error(send, APIError(500, "internal error", type_="server_error"))
+
+
+async def _send_error(send: Send, err: APIError) -> None:
+    body = json.dumps(err.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    with contextlib.suppress(Exception):  # the client may be gone already
+        await send({"type": "http.response.start", "status": err.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -19,7 +19,7 @@ from asynchicache.config import (
     ServiceTuning,
     default_disk_cache_dir,
 )
-from asynchicache.config_flags import WITH_DEFAULT, add_config_flags
+from asynchicache.config_flags import WITH_DEFAULT, add_config_flags, finite_float
 
 API_KEY_ENV = "ASYNCHICACHE_API_KEY"
 ADMIN_API_KEY_ENV = "ASYNCHICACHE_ADMIN_API_KEY"
@@ -51,8 +51,22 @@ def _add_server(p: argparse.ArgumentParser) -> None:
     )
     add_config_flags(g, s, {
         "--startup-timeout": "seconds to wait for the engine to load the model",
-        "--shutdown-timeout": "seconds each child gets to stop before SIGKILL",
+        "--shutdown-timeout": "at SIGTERM, seconds running requests get to finish (then "
+        "each ends with an error); each child then gets this long (at least 15 s) to stop "
+        "before SIGKILL",
     })  # fmt: skip
+
+
+def _add_request_limits(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("limits on a request's work")
+    g.add_argument(
+        "--max-request-tokens",
+        type=int,
+        metavar="TOKENS",
+        help="most tokens one request may ask to generate (prompts x best_of x max_tokens), "
+        "and a quarter of the logprob entries it may get back; more is a 400 (default: "
+        "16384, or twice the context length when that is more)",
+    )
 
 
 def _add_engine(p: argparse.ArgumentParser) -> None:
@@ -142,7 +156,7 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching entirely")
     g.add_argument(
         "--storage-timeout",
-        type=float,
+        type=finite_float,
         default=DEFAULT_STORAGE_TIMEOUT_S,
         metavar="SECONDS",
         help="how long the engine waits for one L3/L4 load or store of the cache service "
@@ -184,6 +198,35 @@ def _add_kv_events(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_exposure(p: argparse.ArgumentParser) -> None:
+    """Limits on what a request may cost, and who may read the KV events (docs/security.md)."""
+    g = p.add_argument_group("limits")
+    add_config_flags(g, ServerConfig(), {
+        "--max-request-bytes": "a larger request body is answered 413 before it is read",
+    })  # fmt: skip
+    g = p.add_argument_group("KV events: who may read them")
+    g.add_argument(
+        "--kv-events-allow-remote",
+        action="store_true",
+        help="let the KV event endpoints listen beyond this machine (tcp://* or another "
+        "address); they need the two CURVE flags below (default: ipc:// in a private folder "
+        "or loopback tcp:// only)",
+    )
+    g.add_argument(
+        "--kv-events-curve-secret-key",
+        type=Path,
+        metavar="FILE",
+        help="ZeroMQ CURVE certificate of the event sockets (a .key_secret file as "
+        "zmq.auth.create_certificates writes it); encrypts both sockets",
+    )
+    g.add_argument(
+        "--kv-events-curve-clients",
+        type=Path,
+        metavar="DIR",
+        help="folder of the CURVE public key files (.key) of the subscribers let in",
+    )
+
+
 def _add_lightllm_aliases(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("LightLLM-compatible flags")
     g.add_argument(
@@ -217,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
         "flags given on the command line win",
     )
     for add_group in (
-        _add_server, _add_engine, _add_cache, _add_service, _add_kv_events, _add_lightllm_aliases,
+        _add_server, _add_request_limits, _add_engine, _add_cache, _add_service,
+        _add_kv_events, _add_exposure, _add_lightllm_aliases,
     ):  # fmt: skip
         add_group(p)
     return p

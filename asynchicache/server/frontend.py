@@ -16,6 +16,7 @@ from asynchicache.engine.models.config import ModelConfig
 from asynchicache.engine.models.gguf import GGUFFile
 from asynchicache.engine.models.registry import get_architecture
 from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.server.bounded_tokenizer import NORMALIZED_SHRINK, BoundedTokenizer
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,19 @@ class Frontend:
     def max_model_len(self, limit: int | None) -> int:
         """The context length the engine enforces (`--max-model-len` caps the model's)."""
         return min(limit or self.config.max_position, self.config.max_position)
+
+    def max_token_bytes(self) -> int:
+        """The most bytes of text one token may stand for (server/bounded_tokenizer.py):
+        the longest vocabulary entry as UTF-8 (an overestimate for byte-level and
+        SentencePiece vocabularies, whose entries spell bytes and spaces in longer
+        characters), times NORMALIZED_SHRINK when a normalizer may fold the text."""
+        backend = self.tokenizer.backend
+        longest = max(len(t.encode("utf-8")) for t in backend.get_vocab(with_added_tokens=True))
+        return longest * (NORMALIZED_SHRINK if backend.normalizer is not None else 1)
+
+    def bounded_tokenizer(self, max_model_len: int) -> BoundedTokenizer:
+        """The tokenizer that refuses, untokenized, a text longer than the context."""
+        return BoundedTokenizer(self.tokenizer, max_model_len, self.max_token_bytes())
 
     def kv_bytes_per_token(self, dtype: str) -> int:
         """Bytes of K and V per token over all layers (sizes the host tier from a token count)."""

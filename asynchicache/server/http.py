@@ -1,9 +1,17 @@
-"""uvicorn on a pre-bound socket, stopped by the launcher rather than by its own signals."""
+"""uvicorn on a pre-bound socket, stopped by the launcher rather than by its own signals.
+
+Stopping is graceful: uvicorn stops accepting connections at once, new
+generations on open connections are refused (503), and running ones get
+`--shutdown-timeout` seconds to finish; then each still running ends with an
+error (an error event and `[DONE]` on a stream, a JSON 503 otherwise). uvicorn
+waits a little longer than that before it cancels what is left.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,9 +20,16 @@ import uvicorn
 
 from asynchicache.config import ServerConfig
 from asynchicache.server.api import create_app
+from asynchicache.server.body_limit import BodyLimitMiddleware
 from asynchicache.server.context import AppContext
+from asynchicache.server.engine_client import EngineClient
+from asynchicache.server.errors import JSONErrors
+
+log = logging.getLogger(__name__)
 
 GRACEFUL_HTTP_S = 5
+DRAIN_POLL_S = 0.05
+SHUTTING_DOWN = "the server is shutting down"
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -58,9 +73,9 @@ async def serve_http(
 ) -> None:
     """Run uvicorn on `sock` until `stop` is set."""
     config = uvicorn.Config(
-        create_app(ctx),
+        JSONErrors(BodyLimitMiddleware(create_app(ctx), server.max_request_bytes)),
         log_level=server.log_level,
-        timeout_graceful_shutdown=GRACEFUL_HTTP_S,
+        timeout_graceful_shutdown=server.shutdown_timeout_s + GRACEFUL_HTTP_S,
         lifespan="off",
         access_log=server.log_level == "debug",
     )
@@ -70,6 +85,23 @@ async def serve_http(
     await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
     http.should_exit = True
     waiter.cancel()
+    await drain(ctx.client, server.shutdown_timeout_s)
     await task
     if not stop.event.is_set():
         stop.set("the HTTP server stopped", exit_code=1)
+
+
+async def drain(client: EngineClient, timeout_s: float) -> None:
+    """Refuse new generations, wait up to `timeout_s` for the running ones, then end
+    those still running with an error."""
+    client.refuse_new(SHUTTING_DOWN)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while client.in_flight and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(DRAIN_POLL_S)
+    if client.in_flight:
+        log.warning(
+            "%d requests still running after --shutdown-timeout %.0fs; ending them",
+            client.in_flight,
+            timeout_s,
+        )
+        client.end_streams(SHUTTING_DOWN)

@@ -6,11 +6,18 @@
 
 Start order: cache service, engine, then HTTP once the engine answers
 "health". The cache service is restarted when it dies, and when it stays
-silent (no answer to a `Stats` ping) for 3x `--storage-timeout`. The
-launcher owns SIGINT/SIGTERM: it stops accepting requests, then stops the
-engine (which hands its last stores to the service), then the cache service
-(which finishes its writes), then removes the private runtime folder, any
-shared-memory segment a dead child left, and temp files of killed writers.
+silent (no answer to a `Stats` ping) for 3x `--storage-timeout`. The engine
+is restarted when it dies: its requests in flight end with a JSON error (an
+error event and `[DONE]` on a stream), new ones and `/ready` answer 503 until
+the new engine answers "health"; the cache service and what it holds (L3, L4)
+stay, the engine's L1 and L2 go with it (its radix tree was their index) and
+its shared-memory segment is removed. Only a crash loop stops the server.
+
+The launcher owns SIGINT/SIGTERM: it stops accepting requests, gives the
+running ones `--shutdown-timeout` to finish (then ends each with an error),
+stops the engine (which hands its last stores to the service), then the cache
+service (which finishes its writes), then removes the private runtime folder,
+any shared-memory segment a dead child left, and temp files of killed writers.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from pathlib import Path
 from setproctitle import setproctitle
 
 from asynchicache.config import GIB, CacheConfig, LaunchConfig, ServiceTuning
-from asynchicache.engine.kv_events import KvEventsConfig
+from asynchicache.engine.kv_events import KvEventsConfig, kv_events_config
 from asynchicache.engine.process import EngineProcessConfig, run_engine
 from asynchicache.server.context import AppContext, ModelInfo
 from asynchicache.server.engine_client import (
@@ -52,6 +59,10 @@ from asynchicache.storage.tiered import RemoteTierConfig
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.5
+ENGINE_STABLE_S = 60.0
+# Each child gets at least this long to stop on SIGTERM (the engine hands its last stores
+# to the cache service, which finishes its writes) before SIGKILL.
+CHILD_STOP_S = 15.0
 
 
 def make_run_dir() -> Path:
@@ -157,28 +168,55 @@ def _engine_spec(
         log_level=config.server.log_level,
         kv_events=_kv_events(config),
     )
-    return ChildSpec("engine", run_engine, proc_config)
+    # A crash within a minute of its start counts toward the crash loop that ends the
+    # server: loading the model alone takes a good part of that.
+    return ChildSpec("engine", run_engine, proc_config, restart=True, stable_s=ENGINE_STABLE_S)
 
 
 def _kv_events(config: LaunchConfig) -> KvEventsConfig | None:
-    if config.kv_events_endpoint is None:
-        return None
-    return KvEventsConfig(config.kv_events_endpoint, config.kv_events_replay_endpoint)
+    return kv_events_config(config)
 
 
-async def _watch(supervisor: Supervisor, stop: StopSignal, client: EngineClient | None) -> None:
+async def _watch(
+    supervisor: Supervisor, stop: StopSignal, client: EngineClient, startup_timeout_s: float
+) -> None:
+    """Restart children that die; end the server when one may not be restarted (or a
+    crash loop used up its restarts)."""
+    engine = supervisor.children["engine"]
+    revive: asyncio.Task[None] | None = None
     while not stop.event.is_set():
+        if not engine.alive and client.down is None:
+            log.error("the engine (pid %s) died (exit code %s); restarting it",
+                      engine.process.pid if engine.process else "?", engine.exitcode)  # fmt: skip
+            await client.engine_lost("the engine process died; it is being restarted")
         dead = supervisor.check()
         if dead is not None:
             log.error(
                 "%s died (exit code %s); shutting down", dead, supervisor.children[dead].exitcode
             )
-            if client is not None:
-                client.fail_all(f"the {dead} process died")
+            client.fail_all(f"the {dead} process died")
             stop.set(f"{dead} died", exit_code=1)
             return
+        if client.down is not None and engine.alive and revive is None:
+            revive = asyncio.create_task(_revive(client, stop, startup_timeout_s))
+        if revive is not None and revive.done():
+            revive = None
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.event.wait(), WATCH_INTERVAL_S)
+    if revive is not None:
+        revive.cancel()
+
+
+async def _revive(client: EngineClient, stop: StopSignal, timeout_s: float) -> None:
+    """Serve again once the restarted engine answers "health"."""
+    try:
+        await client.wait_healthy(timeout_s)
+    except EngineUnavailable as exc:
+        stop.set(f"the restarted engine did not start: {exc}", exit_code=1)
+        return
+    remove_stale_segments()  # the dead engine's L2 pool
+    client.engine_back()
+    log.info("the engine is back; serving again")
 
 
 async def _wait_healthy(client: EngineClient, stop: StopSignal, timeout_s: float) -> dict | None:
@@ -233,16 +271,17 @@ async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: 
     client = EngineClient.for_run_dir(run_dir)
     await client.start()
     probe = ServiceProbe(service.arg.addr) if service is not None else None  # for /ready
-    watcher = asyncio.create_task(_watch(sup, stop, client))
+    watcher = asyncio.create_task(_watch(sup, stop, client, config.server.startup_timeout_s))
     try:
         health = await _wait_healthy(client, stop, config.server.startup_timeout_s)
         if health is not None:
+            max_model_len = frontend.max_model_len(config.engine.max_model_len)
             ctx = AppContext(
                 client=client,
-                tokenizer=frontend.tokenizer,
+                tokenizer=frontend.bounded_tokenizer(max_model_len),  # refuses 8 MiB untokenized
                 model=ModelInfo(
                     name=config.server.served_model_name or str(health.get("model", "model")),
-                    max_model_len=frontend.max_model_len(config.engine.max_model_len),
+                    max_model_len=max_model_len,
                     vocab_size=frontend.config.vocab_size,
                     created=int(time.time()),
                     page_size=cache.page_size,
@@ -250,6 +289,7 @@ async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: 
                 api_key=config.server.api_key,
                 admin_api_key=config.server.admin_api_key,
                 service_probe=probe,
+                max_request_tokens=config.server.max_request_tokens,
             )
             # Printed, not logged: it is for the person who ran the command, at any log level.
             print(
@@ -291,7 +331,7 @@ def launch(config: LaunchConfig) -> int:
         # Cleanup is bounded (SIGKILL after the timeout); a second Ctrl-C must not cut it short.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
-        pids = sup.stop_all(config.server.shutdown_timeout_s)
+        pids = sup.stop_all(max(config.server.shutdown_timeout_s, CHILD_STOP_S))
         sock.close()
         shutil.rmtree(run_dir, ignore_errors=True)
         remove_stale_segments()

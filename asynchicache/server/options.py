@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,8 +69,18 @@ def _from_args(cls: type[_Config], args: argparse.Namespace, **given: Any) -> _C
     return cls(**{**values, **given})
 
 
+def _check_disk_folder(folder: Path | None) -> None:
+    """A folder others could write into fails now, not in the cache service later."""
+    if folder is not None:
+        from asynchicache.storage.disk_folder import check_disk_folder
+
+        check_disk_folder(folder)
+
+
 def _cache(args: argparse.Namespace) -> CacheConfig:
     _check_remote_url(args.remote_url)
+    if not args.no_disk_cache and not args.no_prefix_cache:
+        _check_disk_folder(args.disk_cache_dir.expanduser())
     return _from_args(
         CacheConfig,
         args,
@@ -84,12 +95,8 @@ def _cache(args: argparse.Namespace) -> CacheConfig:
 def to_config(args: argparse.Namespace) -> LaunchConfig:
     server = _from_args(ServerConfig, args)
     engine = _from_args(EngineConfig, args, device=_device(args))
-    if args.kv_events_endpoint is not None:  # a malformed address fails now
-        from asynchicache.engine.kv_events import KvEventsConfig
-
-        KvEventsConfig(args.kv_events_endpoint, args.kv_events_replay_endpoint)
     service = _from_args(ServiceTuning, args)
-    return LaunchConfig(
+    config = LaunchConfig(
         server,
         engine,
         _cache(args),
@@ -98,7 +105,37 @@ def to_config(args: argparse.Namespace) -> LaunchConfig:
         storage_timeout_s=args.storage_timeout,
         kv_events_endpoint=args.kv_events_endpoint,
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,
+        kv_events_allow_remote=args.kv_events_allow_remote,
+        kv_events_curve_secret_key=args.kv_events_curve_secret_key,
+        kv_events_curve_clients=args.kv_events_curve_clients,
     )
+    if config.kv_events_endpoint is not None:  # an address others could reach fails now
+        from asynchicache.engine.kv_events import kv_events_config
+
+        kv_events_config(config)
+    return config
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or a name) listens on this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: not provably local
+        return False
+
+
+def exposure_warnings(server: ServerConfig) -> list[str]:
+    """What `serve` warns about at start: a server others can reach with no key."""
+    if is_loopback(server.host) or server.api_key is not None:
+        return []
+    admin = "" if server.admin_api_key is not None else ", clear and pin the cache"
+    return [
+        f"listening on {server.host}, beyond this machine, without --api-key: anyone who "
+        f"can reach port {server.port} may generate, read the cache's stats and look up "
+        f"prompts{admin}. Set --api-key (and --admin-api-key), or --host 127.0.0.1"
+    ]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -130,4 +167,6 @@ def main(argv: list[str]) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for warning in exposure_warnings(config.server):
+        logging.getLogger(__name__).warning("%s", warning)
     return launch(config)

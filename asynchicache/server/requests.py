@@ -11,7 +11,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from asynchicache.engine.protocol import GenerateRequest, LogitBias, SamplingParams
+from asynchicache.engine.protocol import (
+    MIN_TEMPERATURE,
+    GenerateRequest,
+    LogitBias,
+    SamplingParams,
+)
 from asynchicache.server.context import AppContext
 from asynchicache.server.errors import APIError
 from asynchicache.server.schemas import (
@@ -19,12 +24,11 @@ from asynchicache.server.schemas import (
     CompletionRequest,
     SamplingFields,
 )
+from asynchicache.server.work_bound import Work, check_work, fit_default, request_token_limit
 
 # OpenAI's default for the legacy completions endpoint; chat defaults to the
 # rest of the context.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-# Below this, logits / temperature overflows to inf: such a request is greedy (as in vLLM).
-MIN_TEMPERATURE = 1e-5
 # Prompts x samples one completions call may ask (each is a running engine request).
 MAX_CHOICES = 256
 
@@ -144,7 +148,12 @@ def _sampling(
         frequency_penalty=body.frequency_penalty or 0.0,
         repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
         logit_bias=_logit_bias(ctx, body),
+        min_p=body.min_p or 0.0,
     )
+
+
+def _work_limit(ctx: AppContext) -> int:
+    return request_token_limit(ctx.max_request_tokens, ctx.model.max_model_len)
 
 
 def _engine_logprobs(asked: int | None, n: int, best_of: int) -> int | None:
@@ -206,10 +215,17 @@ def plan_completion(ctx: AppContext, body: CompletionRequest) -> Plan:
     if body.max_tokens == 0:  # the prompt is computed all the same (and its pages stored)
         prompt_logprobs = prompt_logprobs or 0
     rid = f"cmpl-{uuid.uuid4().hex}"
-    requests = []
-    for i, ids in enumerate(prompts):
+    limit = _work_limit(ctx)
+    echoed = sum(map(len, prompts)) if body.echo and body.logprobs is not None else 0
+    work = Work(len(prompts), n, best_of, body.logprobs, echoed)
+    budgets = []
+    for ids in prompts:
         _check_ids(ctx, ids)
-        max_tokens = _max_tokens(ctx, len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        budget = _max_tokens(ctx, len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        budgets.append(budget if body.max_tokens is not None else fit_default(limit, work, budget))
+    check_work(limit, work, max(budgets))
+    requests = []
+    for i, (ids, max_tokens) in enumerate(zip(prompts, budgets, strict=True)):
         sampling = _sampling(ctx, body, max_tokens, logprobs, prompt_logprobs)
         req_id = rid if len(prompts) == 1 else f"{rid}-{i}"
         requests.append(
@@ -231,6 +247,11 @@ def plan_chat(ctx: AppContext, body: ChatCompletionRequest) -> Plan:
     _check_ids(ctx, ids)
     max_tokens = _max_tokens(ctx, len(ids), body.token_limit, None)
     asked = (body.top_logprobs or 0) if body.logprobs else None
+    limit = _work_limit(ctx)
+    work = Work(1, n, best_of, asked, logprobs_field="top_logprobs")
+    if body.token_limit is None:  # the rest of the context, as much of it as the bound allows
+        max_tokens = fit_default(limit, work, max_tokens)
+    check_work(limit, work, max_tokens)
     sampling = _sampling(ctx, body, max_tokens, _engine_logprobs(asked, n, best_of), None)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     req = GenerateRequest(rid, tuple(ids), sampling, _salt(body), best_of, body.cache_store)

@@ -12,13 +12,22 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from asynchicache.engine.protocol import MAX_LOGPROBS
+from asynchicache.engine.protocol import (
+    MAX_LOGPROBS,
+    MAX_REPETITION_PENALTY,
+    MIN_REPETITION_PENALTY,
+)
 
 TIERS = ("device", "host", "disk", "remote")
 # Samples per prompt (n, best_of): each is a running request in the engine.
 MAX_SAMPLES = 32
+# Each entry is applied to the logits at every step of the request.
+MAX_LOGIT_BIAS = 1024
+# Every stop string is searched in the text after each token.
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
 
 
 def _utf8(value: str) -> str:
@@ -31,6 +40,34 @@ def _utf8(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
+StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS), AfterValidator(_utf8)]
+
+
+def _prompt_kind(value: object) -> str | None:
+    """Which shape a completions `prompt` is, from its type and its first item's: a long
+    list is then checked against that one type. (A plain union tried every member and
+    collected an error per item for each: 3-4 s of event loop for a million token ids.)"""
+    if isinstance(value, str):
+        return "text"
+    if not isinstance(value, list):
+        return None
+    first = value[0] if value else 0
+    return "texts" if isinstance(first, str) else "id_lists" if isinstance(first, list) else "ids"
+
+
+# One prompt (text or token ids) or a list of them.
+Prompt = Annotated[
+    Annotated[Text, Tag("text")]
+    | Annotated[list[Text], Tag("texts")]
+    | Annotated[list[int], Tag("ids")]
+    | Annotated[list[list[int]], Tag("id_lists")],
+    Discriminator(
+        _prompt_kind,
+        custom_error_type="prompt_type",
+        custom_error_message="prompt must be a string, a list of strings, a list of token ids "
+        "or a list of lists of token ids",
+    ),
+]
 
 
 # Requests are strict: "5" is not an int and "yes" is not a bool, as in OpenAI's API.
@@ -41,17 +78,23 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """Fields shared by completions and chat completions."""
+    """Fields shared by completions and chat completions.
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    Every number is bounded to what the sampler computes with (see
+    `engine.protocol.SamplingParams`): NaN, infinities and values outside are a 400
+    naming the field, never an engine error.
+    """
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
     model: Text | None = None
     max_tokens: int | None = Field(default=None, ge=0)  # 0 only with echo (completions)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1)  # vLLM's; -1 and 0 disable it
+    min_p: float | None = Field(default=None, ge=0, le=1)  # vLLM's
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # what torch accepts
-    stop: Text | list[Text] | None = None
+    stop: StopText | list[StopText] | None = Field(default=None, max_length=MAX_STOP_STRINGS)
     n: int = Field(default=1, ge=1, le=MAX_SAMPLES)
     best_of: int | None = Field(default=None, ge=1, le=MAX_SAMPLES)
     stream: bool = False
@@ -61,9 +104,13 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False  # vLLM extension: keep going past end-of-sequence
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(
+        default=None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY
+    )
     # Token id (as a string, as JSON keys are) -> bias added to its logit.
-    logit_bias: dict[Text, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    logit_bias: dict[Text, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        default=None, max_length=MAX_LOGIT_BIAS
+    )
 
     @property
     def stop_list(self) -> tuple[str, ...]:
@@ -79,7 +126,7 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     # One prompt (text or token ids) or a list of them: a choice per prompt and sample.
-    prompt: Text | list[Text] | list[int] | list[list[int]]
+    prompt: Prompt
     echo: bool = False
     suffix: Text | None = None
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)

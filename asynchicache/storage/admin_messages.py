@@ -72,13 +72,14 @@ class PinChain:
     """Keep a chain's pages from eviction in L3 (every service on the folder honours it).
 
     `pages` are the chain's hashes from its first page, `root` its h_0 (the namespace's
-    digest, or a cache_salt's), `salt` a label for listings, `ttl_s` None: until unpinned.
+    digest, or a cache_salt's), `owner` the tenant for listings (storage.tenant_key: a
+    keyed fingerprint of the salt, never the salt), `ttl_s` None: until unpinned.
     Pinning the same chain again replaces its pin (new TTL)."""
 
     req_id: int
     pages: tuple[bytes, ...]
     root: bytes
-    salt: str = ""
+    owner: str = ""
     ttl_s: float | None = None
 
     def __post_init__(self) -> None:

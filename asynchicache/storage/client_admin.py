@@ -51,14 +51,14 @@ class AdminRequests:
         self,
         pages: Sequence[bytes],
         root: bytes,
-        salt: str = "",
+        owner: str = "",
         ttl_s: float | None = None,
         timeout_s: float = 10.0,
     ) -> PinReply | None:
         """Keep a chain (its hashes from the first page; `root` its h_0) from eviction in L3
         by every service on the folder, for `ttl_s` (None: until unpinned). `code`
         "over_limit" when it would pass --max-pinned-fraction."""
-        msg = partial(PinChain, pages=tuple(pages), root=root, salt=salt, ttl_s=ttl_s)
+        msg = partial(PinChain, pages=tuple(pages), root=root, owner=owner, ttl_s=ttl_s)
         reply = self._request(msg, timeout_s)
         return reply if isinstance(reply, PinReply) else None
 

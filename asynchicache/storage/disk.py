@@ -65,6 +65,7 @@ from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk_adopt import FolderAdoption
 from asynchicache.storage.disk_clear import drop_pins, plan_clear
 from asynchicache.storage.disk_config import DiskConfig, IoBatch
+from asynchicache.storage.disk_folder import check_disk_folder
 from asynchicache.storage.disk_names import (
     PAGE_SUFFIX,
     TMP_PREFIX,
@@ -133,7 +134,9 @@ class DiskBackend(StorageBackend):
         self.layout = config.layout
         self.page_bytes = config.layout.page_bytes
         self._folder = config.folder
+        check_disk_folder(config.root)
         make_private_dir(config.root)
+        check_disk_folder(self._folder, "a namespace folder of --disk-cache-dir")
         make_private_dir(self._folder)
         write_meta(self._folder, config.namespace, config.layout)
         self.events = events or EventLog()
@@ -269,7 +272,7 @@ class DiskBackend(StorageBackend):
     # -- pins and contents ----------------------------------------------------
 
     def pin(
-        self, pages: Sequence[bytes], root: bytes, salt: str = "", ttl_s: float | None = None
+        self, pages: Sequence[bytes], root: bytes, owner: str = "", ttl_s: float | None = None
     ) -> PinResult:
         """Keep a chain from eviction (see storage.pins); raises PinLimitError over the cap."""
         if not pages:
@@ -280,7 +283,7 @@ class DiskBackend(StorageBackend):
             root,
             tuple(pages),
             self.config.page_file_bytes,
-            salt,
+            owner,
             now,
             None if ttl_s is None else now + ttl_s,
         )

@@ -25,6 +25,12 @@ service wrote and this one never indexed (`evict_unindexed`, oldest file
 first). Live namespaces of other processes are never evicted: they shrink by
 their own writers' evictions. Pinned pages (storage.pins) are never evicted by
 anyone. Give servers that must not compete their own folders.
+
+Whoever can write in the folder can plant page files that every server on it
+serves (a right checksum over wrong KV): `check_disk_folder` refuses a folder
+that belongs to another user or that group or others may write, a sticky one
+too (1777: the sticky bit stops others deleting our files, not adding theirs).
+A folder asynchicache makes is 0700; one that exists keeps its mode.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import errno
 import fcntl
 import logging
 import os
+import stat
 import threading
 import time
 from collections import deque
@@ -54,6 +61,36 @@ from asynchicache.storage.pins import PINS_DIR, load_pins
 log = logging.getLogger(__name__)
 
 LEASE_NAME = ".lease"
+
+
+class UnsafeFolderError(ValueError):
+    """A disk cache folder others could write into (or that is not a folder of ours)."""
+
+
+def check_disk_folder(root: Path, flag: str = "--disk-cache-dir") -> None:
+    """Refuse `root` (when it exists) unless it is this user's own folder that no one
+    else may write; the message says why and what to do. A missing folder passes: it
+    will be made 0700."""
+    try:
+        st = root.stat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeFolderError(f"{flag} {root} is not a folder")
+    if st.st_uid != os.getuid():
+        raise UnsafeFolderError(
+            f"{flag} {root} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}): "
+            "whoever owns it can plant pages this server would serve; use a folder of your own"
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = " and ".join(w for w, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH))
+                           if mode & bit)  # fmt: skip
+        raise UnsafeFolderError(
+            f"{flag} {root} is writable by {who} (mode {mode:04o}): anyone who can write there "
+            f"can plant pages this server would serve. Use a folder of your own (a new path "
+            f"is made 0700), or run: chmod go-w {root}"
+        )
 
 
 class NamespaceLease:

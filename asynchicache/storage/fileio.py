@@ -42,9 +42,23 @@ def direct_possible(page_bytes: int, pool: np.ndarray) -> bool:
 
 
 def make_private_dir(path: Path) -> None:
-    """Create `path` (and parents) readable by this user only."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
+    """Create `path` and its missing parents, each 0700 (this user only), whatever the
+    umask. A folder that exists keeps its mode: it may be someone's shared folder (a
+    1777 /tmp lost its sticky bit to a chmod here once); whether an existing folder is
+    private enough is the caller's check (storage.disk_folder.check_disk_folder)."""
+    missing = []
+    folder = path
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            continue  # another process made it meanwhile: not ours to chmod
+        os.chmod(folder, 0o700)  # mkdir's mode went through the umask
+    if not path.is_dir():
+        raise NotADirectoryError(f"{path} is not a folder")
 
 
 def open_read(path: Path, direct: bool) -> int:

@@ -12,8 +12,11 @@ Valkey (storage.redis_admin: SCAN + UNLINK in batches, other keys untouched).
 `--all-remote-namespaces` clears every `ackv:` key, for namespaces the folder
 no longer knows. A namespace folder left with nothing in it is removed.
 
-A service running on the folder meanwhile stays correct (a page removed under
-it is a counted miss); the folder's usage ledger is updated here.
+A namespace a live server (or vLLM's cache service) leases is refused, and
+nothing at all is removed, unless `force`: its pages would vanish under the
+running server (it stays correct, each a counted miss, but a clear is the
+server's own job there: `POST /cache/clear`). With `force` the folder's usage
+ledger is updated here as the server's would be.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from asynchicache.storage.base import Cleared, ClearScope
 from asynchicache.storage.disk_clear import drop_pins, plan_clear
-from asynchicache.storage.disk_folder import LEASE_NAME, exclusive
+from asynchicache.storage.disk_folder import LEASE_NAME, exclusive, in_use
 from asynchicache.storage.disk_names import namespace_folders, unlink_size
 from asynchicache.storage.folder_ledger import FolderLedger
 from asynchicache.storage.namespace_meta import META_NAME, FolderNamespace, read_namespace
@@ -47,6 +50,7 @@ class ClearRequest:
     include_pinned: bool = False
     all_remote: bool = False
     root_of: RootOf | None = None  # a cache_salt's chain root, per namespace
+    force: bool = False  # clear namespaces a live server leases too
 
     def scope(self, namespace: bytes) -> ClearScope | None:
         """What to clear of `namespace`; None: nothing (a salt cannot apply to it: another
@@ -78,9 +82,19 @@ class ClearReport:
                 "disk": disk, "remote": remote}  # fmt: skip
 
 
+class FolderInUseError(ValueError):
+    """A namespace to clear is leased by a live server (and the clear was not forced)."""
+
+
 def clear_offline(req: ClearRequest) -> ClearReport:
     report = ClearReport()
     folders = _selected(req)
+    live = [ns.folder.name for ns in folders if in_use(ns.folder)]
+    if live and not req.force:
+        raise FolderInUseError(
+            f"a running server uses {', '.join(live)} in {req.root}: nothing removed. Clear "
+            "it through that server (POST /cache/clear), stop it first, or pass --force"
+        )
     for ns in folders:
         report.disk[ns.folder.name] = _clear_disk(req, ns)
     if req.remote_url:

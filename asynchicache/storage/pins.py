@@ -3,7 +3,8 @@
     <root>/ns-<id>/pins/<32 hex of the chain's last page hash>.pin    (JSON)
 
 A pin names its chain's page hashes, the chain's root (h_0: the namespace's
-digest, or a `cache_salt`'s), the salt as a label, the size of one page file
+digest, or a `cache_salt`'s), its owner (a keyed fingerprint of the salt,
+storage.tenant_key: a pin file never holds a salt), the size of one page file
 (for the cap), and its expiry as wall-clock time (so it means the same after a
 restart and to every process). Being files in the folder, pins survive
 restarts and bind every service using the folder: each reloads a namespace's
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asynchicache.storage.disk_names import namespace_folders, scandir
-from asynchicache.storage.fileio import write_private_text
+from asynchicache.storage.fileio import make_private_dir, write_private_text
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class Pin:
     root: bytes
     pages: tuple[bytes, ...]
     page_file_bytes: int
-    salt: str = ""
+    owner: str = ""  # storage.tenant_key's fingerprint of the salt ("": unsalted)
     created_at: float = 0.0
     expires_at: float | None = None
 
@@ -77,7 +78,7 @@ class Pin:
                 "version": _VERSION,
                 "pin_id": self.pin_id,
                 "root": self.root.hex(),
-                "salt": self.salt,
+                "owner": self.owner,
                 "pages": [h.hex() for h in self.pages],
                 "page_file_bytes": self.page_file_bytes,
                 "created_at": self.created_at,
@@ -98,7 +99,7 @@ class Pin:
                 bytes.fromhex(d["root"]),
                 tuple(bytes.fromhex(h) for h in d["pages"]),
                 int(d["page_file_bytes"]),
-                str(d["salt"]),
+                str(d.get("owner", "")),  # files of old versions held the salt: not read
                 float(d["created_at"]),
                 None if expires is None else float(expires),
             )
@@ -138,7 +139,7 @@ class PinStore:
 
     def write(self, pin: Pin) -> None:
         """Create or replace a pin (atomic: a reader sees the old or the new file)."""
-        self.dir.mkdir(mode=0o700, exist_ok=True)
+        make_private_dir(self.dir)
         write_private_text(self.dir / (pin.pin_id + PIN_SUFFIX), pin.to_json())
         self.invalidate()
 

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from asynchicache.config import GIB
-from asynchicache.config_flags import add_config_flags
+from asynchicache.config_flags import add_config_flags, finite_float
 from asynchicache.storage.disk_write import SyncMode
 from asynchicache.storage.service import run_service
 from asynchicache.storage.service_config import ServiceConfig, default_address
@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--socket", default=default_address(), help="ZeroMQ address to bind")
     p.add_argument(
         "--disk-cache-gb",
-        type=float,
+        type=finite_float,
         default=d.capacity_bytes / GIB,
         help="L3 capacity in GiB (2**30 bytes)",
     )

@@ -79,7 +79,7 @@ def _clear(msg: Clear, backend: TieredBackend) -> ClearReply:
 
 def _pin(msg: PinChain, backend: TieredBackend) -> PinReply:
     try:
-        done = backend.disk.pin(msg.pages, msg.root, msg.salt, msg.ttl_s)
+        done = backend.disk.pin(msg.pages, msg.root, msg.owner, msg.ttl_s)
     except PinLimitError as exc:
         return PinReply(msg.req_id, None, 0, exc.would_pin, exc.limit_bytes, "over_limit", str(exc))
     limit = done.limit

@@ -4,103 +4,22 @@ or disconnected one detects the gap and catches up from the replay socket."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
-import zmq
+from kv_rig import Rig, kv_rig
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.keys import Namespace
-from asynchicache.cache.pools import HostPool, KVLayout
-from asynchicache.config import CacheConfig
-from asynchicache.engine.kv_events import KvEventPublisher, KvEventsConfig
 from asynchicache.engine.kv_subscriber import KvEventSubscriber
-from asynchicache.storage.base import PageLayout
-from asynchicache.storage.client import ClientConfig, StorageClient
-from asynchicache.storage.disk import DiskConfig
-from asynchicache.storage.service import ServiceConfig
 
-PAGE = 4
-LAYOUT = KVLayout(num_layers=2, num_kv_heads=1, head_dim=4, page_size=PAGE, dtype=torch.float32)
-NS = Namespace("kv-events-test", "float32", PAGE)
-PAGE_LAYOUT = PageLayout("float32", LAYOUT.page_shape)
 DISK_PAGES = 12  # the folder's capacity, in page files: the workload evicts
-
-
-@dataclass
-class Rig:
-    cache: HiRadixCache
-    client: StorageClient
-    publisher: KvEventPublisher
-    endpoint: str
-    replay: str
-
-    def put(self, *page_ids: int) -> None:
-        tokens = [k * 100 + i for k in page_ids for i in range(PAGE)]
-        self.cache.drain(timeout_s=30)  # write-throughs hold their L1 pages
-        pages = self.cache.allocate(len(page_ids))
-        assert pages is not None
-        self.cache.unlock(self.cache.insert(tokens, pages).handle)
-        self.cache.drain(timeout_s=30)
-
-    def quiet(self, sub: KvEventSubscriber) -> None:
-        """Publish until the service has nothing more to say, and let `sub` take it all."""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            self.cache.drain(timeout_s=30)
-            self.publisher.tick()
-            reply = self.client.contents(("disk",))
-            sub.poll(50)
-            if reply is not None and reply.seq == self.publisher.mirror.floor:
-                self.publisher._flush(force=True)
-                self.publisher.tick()
-                sub.poll(200)
-                if sub.synced and sub.last == self.publisher.seq:
-                    return
-        raise AssertionError("the events never caught up")
-
-    def truth(self) -> dict[str, int]:
-        stats = self.cache.stats()
-        disk = self.client.stats()
-        assert disk is not None and disk.disk is not None
-        assert stats.host is not None
-        return {"device": stats.device.cached, "host": stats.host.cached,
-                "disk": disk.disk.pages, "remote": 0}  # fmt: skip
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
-    sock_dir = Path(tempfile.mkdtemp(prefix="ake-"))
-    pool = HostPool.create(LAYOUT, 8)
-    file_bytes = DiskConfig(tmp_path / "kv", NS.encode(), PAGE_LAYOUT, 1).page_file_bytes
-    service = ServiceConfig(tmp_path / "kv", address=f"ipc://{sock_dir}/svc.sock", workers=1,
-                            io_threads=2, capacity_bytes=DISK_PAGES * file_bytes)  # fmt: skip
-    client = StorageClient.in_thread(
-        service, ClientConfig("", NS.encode(), pool.name, PAGE_LAYOUT, events=True)
-    )
-    cfg = CacheConfig(page_size=PAGE, device_cache_tokens=6 * PAGE,
-                      host_cache_gb=8 * LAYOUT.page_bytes / 2**30,
-                      disk_cache_dir=tmp_path / "kv")  # fmt: skip
-    cache = HiRadixCache(cfg, LAYOUT, NS, torch.device("cpu"), client, host_pool=pool)
-    ctx = zmq.Context()
-    endpoint, replay = f"ipc://{sock_dir}/ev.sock", f"ipc://{sock_dir}/replay.sock"
-    publisher = KvEventPublisher(KvEventsConfig(endpoint, replay), cache, ctx, client)
-    try:
-        assert client.wait_ready(20)
-        yield Rig(cache, client, publisher, endpoint, replay)
-    finally:
-        publisher.close()
-        ctx.term()
-        cache.close()
-        client.close()
-        pool.close()
-        shutil.rmtree(sock_dir, ignore_errors=True)
+    with kv_rig(tmp_path, disk_pages=DISK_PAGES) as made:
+        yield made
 
 
 def test_a_subscriber_rebuilds_every_tier(rig: Rig) -> None:

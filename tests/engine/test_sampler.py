@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.sampler import request_generator, sample
@@ -118,3 +122,126 @@ def test_penalties_change_what_greedy_picks() -> None:
     params = SamplingParams(temperature=0, frequency_penalty=1.0)
     assert pick(row, [params], [None], [([2], [0])])[0].token == 1
     assert pick(row, [SamplingParams(temperature=0)], [None], [([2], [0])])[0].token == 0
+
+
+# ---------------------------------------------------------------- totality
+# Whatever SamplingParams accepts, a step must not raise: these values once killed the
+# engine ("probability tensor contains either inf, nan or element < 0").
+
+
+def _valid(token: int, vocab: int) -> bool:
+    return 0 <= token < vocab
+
+
+def test_a_vanishing_top_p_keeps_the_best_token() -> None:
+    from asynchicache.engine.sampler import pick
+
+    logits = logits_rows(3, seed=8)
+    for top_p in (1e-50, 5e-324, 1e-8):
+        params = [SamplingParams(top_p=top_p, temperature=1.0)] * 3
+        gens = [request_generator(i) for i in range(3)]
+        picks = pick(logits, params, gens, [([1], [])] * 3)
+        assert [p.token for p in picks] == logits.argmax(-1).tolist(), top_p
+
+
+def test_extreme_repetition_penalties_still_pick_a_token() -> None:
+    from asynchicache.engine.sampler import pick
+
+    logits = logits_rows(2, seed=9)
+    seen = (list(range(VOCAB)), [1, 2, 3])  # every token seen: every logit is penalized
+    for penalty in (0.01, 100.0):
+        for temperature in (0.0, 1.0):
+            params = [SamplingParams(repetition_penalty=penalty, temperature=temperature)] * 2
+            picks = pick(logits, params, [request_generator(1), None], [seen, seen])
+            assert all(_valid(p.token, VOCAB) for p in picks), (penalty, temperature)
+
+
+def test_a_tiny_temperature_is_finite() -> None:
+    from asynchicache.engine.sampler import pick
+
+    for temperature, scale in ((1e-300, 1.0), (1e-5, 1e34)):  # logits / T overflow float32
+        logits = logits_rows(2, seed=10) * scale
+        params = [SamplingParams(temperature=temperature, logprobs=2)] * 2
+        gens = [request_generator(3), request_generator(4)]
+        picks = pick(logits, params, gens, [([1], [])] * 2)
+        assert [p.token for p in picks] == logits.argmax(-1).tolist()
+        assert all(p.logprob is not None and math.isfinite(p.logprob.logprob) for p in picks)
+
+
+def test_non_finite_logits_still_pick_a_token() -> None:
+    from asynchicache.engine.sampler import pick
+
+    logits = logits_rows(4, seed=11)
+    logits[0, 3] = float("inf")
+    logits[1, :] = float("-inf")
+    logits[2, 5] = float("nan")
+    logits[3, :] = float("nan")
+    params = [SamplingParams(temperature=1.0, top_p=0.5, logprobs=1)] * 4
+    gens = [request_generator(i) for i in range(4)]
+    picks = pick(logits, params, gens, [([1], [2])] * 4)
+    assert all(_valid(p.token, VOCAB) for p in picks)
+    assert picks[0].token == 3
+    assert all(p.logprob is not None and math.isfinite(p.logprob.logprob) for p in picks)
+
+
+def test_min_p_keeps_tokens_near_the_best() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    gen = request_generator(5)
+    params = [SamplingParams(min_p=0.25)]  # keeps p >= 0.125: tokens 0, 1, 2
+    drawn = {sample(probs.log(), params, [gen])[0] for _ in range(300)}
+    assert drawn == {0, 1, 2}
+    assert {sample(probs.log(), [SamplingParams(min_p=1.0)], [gen])[0] for _ in range(50)} == {0}
+
+
+_TINY = [5e-324, 1e-308, 1e-50, 1e-5]
+_TEMPERATURES = st.sampled_from([0.0, *_TINY, 0.5, 2.0, 1e308])
+_UNIT = st.sampled_from([*_TINY, 0.5, 1.0])  # top_p, min_p
+
+
+@st.composite
+def _params(draw: st.DrawFn) -> SamplingParams:
+    """SamplingParams from extreme numbers; those SamplingParams refuses are skipped."""
+    from asynchicache.engine.protocol import LogitBias
+
+    fields = {
+        "temperature": draw(_TEMPERATURES),
+        "top_p": draw(_UNIT),
+        "top_k": draw(st.sampled_from([0, 1, 2, VOCAB, 2**31 - 1, 10**30])),
+        "presence_penalty": draw(st.sampled_from([-2.0, 0.0, 1e-308, 2.0])),
+        "frequency_penalty": draw(st.sampled_from([-2.0, 0.0, 2.0])),
+        # 1e-308 is refused now; it once reached the sampler and killed the engine.
+        "repetition_penalty": draw(st.sampled_from([1e-308, 0.01, 0.5, 1.0, 2.0, 100.0])),
+        "logit_bias": tuple(
+            LogitBias(t, b)
+            for t, b in draw(
+                st.dictionaries(st.integers(0, VOCAB - 1), st.sampled_from([-100.0, 100.0]))
+            ).items()
+        ),
+        "logprobs": draw(st.sampled_from([None, 0, 20])),
+        "seed": draw(st.sampled_from([None, 0, -(2**63), 2**64 - 1])),
+    }
+    min_p = draw(st.none() | st.just(0.0) | _UNIT)
+    if min_p is not None:
+        fields["min_p"] = min_p
+    try:
+        return SamplingParams(**fields)
+    except ValueError:
+        assume(False)
+        raise
+
+
+@settings(max_examples=60, deadline=None)
+@given(_params(), st.sampled_from([1.0, 1e4, 1e30]), st.integers(0, 2**16))
+def test_every_valid_sampling_params_picks_a_token(
+    params: SamplingParams, scale: float, seed: int
+) -> None:
+    from asynchicache.engine.sampler import pick
+
+    logits = logits_rows(2, seed=seed) * scale
+    gens = [request_generator(params.seed), request_generator(params.seed)]
+    history = (list(range(0, VOCAB, 2)), [1, 3, 3])
+    picks = pick(logits, [params, params], gens, [history, history])
+    assert all(_valid(p.token, VOCAB) for p in picks)
+    for p in picks:
+        if params.logprobs is not None:
+            assert p.logprob is not None and math.isfinite(p.logprob.logprob)

@@ -3,8 +3,8 @@
 Hypothesis builds JSON bodies of wrong shapes, types and values around each
 endpoint's real fields (and some that fit), raw non-JSON bodies, and odd query
 strings. Whatever comes in: no 5xx, no error event inside a 200 stream, and the
-server is healthy with the same processes at the end. `--max-model-len 48`
-bounds the work of the bodies that happen to be valid.
+server is healthy with the same processes at the end. The server is the fuzz
+folder's (conftest.py: `--max-model-len 48`).
 
 A second family of strategies builds only valid combinations of the OpenAI
 fields (n, best_of, logprobs, top_logprobs, echo with max_tokens 0, prompt
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,23 +35,6 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 MODEL = "SmolLM2-135M-Instruct"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    root = tmp_path_factory.mktemp("fuzz")
-    srv = LiveServer(None, root / "server.log", "--max-model-len", "48").start()
-    srv.first_pids = srv.pids()  # type: ignore[attr-defined]
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
-
-
-@pytest.fixture(scope="module")
-def http(server: LiveServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
 
 
 # ------------------------------------------------------------------------- strategies

@@ -1,6 +1,7 @@
-"""Security of a live `asynchicache serve --api-key ...`:
+"""Security of a live `asynchicache serve --api-key ... --admin-api-key ...` (conftest.py):
 
-* every endpoint but /health wants the key (routes enumerated from the app);
+* every endpoint but /health wants a key (routes enumerated from the app): the admin
+  routes the admin key, the others either key;
 * its sockets are ipc:// files in a private folder; the HTTP port is its only TCP listener;
 * its cache files are private;
 * `cache_salt` isolates tenants: tenant B never hits tenant A's prefix;
@@ -13,36 +14,21 @@ from __future__ import annotations
 import os
 import re
 import stat
+import time
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from fastapi.routing import APIRoute
+from keyed_server import ADMIN_KEY, KEY, auth
 from live_server import LiveServer
 from traffic import Prompt, complete, make_prompts, tokenizer
 
 from asynchicache.bench.procwatch import descendants
-from asynchicache.server.api import PUBLIC_PATHS, create_app
+from asynchicache.server.api import ADMIN_PATHS, PUBLIC_PATHS, create_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-KEY = "s3cret-key"
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("security")
-
-
-@pytest.fixture(scope="module")
-def server(root: Path) -> Iterator[LiveServer]:
-    srv = LiveServer(root / "kv", root / "server.log", api_key=KEY).start()
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +67,12 @@ def test_every_endpoint_but_health_wants_the_key(server: LiveServer) -> None:
                 assert r.status_code == 401, (method, path, headers, r.status_code)
                 assert r.headers["www-authenticate"] == "Bearer"
                 assert r.json()["error"]["code"] == "invalid_api_key"
-            if path not in PUBLIC_PATHS and path != "/cache/clear":
-                good = http.request(method, path, headers=server.headers)
-                assert good.status_code != 401, (method, path)
+            if path in ADMIN_PATHS:
+                assert http.request(method, path, headers=server.headers).status_code == 401
+            elif path not in PUBLIC_PATHS:
+                for key in (KEY, ADMIN_KEY):  # the admin key opens what the API key opens
+                    good = http.request(method, path, headers=auth(key))
+                    assert good.status_code != 401, (method, path, key)
         # paths that do not exist say nothing without the key either
         assert http.get("/admin").status_code == 401
         assert http.get("/admin", headers=server.headers).status_code == 404
@@ -145,6 +134,17 @@ def test_cache_files_are_private(server: LiveServer, prompt: Prompt) -> None:
         assert mode == (0o700 if p.is_dir() else 0o600), (p, oct(mode))
 
 
+def wait_idle(server: LiveServer, timeout_s: float = 120.0) -> None:
+    """Until the server's engine has no request, copy or store pending."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        s = server.stats()
+        if not any(s["queues"].values()) and not s["cache"]["pending_storage"]:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the server never went idle")
+
+
 def _cached(server: LiveServer, prompt: Prompt, salt: str | None) -> int:
     with server.client() as http:
         return sum(complete(http, prompt, stream=False, salt=salt).cached.values())
@@ -177,10 +177,10 @@ def test_cache_salt_isolates_tenants(server: LiveServer) -> None:
 def test_another_namespace_on_the_same_folder_is_never_served(
     server: LiveServer, prompt: Prompt, root: Path
 ) -> None:
-    """Runs last: stops the module's server, then serves its folder with --page-size 32."""
+    """A second server on the same folder with --page-size 32, while the first runs."""
     with server.client() as http:
         reference = complete(http, prompt, stream=False).text
-    assert server.shutdown() == 0
+    wait_idle(server)
     pages_before = sorted(p.name for p in server.disk_dir.rglob("*.kv"))  # type: ignore[union-attr]
     other = LiveServer(server.disk_dir, root / "other.log", "--page-size", "32", api_key=KEY)
     other.start()

@@ -18,8 +18,9 @@ PKG = Path(__file__).resolve().parents[2] / "asynchicache"
 BANNED_MODULES = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle",
                   "joblib", "jsonpickle"}  # fmt: skip
 # YAML (`serve --config`) may build arbitrary objects through its full loaders: only
-# `yaml.safe_load` (plain scalars, lists and mappings) is allowed.
-YAML_ALLOWED = {"safe_load", "YAMLError"}
+# `yaml.safe_load` (plain scalars, lists and mappings) is allowed, and `yaml.compose` with
+# the SafeLoader (nodes only, nothing built: to find keys given twice).
+YAML_ALLOWED = {"safe_load", "YAMLError", "compose", "SafeLoader", "MappingNode"}
 BANNED_CALLS = {"eval", "exec", "compile", "__import__", "execfile", "input"}
 
 

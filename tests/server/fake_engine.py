@@ -18,6 +18,7 @@ token. Behaviour the tests steer:
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from dataclasses import dataclass, field
@@ -143,7 +144,14 @@ class FakeEngine:
             return {"device": self._cached(msg.token_ids), "host": 0, "disk": 0, "remote": 0}
         if msg.op == "clear":
             n, self.seen = len(self.seen), []
-            return {"cleared": n, "scope": list(msg.tiers), "cache_salt": msg.cache_salt or None}
+            owner = hashlib.sha256(msg.cache_salt.encode()).hexdigest()[
+                :32
+            ]  # the engine's is keyed
+            return {
+                "cleared": n,
+                "scope": list(msg.tiers),
+                "owner": owner if msg.cache_salt else None,
+            }
         if msg.op == "pin":
             return {"pin_id": "0" * 32, "pages": len(msg.token_ids) // PAGE, "ttl_s": msg.ttl_s}
         if msg.op == "unpin":

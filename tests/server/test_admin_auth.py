@@ -40,10 +40,16 @@ def test_clear_wants_the_admin_key_not_the_api_key(admin_server: ThreadServer) -
     assert httpx.post(url, headers=_auth(ADMIN_KEY)).status_code == 200
 
 
-def test_client_routes_still_want_the_api_key(admin_server: ThreadServer) -> None:
-    url = admin_server.url + "/cache/stats"
-    assert httpx.get(url, headers=_auth(API_KEY)).status_code == 200
-    assert httpx.get(url, headers=_auth(ADMIN_KEY)).status_code == 401
+def test_client_routes_want_a_key_and_the_admin_key_opens_them_too(
+    admin_server: ThreadServer,
+) -> None:
+    """Issue 22, finding 10: the admin key got 401 on /cache/stats and /metrics."""
+    for path in ("/cache/stats", "/metrics", "/v1/models"):
+        url = admin_server.url + path
+        assert httpx.get(url, headers=_auth(API_KEY)).status_code == 200, path
+        assert httpx.get(url, headers=_auth(ADMIN_KEY)).status_code == 200, path
+        assert httpx.get(url, headers=_auth("wrong")).status_code == 401, path
+        assert httpx.get(url).status_code == 401, path
     assert httpx.get(admin_server.url + "/health").status_code == 200
 
 

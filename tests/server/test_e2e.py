@@ -211,17 +211,31 @@ def test_a_crashed_cache_service_is_restarted(served: dict[str, object]) -> None
     assert text and usage.prompt_tokens > 0  # type: ignore[attr-defined]
 
 
-def test_a_dead_engine_stops_the_server_and_leaves_nothing(served: dict[str, object]) -> None:
+def test_a_dead_engine_is_replaced_and_stopping_leaves_nothing(
+    served: dict[str, object],
+) -> None:
+    """kill -9 of the engine: a new one serves (its L2 segment removed once it is up);
+    SIGTERM then stops everything and leaves no segment and no temp file."""
     server = served.get("restarted")
     assert isinstance(server, ServeProcess) and server.proc is not None
     disk = served["disk"]
     assert isinstance(disk, Path)
-    children = children_of(server.proc.pid)
-    (engine,) = [p for p in children if proc_title(p) == "asynchicache: engine"]
+    parent = server.proc.pid
+    (engine,) = [p for p in children_of(parent) if proc_title(p) == "asynchicache: engine"]
     segments = [s for s in list_segments() if f"-{engine}-" in s]
     assert segments, "the engine should own the L2 segment"
     os.kill(engine, signal.SIGKILL)  # no chance to unlink its segment
-    assert server.proc.wait(60) == 1
+
+    def ready() -> bool:
+        return httpx.get(server.url + "/ready", timeout=30).status_code == 200
+
+    wait_until(lambda: not pid_alive(engine) and ready(), "a new engine to serve", 300)
+    assert not set(segments) & set(list_segments())  # the dead engine's L2 pool is gone
+    messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+    _, text, _ = timed_chat(server.url, messages)
+    assert text
+    children = children_of(parent)
+    assert server.terminate() == 0
     _wait_gone(children)
-    assert not set(segments) & set(list_segments())
+    assert not {s for s in list_segments() if any(f"-{p}-" in s for p in children)}
     assert list(disk.rglob(".tmp-*")) == []

@@ -87,7 +87,7 @@ def test_clear_one_salt_keeps_the_rest_and_pinned_pages_unless_asked(
     for run in (tenant, kept_pinned, others):
         store(client, run)
     pin = client.pin(hashes(kept_pinned), salt, "tenant-a")
-    assert pin is not None and pin.pin is not None and pin.pin.salt == "tenant-a"
+    assert pin is not None and pin.pin is not None and pin.pin.owner == "tenant-a"
     done = client.clear(("disk",), root=salt)
     assert done is not None and done.tiers == (ClearedPages("disk", 6, 3),) and done.removed == 6
     assert client.exists(hashes(tenant)) == 0 and client.exists(hashes(kept_pinned)) == 3

@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 @contextmanager
@@ -36,7 +37,9 @@ def _in_process_engine() -> Iterator[None]:
 class PlainVllm:
     """Greedy completions from vLLM without a connector, the flags of `VllmFlags`' servers."""
 
-    def __init__(self, model: Path, kv_cache_bytes: int, max_model_len: int = 2048) -> None:
+    def __init__(
+        self, model: Path, kv_cache_bytes: int, max_model_len: int = 2048, **engine_args: Any
+    ) -> None:
         from vllm import LLM
 
         with _in_process_engine():
@@ -46,16 +49,17 @@ class PlainVllm:
                 dtype="float32",
                 max_model_len=max_model_len,
                 kv_cache_memory_bytes=kv_cache_bytes,
+                **engine_args,  # e.g. speculative_config, enable_lora
             )
 
-    def text(self, tokens: Sequence[int], max_tokens: int = 8) -> str:
+    def text(self, tokens: Sequence[int], max_tokens: int = 8, lora: Any = None) -> str:
         """The text vLLM's /v1/completions gives for these prompt token ids (greedy)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
         prompt = TokensPrompt(prompt_token_ids=list(tokens))
-        (out,) = self.llm.generate([prompt], params, use_tqdm=False)
+        (out,) = self.llm.generate([prompt], params, use_tqdm=False, lora_request=lora)
         return out.outputs[0].text
 
     def close(self) -> None:

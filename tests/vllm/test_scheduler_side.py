@@ -57,7 +57,7 @@ class FakeKVManager:
 
 
 def spec() -> VllmKVSpec:
-    identity = ModelIdentity("tiny-test", None, "test", "cpu", "auto", "float32", BLOCK)
+    identity = ModelIdentity("tiny-test", "0" * 40, "test", "cpu", "CPU_ATTN:vec", "float32", BLOCK)
     return VllmKVSpec(BLOCK, 64, ("l0", "l1"), 2, 8, torch.float32, identity)
 
 

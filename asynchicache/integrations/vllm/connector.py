@@ -8,11 +8,13 @@ only maps vLLM's methods onto them; see those modules for the behaviour.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorWorkerMetadata,
@@ -20,7 +22,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from asynchicache.integrations.vllm.config import ConnectorConfig
-from asynchicache.integrations.vllm.metadata import AsynchicacheMetadata
+from asynchicache.integrations.vllm.kv_events import events_enabled
+from asynchicache.integrations.vllm.metadata import AsynchicacheHandshake, AsynchicacheMetadata
+from asynchicache.integrations.vllm.numerics import qualified_backend
 from asynchicache.integrations.vllm.scheduler import SchedulerSide
 from asynchicache.integrations.vllm.spec import VllmKVSpec
 from asynchicache.integrations.vllm.stats import AsynchicachePromMetrics, AsynchicacheStats
@@ -28,6 +32,7 @@ from asynchicache.integrations.vllm.worker import WorkerSide, attention_backend
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
         KVConnectorPromMetrics,
         KVConnectorStats,
@@ -41,6 +46,9 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
+
+
+log = logging.getLogger(__name__)
 
 
 def _route_logs() -> None:
@@ -76,9 +84,21 @@ class AsynchicacheConnector(KVConnectorBase_V1):
                 f"vLLM's block size {spec.block_size}"
             )
         self._sched = (
-            SchedulerSide(spec, self._config) if role is KVConnectorRole.SCHEDULER else None
+            SchedulerSide(spec, self._config, events_enabled(vllm_config))
+            if role is KVConnectorRole.SCHEDULER
+            else None
         )
         self._worker = WorkerSide(spec, self._config) if role is KVConnectorRole.WORKER else None
+        self._backend: str | None = None  # the worker's, once its KV caches are registered
+        if role is KVConnectorRole.SCHEDULER and (
+            self._kv_transfer_config.kv_load_failure_policy != "recompute"
+        ):
+            log.warning(
+                "asynchicache connector: vLLM's kv_load_failure_policy is %r: a failed copy "
+                "of cached KV into vLLM's blocks aborts the request; set "
+                '"kv_load_failure_policy": "recompute" in --kv-transfer-config to recompute it',
+                self._kv_transfer_config.kv_load_failure_policy,
+            )
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -88,9 +108,14 @@ class AsynchicacheConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         worker = self._need_worker()
-        worker.register_kv_caches(
-            kv_caches, attention_backend(self._vllm_config, worker.spec.layer_names)
-        )
+        backend = attention_backend(self._vllm_config, worker.spec.layer_names)
+        worker.register_kv_caches(kv_caches, backend)
+        self._backend = qualified_backend(self._vllm_config, backend)
+
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        # The scheduler half names pages by the backend it expects vLLM to select;
+        # the workers tell it which one they got.
+        return AsynchicacheHandshake(self._backend) if self._backend else None
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         self._need_worker().start_load_kv(self._meta())
@@ -132,6 +157,12 @@ class AsynchicacheConnector(KVConnectorBase_V1):
             self._sched.shutdown()
 
     # -- scheduler side -------------------------------------------------------
+
+    def set_xfer_handshake_metadata(
+        self, metadata: dict[int, KVConnectorHandshakeMetadata]
+    ) -> None:
+        backends = {m.backend for m in metadata.values() if isinstance(m, AsynchicacheHandshake)}
+        self._need_sched().check_backends(backends)
 
     def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
         super().bind_kv_cache_manager(kv_cache_manager)
@@ -175,6 +206,9 @@ class AsynchicacheConnector(KVConnectorBase_V1):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self._need_sched().on_worker_meta(connector_output.kv_connector_worker_meta)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        return self._need_sched().host.events.take()
 
     def request_finished(
         self, request: Request, block_ids: list[int]

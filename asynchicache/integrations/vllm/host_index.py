@@ -20,7 +20,7 @@ Invariants (`check_integrity` makes them executable):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from types import MappingProxyType
@@ -59,6 +59,7 @@ class HostIndex:
         self._by_hash: dict[bytes, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # READY slots, oldest first
         self.evictions = 0
+        self.on_evict: Callable[[list[bytes]], None] | None = None  # the pages evicted
 
     @property
     def num_slots(self) -> int:
@@ -137,13 +138,17 @@ class HostIndex:
         victims = [slot for slot in self._lru if self._slots[slot].readers == 0][:n]
         if len(victims) < n:
             return False
+        hashes = []
         for slot in victims:
             s = self._slots[slot]
+            hashes.append(s.page_hash)
             del self._by_hash[s.page_hash]
             del self._lru[slot]
             s.page_hash = b""
         self._ledger.move(victims, SlotUse.READY, SlotUse.FREE)
         self.evictions += len(victims)
+        if self.on_evict is not None:
+            self.on_evict(hashes)
         return True
 
     def counts(self) -> dict[str, int]:

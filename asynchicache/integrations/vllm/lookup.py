@@ -19,23 +19,58 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-from asynchicache.cache.keys import chain_hashes
+import xxhash
+
+from asynchicache.cache.keys import chain_hashes, tokens_bytes
+
+
+@dataclass(frozen=True)
+class MMSpan:
+    """A multimodal item's placeholder tokens: `length` from `offset`, and its content hash."""
+
+    offset: int
+    length: int
+    identifier: str
+
+    def key_in(self, start: int, end: int) -> bytes:
+        """What this item adds to the name of the page of tokens [start, end) (nothing
+        if the page holds none of its placeholders): its hash and offset in the page,
+        as vLLM's block hashes have them."""
+        if self.offset >= end or self.offset + self.length <= start:
+            return b""
+        rel = (self.offset - start).to_bytes(8, "little", signed=True)
+        return self.identifier.encode() + b"\x00" + rel
 
 
 class RequestChain:
-    """The chained page hashes of one request's tokens, grown as tokens arrive."""
+    """The chained page hashes of one request's tokens, grown as tokens arrive.
 
-    def __init__(self, root: bytes, page_size: int) -> None:
+    `root` names everything the tokens do not (namespace, salt, LoRA adapter);
+    pages that hold multimodal placeholders also hash their items (`MMSpan`).
+    """
+
+    def __init__(self, root: bytes, page_size: int, spans: Sequence[MMSpan] = ()) -> None:
         self.root = root
         self.page_size = page_size
+        self.spans = tuple(spans)
         self.hashes: list[bytes] = []
 
     def extend(self, tokens: Sequence[int]) -> list[bytes]:
         """Hash the full pages of `tokens` not hashed yet; returns all hashes."""
-        done = len(self.hashes)
-        if len(tokens) // self.page_size > done:
-            parent = self.parent(done)
-            self.hashes += chain_hashes(parent, tokens, self.page_size, start_page=done)
+        done, size = len(self.hashes), self.page_size
+        full = len(tokens) // size
+        if full <= done:
+            return self.hashes
+        if not self.spans:
+            self.hashes += chain_hashes(self.parent(done), tokens, size, start_page=done)
+            return self.hashes
+        for page in range(done, full):
+            start, end = page * size, (page + 1) * size
+            extra = b"".join(span.key_in(start, end) for span in self.spans)
+            data = self.parent(page) + tokens_bytes(tokens[start:end])
+            if extra:
+                data += b"\x00mm\x00" + extra
+            self.hashes.append(xxhash.xxh3_128_digest(data))
         return self.hashes
 
     def parent(self, page: int) -> bytes:

@@ -5,7 +5,9 @@ step's copy jobs: loads (L2 slots -> vLLM blocks) and saves (vLLM blocks ->
 L2 slots). A job names whole vLLM blocks and, per block, its pages' slots in
 token order. Worker -> scheduler (`AsynchicacheWorkerMeta`): which jobs it
 finished or failed, so the scheduler side frees, publishes or stores slots.
-Only ids and slot numbers travel; KV bytes never leave shared memory.
+Only ids and slot numbers travel; KV bytes never leave shared memory. Once, at
+start, each worker tells the scheduler side the attention backend it got
+(`AsynchicacheHandshake`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorWorkerMetadata,
 )
@@ -59,3 +62,10 @@ class AsynchicacheWorkerMeta(KVConnectorWorkerMetadata):
 
     def is_empty(self) -> bool:
         return not (self.loads_done or self.loads_failed or self.saves_done or self.saves_failed)
+
+
+@dataclass(frozen=True)
+class AsynchicacheHandshake(KVConnectorHandshakeMetadata):
+    """A worker's attention backend as the namespace names it (e.g. `CPU_ATTN:vec`)."""
+
+    backend: str

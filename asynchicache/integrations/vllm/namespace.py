@@ -1,16 +1,21 @@
 """The namespace of KV pages computed by vLLM: model, numerics, layout and engine.
 
 Pages computed by vLLM and by our own engine never mix, nor do pages of two
-vLLM versions, devices or attention backends (their numerics differ), KV
-dtypes, page sizes or models. The model is named by a fingerprint of its
-weights and config when it is a local folder or file (a re-exported or
-fine-tuned checkpoint under the same path is a new namespace), else by its
-name and revision. Each request's `cache_salt` then roots its own chains
-(`Namespace.with_salt`), so tenants never share a page.
+vLLM versions, devices, attention backends (the one vLLM selected, not the
+configured "auto"), tensor-parallel sizes, KV dtypes, page sizes or models,
+nor of two configs that differ in anything else that changes the K/V numbers
+(`ModelIdentity.numerics`, read by numerics.py). The model is named by a
+fingerprint of its weights and config when it is a local folder or file (a
+re-exported or fine-tuned checkpoint under the same path is a new namespace),
+else by its name and the commit its revision resolves to (a hub model that
+cannot be pinned is refused at start). Each request's `cache_salt` and LoRA
+adapter then root its own chains (request_names.py), so tenants never share a
+page.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +32,7 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 _FULL_HASH_BYTES = 1 << 30  # larger files are hashed by samples
 _SAMPLE_BYTES = 1 << 20
 _SAMPLES = 64
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def content_digest(path: Path) -> bytes:
@@ -54,20 +60,34 @@ class ModelIdentity:
     revision: str | None
     vllm_version: str
     device: str  # cpu, cuda, ...
-    attention_backend: str  # configured backend, or "auto"
-    kv_dtype: str  # e.g. float32, bfloat16, fp8_e4m3
+    attention_backend: str  # the backend vLLM selected (CPU_ATTN:vec, FLASH_ATTN, ...)
+    kv_dtype: str  # the KV cache tensors' dtype, e.g. float32, bfloat16, uint8
     block_size: int
+    # Everything else in vLLM's config that changes the K/V numbers (numerics.py):
+    # quantization, model dtype, KV cache dtype (its fp8 scales come with the weights
+    # and config), the HF config after hf_overrides (RoPE scaling, ...), compilation.
+    numerics: tuple[tuple[str, str], ...] = ()
+    tp_size: int = 1  # a page holds every rank's heads (each rank copies its own)
 
     @property
     def engine_marker(self) -> str:
         return (
             f"{ENGINE}-{self.vllm_version}/{self.device}/{self.attention_backend}"
-            f"/block{self.block_size}"
+            f"/block{self.block_size}/tp{self.tp_size}"
         )
+
+    @property
+    def numerics_digest(self) -> str:
+        digest = xxhash.xxh3_128()
+        for key, value in sorted(self.numerics):
+            digest.update(key.encode() + b"=" + value.encode() + b"\x00")
+        return digest.hexdigest()
 
 
 def weights_fingerprint(model: str, revision: str | None) -> str:
-    """xxh3-128 of a local model's config and weight files; else `name@revision`."""
+    """xxh3-128 of a local model's config and weight files; for a hub model, the
+    commit its revision resolves to in the local Hugging Face cache. A hub model
+    whose weights cannot be pinned to a commit cannot be named: ValueError."""
     path = Path(model)
     if path.is_file():
         files = [path]
@@ -76,7 +96,7 @@ def weights_fingerprint(model: str, revision: str | None) -> str:
             p for p in path.iterdir() if p.suffix in _WEIGHT_SUFFIXES or p.name == "config.json"
         )
     else:
-        return f"{model}@{revision or 'main'}"
+        return f"{model}@{pinned_revision(model, revision)}"
     digest = xxhash.xxh3_128()
     for file in files:
         digest.update(file.name.encode() + b"\x00")
@@ -84,11 +104,31 @@ def weights_fingerprint(model: str, revision: str | None) -> str:
     return digest.hexdigest()
 
 
+def pinned_revision(model: str, revision: str | None) -> str:
+    """The commit of hub model `model` at `revision` (a branch such as main moves)."""
+    if revision and _COMMIT.fullmatch(revision):
+        return revision
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(model, revision=revision, local_files_only=True)
+    except Exception as exc:  # not in the local cache, no hub client, ...
+        raise ValueError(
+            f"AsynchicacheConnector cannot pin the weights of {model!r} at revision "
+            f"{revision or 'main'!r} to a commit ({exc}); pass --revision <commit> or a "
+            "local model folder"
+        ) from exc
+    commit = Path(folder).name
+    if not _COMMIT.fullmatch(commit):
+        raise ValueError(f"unexpected Hugging Face snapshot folder {folder} for {model!r}")
+    return commit
+
+
 def vllm_namespace(identity: ModelIdentity, page_size: int) -> Namespace:
     """The unsalted namespace every page of this vLLM instance lives in."""
     fingerprint = weights_fingerprint(identity.model, identity.revision)
     return Namespace(
-        model_fingerprint=f"{identity.model}|{fingerprint}",
+        model_fingerprint=f"{identity.model}|{fingerprint}|{identity.numerics_digest}",
         dtype=identity.kv_dtype,
         page_size=page_size,
         layout_version=KV_LAYOUT_VERSION,

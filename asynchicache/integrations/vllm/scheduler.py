@@ -13,23 +13,27 @@ non-blocking `_poll()` at the start of each entry point.
   computes the rest of it), so a restart recomputes less than a page.
 * Loads: once vLLM allocated blocks (`update_state_after_alloc`), a load job
   (L2 slots -> blocks) goes to the worker with the next metadata.
-* Saves: every full page a step computes (prompt or output) is copied by the
-  worker into a fresh L2 slot right after the forward pass; when the worker
-  reports it done, the slots are published in L2 and stored by the service.
-  vLLM's blocks are therefore never held past the step that filled them.
-* The L2 segment belongs to this process; the worker maps it by name.
+* Saves (`saves.py`): every full page whose tokens are all known and accepted
+  is copied by the worker into a fresh L2 slot right after the forward pass
+  that computed it (or a later one, under async scheduling and speculative
+  decoding); when the worker reports it done, the slots are published in L2
+  and stored by the service. vLLM's blocks are never held for us.
+* Names (`request_names.py`): a request's pages are named by its tokens,
+  salt, LoRA adapter and multimodal items; a request that cannot be named is
+  refused (no lookup, no save) and counted.
+* The L2 segment, its slots, the service link and the jobs in flight over
+  them are `HostTier`'s (host_tier.py); the segment belongs to this process
+  and the worker maps it by name.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from asynchicache.cache.pools import HostPool, KVLayout
 from asynchicache.integrations.vllm.config import ConnectorConfig
-from asynchicache.integrations.vllm.host_index import HostIndex
+from asynchicache.integrations.vllm.host_tier import HostTier, Prefetched
 from asynchicache.integrations.vllm.jobs import Job, JobKind
 from asynchicache.integrations.vllm.lookup import Lookup, Phase, RequestChain, TierSplit
 from asynchicache.integrations.vllm.metadata import (
@@ -37,15 +41,12 @@ from asynchicache.integrations.vllm.metadata import (
     AsynchicacheWorkerMeta,
     CopyJob,
 )
-from asynchicache.integrations.vllm.service_link import (
-    ExistsAnswer,
-    LinkEvent,
-    ServiceConflict,
-    ServiceLink,
-)
+from asynchicache.integrations.vllm.request_names import Refusal, RequestNamer
+from asynchicache.integrations.vllm.saves import SavePlanner, saveable_tokens
+from asynchicache.integrations.vllm.service_link import ServiceConflict
 from asynchicache.integrations.vllm.spec import VllmKVSpec
 from asynchicache.integrations.vllm.stats import AsynchicacheStats
-from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled, TicketKind
+from asynchicache.storage.base import PageRef
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -59,63 +60,73 @@ log = logging.getLogger(__name__)
 # lookup sleeps (yields the CPU and the GIL) once per scheduler step, at most
 # this long, and wakes as soon as the answer is in.
 _YIELD_S = 0.002
-_PREFAULT_BYTES = 256 << 20
 
 
 class SchedulerSide:
-    """Owns this vLLM instance's L2 segment, its ledger and the line to the service."""
+    """Lookups, loads and saves of vLLM's requests over this instance's `HostTier`."""
 
-    def __init__(self, spec: VllmKVSpec, config: ConnectorConfig) -> None:
+    def __init__(self, spec: VllmKVSpec, config: ConnectorConfig, kv_events: bool = False) -> None:
         self.spec = spec
         self.config = config
         self.page_size = config.page_size
         self.block_size = spec.block_size
         self.pages_per_block = spec.block_size // config.page_size
-        layout = KVLayout(
-            spec.num_layers, spec.num_kv_heads, spec.head_dim, config.page_size, spec.dtype
-        )
-        slots = max(config.host_cache_bytes // layout.page_bytes, 2 * self.pages_per_block)
         self.namespace = spec.namespace(config.page_size)
-        self.pool = HostPool.create(layout, slots, tag="vllm")
-        # Fault the first slots in now (the allocator hands out the lowest first): a
-        # fresh shared-memory page costs a fault, which on a busy host made the first
-        # saves slow enough to show in the first tokens' latency.
-        assert self.pool.tensor is not None
-        self.pool.tensor[: min(slots, _PREFAULT_BYTES // layout.page_bytes)].zero_()
-        self.index = HostIndex(slots)
-        page = PageLayout(str(spec.dtype).removeprefix("torch."), layout.page_shape)
-        self.link = ServiceLink(config, self.namespace.encode(), self.pool.name, page)
+        self.stats = AsynchicacheStats()
+        self.host = HostTier(
+            spec, config, self.namespace.encode(), self.stats, kv_events, self._describe
+        )
+        self.pool, self.index, self.link = self.host.pool, self.host.index, self.host.link
         # Start-up may wait for a service we start; one we only connect to answers at once.
         wait = config.service_start_timeout if config.start_service else 2.0
         try:
             connected = self.link.wait_connected(wait)
         except ServiceConflict:  # another instance's service, other settings: fail the start
-            self.link.close()
-            self.pool.close()
+            self.host.close()
             raise
         if not connected:
             log.warning(
                 "no asynchicache cache service at %s yet; recomputing until one answers",
                 config.service_address,
             )
-        self.stats = AsynchicacheStats()
         self.kv_cache_manager: KVCacheManager | None = None
-        self._ids = itertools.count(1)
+        self.namer = RequestNamer(self.namespace, config.page_size)
         self._requests: dict[str, Request] = {}
-        self._chains: dict[str, RequestChain] = {}
+        self._chains: dict[str, RequestChain | Refusal] = {}
         self._lookups: dict[str, Lookup] = {}
         self._waiting: dict[int, Lookup] = {}  # ASKING or LOADING, by key
-        self._jobs: dict[int, Job] = {}
         self._loads: list[CopyJob] = []  # for the worker, with the next metadata
-        self._covered: dict[str, int] = {}  # leading pages known stored or being saved
+        self._load_failed: set[str] = set()  # requests a copy into vLLM's blocks failed for
+        self.saves = SavePlanner(
+            config.page_size, self.pages_per_block, self.index, self.stats, self.host.register
+        )
         self._yielded = False  # a waiting lookup slept in this scheduler step
         log.info(
             "asynchicache connector: %d L2 slots of %d tokens in %s, service %s",
-            slots,
+            self.index.num_slots,
             config.page_size,
             self.pool.name,
             config.service_address,
         )
+        log.info(
+            "asynchicache namespace: model %s, engine %s, %s",
+            self.namespace.model_fingerprint,
+            self.namespace.engine,
+            ", ".join(f"{k}={v}" for k, v in spec.identity.numerics),
+        )
+
+    def check_backends(self, backends: set[str]) -> None:
+        """The workers' attention backends: pages are named by the one expected; if a
+        worker got another, nothing can be named right and every request is refused."""
+        named = self.spec.identity.attention_backend
+        if backends and backends != {named}:
+            log.error(
+                "asynchicache connector: pages are named for attention backend %s but vLLM's "
+                "workers run %s; caching is off (every request refused: backend_mismatch)",
+                named,
+                sorted(backends),
+            )
+            self.namer.refuse_all = Refusal("backend_mismatch")
 
     # -- lookups ------------------------------------------------------------
 
@@ -153,11 +164,16 @@ class SchedulerSide:
 
     def _start(self, request: Request, first_page: int) -> Lookup:
         tokens = request.all_token_ids
-        hashes = self._chain(request).extend(tokens)
+        chain = self._chain(request)
         max_pages = (len(tokens) - 1) // self.page_size  # vLLM computes the last token
-        want = max(0, max_pages - first_page)
-        lk = Lookup(next(self._ids), request.request_id, first_page, want, time.monotonic())
+        named = isinstance(chain, RequestChain) and request.request_id not in self._load_failed
+        want = max(0, max_pages - first_page) if named else 0
+        lk = Lookup(self.host.next_id(), request.request_id, first_page, want, time.monotonic())
         self._lookups[request.request_id] = lk
+        if not named or not isinstance(chain, RequestChain):  # nothing to look up
+            self._answer(lk)
+            return lk
+        hashes = chain.extend(tokens)
         self.stats.add("lookups")
         lk.host_slots = self.index.leading(hashes[first_page : first_page + want])
         self.index.pin(lk.host_slots)
@@ -171,51 +187,52 @@ class SchedulerSide:
             self.link.ask_exists(lk.key, hashes[lk.next_page : first_page + want])
         return lk
 
-    def _chain(self, request: Request) -> RequestChain:
+    def _chain(self, request: Request) -> RequestChain | Refusal:
+        """The request's page names (made once), or why it has none (counted once)."""
         chain = self._chains.get(request.request_id)
         if chain is None:
-            salt = request.cache_salt or ""
-            ns = self.namespace.with_salt(salt) if salt else self.namespace
-            chain = self._chains[request.request_id] = RequestChain(ns.digest(), self.page_size)
+            chain = self._chains[request.request_id] = self.namer.chain(request)
+            if isinstance(chain, Refusal):
+                self.stats.add(f"refused_{chain.reason}")
+                log.info("asynchicache: %s not cached (%s)", request.request_id, chain.reason)
         return chain
+
+    def _describe(self, req_id: str) -> tuple[bytes | None, str | None]:
+        """A request's chain root and LoRA name, for KV events (host_tier.py)."""
+        chain = self._chains.get(req_id)
+        lora = getattr(self._requests.get(req_id), "lora_request", None)
+        root = chain.root if isinstance(chain, RequestChain) else None
+        return root, (lora.lora_name if lora is not None else None)
 
     def _on_exists(self, lk: Lookup, pages: int) -> None:
         target = lk.next_page + pages
         slots = self.index.allocate(pages) if pages > 0 else None
         if slots is None:
+            # No room in L2 to read them: the service's word is all we have (a corrupt
+            # file is found, removed and saved again by a later request's read).
+            self.saves.service_holds(lk.req_id, range(lk.next_page, target))
             self._answer(lk)
             return
         chain = self._chains[lk.req_id]
+        assert isinstance(chain, RequestChain)  # refused requests never ask the service
+        tokens, size = self._requests[lk.req_id].all_token_ids, self.page_size
         refs = [
-            PageRef(h, (), s)
-            for h, s in zip(chain.hashes[lk.next_page : target], slots, strict=True)
+            PageRef(chain.hashes[p], tuple(tokens[p * size : (p + 1) * size]), s, chain.parent(p))
+            for p, s in zip(range(lk.next_page, target), slots, strict=True)
         ]
-        job = next(self._ids)
-        self._jobs[job] = Job(JobKind.PREFETCH, lk.req_id, slots, refs, lk.key)
+        job = self.host.register(Job(JobKind.PREFETCH, lk.req_id, slots, refs, lk.key))
         self.link.load(job, [r.page_hash for r in refs], slots)
         lk.phase, lk.load_job, lk.loading_since = Phase.LOADING, job, time.monotonic()
 
-    def _on_prefetched(self, job_id: int, job: Job, done: Completion) -> None:
-        ok = done.pages_ok if done.settled else 0
-        if done.error and ok < done.pages_requested:
-            self.stats.add("prefetch_failures")
-            log.info(
-                "asynchicache prefetch: %s (%d of %d pages)", done.error, ok, done.pages_requested
-            )
-        ready = []
-        for ref in job.pages[:ok]:
-            self.index.publish(ref.slot, ref.page_hash)  # a duplicate frees its slot
-            ready.append(self.index.slot_of(ref.page_hash))
-        if done.settled:
-            self.index.release(job.slots[ok:])
-            del self._jobs[job_id]
-        else:  # the service may still write into them: quarantined until Settled
-            job.slots = job.slots[ok:]
-        lk = self._waiting.pop(job.lookup_key, None)
+    def _on_prefetched(self, got: Prefetched) -> None:
+        lk = self._waiting.pop(got.job.lookup_key, None)
         if lk is not None and self._lookups.get(lk.req_id) is lk:
-            lk.loaded_slots = [s for s in ready if s is not None]
+            # Only the pages read and verified are held: a page that failed its checks
+            # (corrupt, truncated, gone) is recomputed and must be saved again.
+            self.saves.service_holds(lk.req_id, range(lk.next_page, lk.next_page + len(got.ready)))
+            lk.loaded_slots = got.ready
             self.index.pin(lk.loaded_slots)
-            lk.from_remote = min(done.pages_from_remote, len(lk.loaded_slots))
+            lk.from_remote = min(got.done.pages_from_remote, len(lk.loaded_slots))
             self._answer(lk)
 
     def _answer(self, lk: Lookup) -> None:
@@ -275,8 +292,7 @@ class SchedulerSide:
         block_ids = blocks.get_block_ids()[0][first_block : first_block + n_blocks]
         slots = lk.slots[:pages]
         self.index.unpin(lk.slots[pages:])
-        job = next(self._ids)
-        self._jobs[job] = Job(JobKind.COPY_IN, request.request_id, slots)
+        job = self.host.register(Job(JobKind.COPY_IN, request.request_id, slots))
         self._loads.append(CopyJob(job, request.request_id, tuple(block_ids), tuple(slots)))
         lk.committed = True
         split = lk.split(pages)
@@ -292,59 +308,31 @@ class SchedulerSide:
         meta = AsynchicacheMetadata(self.pool.name, self._loads, [], self.config.load_async)
         self._loads = []
         for new in out.scheduled_new_reqs:
-            self._covered[new.req_id] = new.num_computed_tokens // self.page_size
-            done = new.num_computed_tokens + out.num_scheduled_tokens.get(new.req_id, 0)
-            self._plan_save(new.req_id, done, meta)
+            self.saves.start(new.req_id, new.num_computed_tokens)
+            self._plan_save(new.req_id, new.num_computed_tokens, out, meta)
         cached = out.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             computed = cached.num_computed_tokens[i]
             if req_id in cached.resumed_req_ids:
-                self._covered[req_id] = computed // self.page_size
-            self._plan_save(req_id, computed + out.num_scheduled_tokens.get(req_id, 0), meta)
+                self.saves.start(req_id, computed)
+            self._plan_save(req_id, computed, out, meta)
         return meta
 
-    def _plan_save(self, req_id: str, computed: int, meta: AsynchicacheMetadata) -> None:
-        """Save jobs for the full pages computed since the last step that L2 lacks."""
+    def _plan_save(
+        self, req_id: str, computed: int, out: SchedulerOutput, meta: AsynchicacheMetadata
+    ) -> None:
+        """Save jobs for the pages this step completes with known, accepted tokens."""
         request = self._requests.get(req_id)
-        target = computed // self.page_size
-        covered = self._covered.get(req_id, target)
-        if request is None or target <= covered or self.kv_cache_manager is None:
+        if request is None or self.kv_cache_manager is None:
             return
-        self._covered[req_id] = target
         chain = self._chain(request)
-        hashes = chain.extend(request.all_token_ids)
-        missing = [p for p in range(covered, target) if self.index.slot_of(hashes[p]) is None]
+        if not isinstance(chain, RequestChain):
+            return
+        tokens = request.all_token_ids
+        scheduled = out.num_scheduled_tokens.get(req_id, 0)
+        saveable = saveable_tokens(computed, scheduled, len(tokens))
         block_ids = self.kv_cache_manager.get_block_ids(req_id)[0]
-        for run in _runs(missing):
-            slots = self.index.allocate(len(run))
-            if slots is None:
-                self.stats.add("saves_skipped")
-                return
-            meta.saves.append(self._save_job(request, chain, run, slots, block_ids))
-
-    def _save_job(
-        self,
-        request: Request,
-        chain: RequestChain,
-        pages: range,
-        slots: list[int],
-        block_ids: list[int],
-    ) -> CopyJob:
-        tokens, size, ppb = request.all_token_ids, self.page_size, self.pages_per_block
-        refs = [
-            PageRef(chain.hashes[p], tuple(tokens[p * size : (p + 1) * size]), s, chain.parent(p))
-            for p, s in zip(pages, slots, strict=True)
-        ]
-        job = next(self._ids)
-        self._jobs[job] = Job(JobKind.SAVE_COPY, request.request_id, slots, refs)
-        first, last = pages[0] // ppb, (pages[-1] // ppb) + 1
-        return CopyJob(
-            job,
-            request.request_id,
-            tuple(block_ids[first:last]),
-            tuple(slots),
-            pages[0] - first * ppb,
-        )
+        meta.saves += self.saves.plan(req_id, chain, tokens, saveable, block_ids)
 
     # -- worker and service reports -------------------------------------------
 
@@ -352,55 +340,21 @@ class SchedulerSide:
         self._poll()
         if not isinstance(meta, AsynchicacheWorkerMeta):
             return
-        for job_id in meta.loads_done + meta.loads_failed:
-            job = self._jobs.pop(job_id)
-            self.index.unpin(job.slots)
-        for job_id in meta.saves_failed:
-            self.index.release(self._jobs.pop(job_id).slots)
-            self.stats.add("save_errors")
-        for job_id in meta.saves_done:
-            self._store(self._jobs.pop(job_id))
-        self.stats.add("load_errors", len(meta.loads_failed))
-
-    def _store(self, saved: Job) -> None:
-        refs = [r for r in saved.pages if self.index.publish(r.slot, r.page_hash)]
-        if not refs:
-            return
-        slots = [r.slot for r in refs]
-        self.index.pin(slots)
-        job = next(self._ids)
-        self._jobs[job] = Job(JobKind.STORE, saved.req_id, slots)
-        self.link.store(job, refs)
+        for job, ok in self.host.worker_reports(meta):  # every rank's copy reported
+            if job.kind is JobKind.COPY_IN:
+                self.index.unpin(job.slots)
+                if not ok:  # vLLM recomputes it (or aborts it): no new hit
+                    self._load_failed.add(job.req_id)
+                    self.stats.add("load_errors")
 
     def _poll(self) -> None:
-        for event in self.link.events():
-            self._on_event(event)
-
-    def _on_event(self, event: LinkEvent) -> None:
-        if isinstance(event, ExistsAnswer):
-            lk = self._waiting.get(event.key)
+        for got in self.host.poll():
+            if isinstance(got, Prefetched):
+                self._on_prefetched(got)
+                continue
+            lk = self._waiting.get(got.key)
             if lk is not None and lk.phase is Phase.ASKING:
-                self._on_exists(lk, event.pages)
-            return
-        job = self._jobs.get(event.ticket)  # the link's job id
-        if job is None:
-            return
-        if isinstance(event, Settled):
-            del self._jobs[event.ticket]
-            if job.kind is JobKind.PREFETCH:
-                self.index.release(job.slots)
-            else:
-                self.index.unpin(job.slots)
-        elif event.kind is TicketKind.LOAD:
-            self._on_prefetched(event.ticket, job, event)
-        else:
-            self.stats.add("pages_stored", event.pages_ok)
-            if event.error:
-                self.stats.add("store_failures")
-                log.info("asynchicache store: %s", event.error)
-            if event.settled:
-                del self._jobs[event.ticket]
-                self.index.unpin(job.slots)
+                self._on_exists(lk, got.pages)
 
     # -- lifetime -------------------------------------------------------------
 
@@ -412,23 +366,12 @@ class SchedulerSide:
             self._drop(lk)
         self._requests.pop(req_id, None)
         self._chains.pop(req_id, None)
-        self._covered.pop(req_id, None)
+        self._load_failed.discard(req_id)
+        self.saves.finish(req_id)
 
     def take_stats(self) -> AsynchicacheStats | None:
         self._poll()
         return self.stats.take()
 
     def shutdown(self) -> None:
-        self.link.close()
-        self.pool.close()
-
-
-def _runs(pages: list[int]) -> list[range]:
-    """Ascending page numbers as runs of consecutive ones."""
-    out: list[range] = []
-    for p in pages:
-        if out and out[-1].stop == p:
-            out[-1] = range(out[-1].start, p + 1)
-        else:
-            out.append(range(p, p + 1))
-    return out
+        self.host.close()

@@ -8,6 +8,7 @@ Prometheus logger in the API server process (`AsynchicachePromMetrics`).
     vllm:asynchicache_hit_tokens_total{tier="host|disk|remote"}
     vllm:asynchicache_bytes_total{direction="load|save"}    (L2 <-> vLLM's blocks)
     vllm:asynchicache_events_total{event="..."}             (lookups, failures, ...)
+    vllm:asynchicache_refused_total{reason="..."}           (requests not cached, why)
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetricT,
 )
 
+from asynchicache.integrations.vllm.request_names import REFUSALS
+
 TIERS = ("host", "disk", "remote")
 DIRECTIONS = ("load", "save")
 EVENTS = (
@@ -34,6 +37,7 @@ EVENTS = (
     "load_errors",
     "pages_stored",
     "store_failures",
+    "saves_deferred",
     "saves_skipped",
     "save_errors",
 )
@@ -85,6 +89,7 @@ class AsynchicachePromMetrics(KVConnectorPromMetrics):
             "hit_tokens": ("tier", TIERS, "Prompt tokens whose KV came from an asynchicache tier"),
             "bytes": ("direction", DIRECTIONS, "Bytes copied between L2 and vLLM's KV blocks"),
             "events": ("event", EVENTS, "asynchicache connector events"),
+            "refused": ("reason", REFUSALS, "Requests whose pages are not cached, by reason"),
         }
         self._bound: dict[tuple[int, str], Any] = {}
         for metric, (label, values, doc) in made.items():

@@ -32,6 +32,7 @@ from asynchicache.integrations.vllm.layouts import (
     detect_format,
 )
 from asynchicache.integrations.vllm.metadata import AsynchicacheMetadata, AsynchicacheWorkerMeta
+from asynchicache.integrations.vllm.ranks import rank_heads, tensor_parallel_rank
 from asynchicache.integrations.vllm.spec import VllmKVSpec
 from asynchicache.integrations.vllm.stats import AsynchicacheStats
 
@@ -42,17 +43,24 @@ log = logging.getLogger(__name__)
 
 
 class WorkerSide:
-    """Block copies for one vLLM worker (tensor parallel size 1)."""
+    """Block copies for one vLLM worker: its tensor-parallel rank's heads of each page."""
 
-    def __init__(self, spec: VllmKVSpec, config: ConnectorConfig) -> None:
+    def __init__(self, spec: VllmKVSpec, config: ConnectorConfig, rank: int | None = None) -> None:
         self.spec = spec
         self.config = config
+        self._rank = rank  # this worker's tensor-parallel rank (ranks.py), asked when needed
         self.copier: BlockCopier | None = None
         self.pool: HostPool | None = None
         self.stats = AsynchicacheStats()
         self._report = AsynchicacheWorkerMeta()
         self._recved: set[str] = set()
         self._invalid: set[int] = set()
+
+    @property
+    def rank(self) -> int:
+        if self._rank is None:
+            self._rank = tensor_parallel_rank(self.spec.tp_size)
+        return self._rank
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], backend: str) -> None:
         tensors = [kv_caches[name] for name in self.spec.layer_names]
@@ -84,7 +92,11 @@ class WorkerSide:
                 self.pool.close()
             spec = self.spec
             layout = KVLayout(
-                spec.num_layers, spec.num_kv_heads, spec.head_dim, self.config.page_size, spec.dtype
+                spec.num_layers,
+                spec.page_kv_heads,
+                spec.head_dim,
+                self.config.page_size,
+                spec.dtype,
             )
             self.pool = HostPool.attach(segment, layout)
         return self.pool
@@ -94,7 +106,8 @@ class WorkerSide:
             try:
                 pool = self._pool(meta.segment)
                 assert self.copier is not None and pool.tensor is not None
-                moved = self.copier.load(pool.tensor, job.slots, job.block_ids)
+                mine = rank_heads(pool.tensor, self.rank, self.spec.num_kv_heads)
+                moved = self.copier.load(mine, job.slots, job.block_ids)
                 self.stats.add("bytes_load", moved)
                 self._report.loads_done.append(job.job)
             except Exception:  # a failed copy is recomputed, never used
@@ -109,7 +122,8 @@ class WorkerSide:
             try:
                 pool = self._pool(meta.segment)
                 assert self.copier is not None and pool.tensor is not None
-                moved = self.copier.save(job.block_ids, pool.tensor, job.slots, job.first_page)
+                mine = rank_heads(pool.tensor, self.rank, self.spec.num_kv_heads)
+                moved = self.copier.save(job.block_ids, mine, job.slots, job.first_page)
                 self.stats.add("bytes_save", moved)
                 self._report.saves_done.append(job.job)
             except Exception:  # the pages are just not cached

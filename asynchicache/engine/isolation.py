@@ -1,0 +1,71 @@
+"""A request that fails inside a step fails alone; the engine and the others go on.
+
+The edge validates every field and the sampler is total over what passes
+(engine/sampler.py), so nothing here should ever run. If something still raises
+in a step (a sampler bug, a value no test thought of, a kernel error), the
+engine must not die with it: that would end every client's stream.
+
+* Sampling: the batch is picked at once; if that raises, each row is picked
+  alone and only the rows that still raise fail.
+* Anything else in a step (the forward pass, prompt logprobs, forking a group)
+  cannot be pinned on one row: every request of that step fails (with the
+  members of their groups), the step's pages are released as for any finished
+  request, and the next step runs as usual.
+
+A failed request finishes with reason "error" and a message that names the
+exception type only: an exception's text may quote token ids or sizes of
+another tenant's prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from asynchicache.engine.request import Request
+from asynchicache.engine.sampler import Pick, pick
+from asynchicache.engine.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+def failure_message(what: str, exc: BaseException) -> str:
+    """What the client reads: the stage and the exception's type, no data."""
+    return f"the engine failed while {what} ({type(exc).__name__}); this request was ended"
+
+
+def pick_isolated(logits: torch.Tensor, ready: Sequence[Request]) -> list[Pick | BaseException]:
+    """logits [len(ready), vocab] -> a pick per request, or the exception its row raised."""
+    params = [r.sampling for r in ready]
+    generators = [r.generator for r in ready]
+    histories = [(r.prompt, r.output) for r in ready]
+    try:
+        return list(pick(logits, params, generators, histories))
+    except Exception:
+        log.exception("sampling a batch of %d failed; sampling its rows one by one", len(ready))
+    out: list[Pick | BaseException] = []
+    for i in range(len(ready)):
+        try:
+            out.append(pick(logits[i : i + 1], params[i : i + 1], generators[i : i + 1],
+                            histories[i : i + 1])[0])  # fmt: skip
+        except Exception as exc:
+            log.error("sampling request %s failed alone: %r", ready[i].rid, exc)
+            out.append(exc)
+    return out
+
+
+def fail_requests(scheduler: Scheduler, rids: Iterable[str], message: str) -> int:
+    """End every scheduled request of these rids (a group's members share one) with an
+    error; returns how many. Members still waiting for their leader's prefill end with
+    it when the engine drains the finished leader."""
+    wanted = set(rids)
+    found = [
+        r
+        for r in [*scheduler.waiting, *scheduler.running, *scheduler.loading.values()]
+        if r.rid in wanted
+    ]
+    for req in found:
+        scheduler.finish(req, "error", message)
+    return len(found)
