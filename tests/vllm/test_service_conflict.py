@@ -21,7 +21,7 @@ from asynchicache.storage.shm import list_segments, owner_pid
 
 
 def _spec() -> VllmKVSpec:
-    identity = ModelIdentity("tiny-test", None, "test", "cpu", "auto", "float32", 32)
+    identity = ModelIdentity("tiny-test", "0" * 40, "test", "cpu", "CPU_ATTN:vec", "float32", 32)
     return VllmKVSpec(32, 64, ("l0", "l1"), 2, 8, torch.float32, identity)
 
 
