@@ -1,4 +1,5 @@
-"""Suite-wide fixtures and checks: no shared-memory segment of ours outlives the tests; a
+"""Suite-wide fixtures and checks: no shared-memory segment of ours outlives the tests
+(tests/support/shm_leftovers.py; tests/vllm/conftest.py checks vLLM's too); a
 strict page ledger; `make_pool` for the tests that build L2 pools; transformers' SmolLM2,
 loaded once for every test that checks the default model against it."""
 
@@ -9,30 +10,21 @@ from typing import Any
 import pytest
 from hf_reference import hf_model
 from pools import Pool, pool_factory
-from processes import pid_alive
+from shm_leftovers import snapshot, wait_no_leftovers
 
 from asynchicache.cache.ledger import STRICT_ENV
-from asynchicache.storage.shm import list_segments, owner_pid
 
 # An illegal page or slot transition raises in every cache the tests build, in
 # this process and in the servers it starts (production only counts and logs it).
 os.environ.setdefault(STRICT_ENV, "1")
 
 
-def _ours_or_orphaned(name: str) -> bool:
-    # Other programs on the machine (a benchmark, another checkout's tests) may
-    # hold segments of their own; a segment is a leak of this suite when this
-    # process created it or its creator died without removing it.
-    pid = owner_pid(name)
-    return pid is None or pid == os.getpid() or not pid_alive(pid)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _no_leaked_segments() -> Iterator[None]:
-    before = set(list_segments())
+    before = snapshot()
     yield
-    leaked = {s for s in set(list_segments()) - before if _ours_or_orphaned(s)}
-    assert not leaked, f"shared-memory segments leaked by the test suite: {sorted(leaked)}"
+    leaked = wait_no_leftovers(before, multiprocessing=False)
+    assert not leaked, f"shared-memory segments leaked by the test suite: {leaked}"
 
 
 @pytest.fixture

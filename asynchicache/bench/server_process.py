@@ -19,6 +19,40 @@ import httpx
 log = logging.getLogger(__name__)
 
 
+_GROUP_GRACE_S = 15.0  # a stopped server's helpers finish their clean-up within this
+_TRACKER = "multiprocessing.resource_tracker"
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group `pgid`."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _group_gone(pgid: int, timeout_s: float) -> bool:
+    """Wait until process group `pgid` has no live process left."""
+    deadline = time.monotonic() + timeout_s
+    while _group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -133,26 +167,40 @@ class BenchServer:
         resp.raise_for_status()
         return resp.json()
 
-    def stop(self, timeout_s: float = 60.0) -> int | None:
-        """SIGTERM (the launcher stops its children in order), SIGKILL to its process
-        group if it hangs; then whatever it left behind in that group."""
+    def stop(self, timeout_s: float = 60.0, sig: int = signal.SIGTERM) -> int | None:
+        """`sig` (SIGTERM; SIGINT is a Ctrl-C: the launcher stops its children in order),
+        SIGKILL to its process group if it hangs; then its helpers get a grace period to
+        finish (multiprocessing's resource tracker unlinks the shared memory and
+        semaphores the server left, in /dev/shm) before what is left is killed."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(sig)
         try:
             code = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            log.warning("server %d ignored SIGTERM for %.0fs; killing it", self.proc.pid, timeout_s)
+            log.warning(
+                "server %d ignored signal %d for %.0fs; killing it", self.proc.pid, sig, timeout_s
+            )
             self._kill_group()
             return self.proc.wait(30)
-        self._kill_group()  # children it left behind (it should have stopped them)
+        if not _group_gone(self.proc.pid, _GROUP_GRACE_S):
+            log.warning("server %d left processes behind; killing them", self.proc.pid)
+        self._kill_group()
         return code
 
     def _kill_group(self) -> None:
+        """SIGKILL the group, its resource trackers last: once the processes that used
+        them are gone they remove what those left in /dev/shm, then exit."""
         assert self.proc is not None
+        pgid = self.proc.pid
+        for pid in _group_members(pgid):
+            if _TRACKER not in _cmdline(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        _group_gone(pgid, _GROUP_GRACE_S)
         with contextlib.suppress(ProcessLookupError, PermissionError):  # nothing left
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(pgid, signal.SIGKILL)
 
     def log_tail(self, n: int = 4000) -> str:
         try:

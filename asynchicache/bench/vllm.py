@@ -2,7 +2,7 @@
 
     asynchicache bench vllm [--model HF_DIR] [--prompt-tokens 1500] [--rounds 3]
         [--python .venv-vllm/bin/python] [--block-size N] [--threads N]
-        [--out FILE.json]
+        [--out FILE.json] [--decode-clients 8] [--decode-tokens 256]
 
 Starts the servers itself, one at a time, all with identical vLLM flags
 (eager, float32, the same max-model-len and KV cache size), sends one warm-up
@@ -16,17 +16,24 @@ content token):
   example_restart  the same with vLLM's ExampleConnector (safetensors on disk)
   ours_cold        vLLM + AsynchicacheConnector, a prompt never seen (overhead)
 
+and a decode arm on the same servers (bench/vllm_decode.py): `--decode-clients`
+clients (8) decoding `--decode-tokens` tokens (256) each at once, in tok/s,
+vLLM alone (`vllm_decode`) and with our connector (`ours_decode`), whose saves
+copy every page a request fills into L2 (`--decode-clients 0`: no decode arm).
+
 Every arm computes on the same `--threads` (default: every core; vLLM's own
 default differs with and without a connector, see bench/vllm_process.py).
 It reports the median of each arm, each arm's hit tokens (ours: our disk
-tier counter; ExampleConnector: vLLM's external prefix cache hits) and the
-load average, as JSON. The model defaults to the embedded SmolLM2 exported
+tier counter; ExampleConnector: vLLM's external prefix cache hits), the
+connector's decode cost (1 - ours_decode / vllm_decode) and the load average,
+as JSON. The model defaults to the embedded SmolLM2 exported
 with `asynchicache model export-hf`. Run it on a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -41,9 +48,12 @@ from pathlib import Path
 import httpx
 
 from asynchicache.bench.text import text
+from asynchicache.bench.vllm_decode import DecodeLoad, decode_tok_s
 from asynchicache.bench.vllm_process import VllmFlags, VllmServer, VllmThreads, metric_sum
+from asynchicache.storage.client import StorageClient
 
 ARMS = ("vllm_cold", "ours_restart", "example_restart", "ours_cold")
+DECODE_ARMS = ("vllm_decode", "ours_decode")
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,7 @@ class BenchConfig:
     # VllmThreads): alone it reserves a core, with a connector two, so without one
     # setting the arms would compute on different thread counts.
     threads: int | None = None
+    decode: DecodeLoad | None = field(default_factory=DecodeLoad)  # None: no decode arm
 
     def __post_init__(self) -> None:
         if self.rounds <= 0 or self.prompt_tokens <= 0:
@@ -115,6 +126,9 @@ class Arm:
         if self.server is not None:
             self.server.stop()
             self.server = None
+        address = self.flags.extra_config.get("cache_service")
+        if address and not _service_gone(address, 120):  # a restart restarts it too
+            raise RuntimeError(f"the cache service at {address} outlived its vLLM")
 
     def timed(self, msgs: list[dict[str, str]]) -> float:
         assert self.server is not None
@@ -123,6 +137,21 @@ class Arm:
         time.sleep(1.0)  # the step's stats reach /metrics
         self.hit_tokens.append(self.hits(self.server) - before)
         return seconds
+
+
+def _service_gone(address: str, timeout_s: float) -> bool:
+    """Wait until no cache service answers at `address` (ours exits once the last vLLM
+    using it is gone, after its writes)."""
+    client = StorageClient.connect(address)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while client.wait_ready(0.5):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+    finally:
+        client.close()
 
 
 def _our_hits(server: VllmServer) -> float:
@@ -176,11 +205,16 @@ def run(config: BenchConfig) -> dict:
     arms = _arms(config, model, work)
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     hits: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    rates: dict[str, list[float]] = {arm: [] for arm in DECODE_ARMS}
     load_before = os.getloadavg()[0]
 
     def timed(arm_name: str, arm: Arm, msgs: list[dict[str, str]]) -> None:
         times[arm_name].append(arm.timed(msgs))
         hits[arm_name].append(arm.hit_tokens[-1])
+
+    def decoded(arm_name: str, arm: Arm, seed: int) -> None:
+        if config.decode is not None and arm.server is not None:
+            rates[arm_name].append(decode_tok_s(arm.server.url, config.decode, seed))
 
     try:
         # One server at a time (a vLLM takes ~2 GB), each started and warmed up
@@ -190,6 +224,7 @@ def run(config: BenchConfig) -> dict:
             computed = messages(seed, config.prompt_tokens)
             arms["vllm"].start()
             timed("vllm_cold", arms["vllm"], messages(seed + 1, config.prompt_tokens))
+            decoded("vllm_decode", arms["vllm"], seed + 3)
             arms["vllm"].stop()
             for name in ("ours", "example"):  # computed by one process, timed in the next
                 ttft(arms[name].start(), computed)
@@ -197,11 +232,12 @@ def run(config: BenchConfig) -> dict:
                 timed(f"{name}_restart", arms[name], computed)
                 if name == "ours":
                     timed("ours_cold", arms[name], messages(seed + 2, config.prompt_tokens))
+                    decoded("ours_decode", arms[name], seed + 4)
                 arms[name].stop()
     finally:
         for arm in arms.values():
             arm.stop()
-    return _report(config, times, hits, load_before)
+    return _report(config, times, hits, load_before, rates)
 
 
 def _report(
@@ -209,6 +245,7 @@ def _report(
     times: dict[str, list[float]],
     hits: dict[str, list[float]],
     load_before: float,
+    rates: dict[str, list[float]] | None = None,
 ) -> dict:
     med = {arm: statistics.median(ts) for arm, ts in times.items()}
     out = {f"{arm}_ttft_s": round(med[arm], 4) for arm in ARMS}
@@ -228,7 +265,22 @@ def _report(
             "load_average": {"before": load_before, "after": os.getloadavg()[0]},
         }
     )
+    out.update(_decode_report(config, rates or {}))
     return out
+
+
+def _decode_report(config: BenchConfig, rates: dict[str, list[float]]) -> dict:
+    """The decode arm's medians and the connector's cost (a share of vLLM's tok/s)."""
+    if config.decode is None or not all(rates.get(arm) for arm in DECODE_ARMS):
+        return {}
+    med = {arm: statistics.median(rates[arm]) for arm in DECODE_ARMS}
+    return {
+        "vllm_decode_tok_s": round(med["vllm_decode"], 2),
+        "ours_decode_tok_s": round(med["ours_decode"], 2),
+        "decode_rounds": {arm: [round(r, 2) for r in rates[arm]] for arm in DECODE_ARMS},
+        "decode_load": dataclasses.asdict(config.decode),
+        "ours_decode_cost": round(1.0 - med["ours_decode"] / med["vllm_decode"], 4),
+    }
 
 
 def _export_default(work: Path) -> Path:
@@ -260,6 +312,18 @@ def main(argv: list[str] | None = None) -> int:
         help="vLLM's compute threads for every arm (sets VLLM_CPU_NUM_OF_RESERVED_CPU to "
         "cores - threads; default: every core)",
     )
+    p.add_argument(
+        "--decode-clients",
+        type=int,
+        default=DecodeLoad.clients,
+        help="clients decoding at once in the decode arm (0: no decode arm)",
+    )
+    p.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=DecodeLoad.max_tokens,
+        help="tokens each decode client generates",
+    )
     p.add_argument("--work-dir", type=Path, default=None, help="logs, disk caches (default: tmp)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     a = p.parse_args(argv)
@@ -272,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             work_dir=a.work_dir,
             block_size=a.block_size,
             threads=a.threads,
+            decode=DecodeLoad(a.decode_clients, a.decode_tokens) if a.decode_clients else None,
         )
     )
     text_out = json.dumps(result, indent=2)

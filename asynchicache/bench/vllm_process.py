@@ -29,7 +29,6 @@ from typing import Any
 import httpx
 
 from asynchicache.bench.server_process import BenchServer
-from asynchicache.storage.shm import remove_stale_segments
 
 CONNECTOR_MODULE = "asynchicache.integrations.vllm"
 RESERVED_CPU_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
@@ -153,13 +152,6 @@ class VllmServer(BenchServer):
         resp = httpx.post(self.url + path, json=body, timeout=600)
         resp.raise_for_status()
         return resp.json()
-
-    def stop(self, timeout_s: float = 60.0) -> int | None:
-        code = super().stop(timeout_s)
-        # vLLM may SIGKILL its engine core at shutdown; the L2 segment the
-        # connector made there is then an orphan: remove it.
-        remove_stale_segments()
-        return code
 
     def reset_prefix_cache(self) -> None:
         httpx.post(self.url + "/reset_prefix_cache", timeout=60).raise_for_status()

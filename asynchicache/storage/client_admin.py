@@ -23,10 +23,11 @@ from asynchicache.storage.admin_messages import (
     Unpin,
     UnpinReply,
 )
+from asynchicache.storage.messages import Lease, LeaseReply, Release, ServiceSettings
 
 
 class AdminRequests:
-    """Clear, pin, unpin, list pins, list contents (mixed into `StorageClient`)."""
+    """Clear, pin, unpin, list pins, list contents, leases (mixed into `StorageClient`)."""
 
     def _request(self, make: Callable[[int], object], timeout_s: float) -> object | None:
         """Send `make(req_id)` and wait up to `timeout_s` for its reply."""
@@ -78,3 +79,17 @@ class AdminRequests:
         events). For a late subscriber's replay, and after `take_events()` reports a gap."""
         reply = self._request(partial(Contents, tiers=tuple(tiers)), timeout_s)
         return reply if isinstance(reply, ContentsReply) else None
+
+    def lease(
+        self, holder: int, settings: ServiceSettings | None, ttl_s: float, timeout_s: float = 1.0
+    ) -> LeaseReply | None:
+        """Take or renew a lease on the service for process `holder` (storage.service_leases);
+        refused, naming the fields, when `settings` (None: any) are not the service's."""
+        msg = partial(Lease, holder=holder, settings=settings, ttl_s=ttl_s)
+        reply = self._request(msg, timeout_s)
+        return reply if isinstance(reply, LeaseReply) else None
+
+    def release(self, timeout_s: float = 1.0) -> LeaseReply | None:
+        """Give our lease up (a leased service with no lease left stops)."""
+        reply = self._request(Release, timeout_s)
+        return reply if isinstance(reply, LeaseReply) else None

@@ -11,6 +11,10 @@ unpin chains (`Pin`, `Unpin`, `Pins`), and for what its tiers hold
 `StorageEvents` (req_id 0, unasked) whenever pages enter or leave L3/L4
 (storage.events).
 
+A client may also hold a lease (`Lease`, renewed as a heartbeat; `Release`): a
+service started for vLLM instances runs while a lease is held, and grants one only
+when the client's `ServiceSettings` match its own (storage.service_leases).
+
 Loads and stores carry an absolute deadline (`deadline_ns`, CLOCK_MONOTONIC,
 shared by the processes of one host; see `storage.deadline`). Every Load and
 Store gets exactly one final reply, after which the service touches none of
@@ -24,12 +28,15 @@ a half-built message that fails later inside the service.
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import dataclass, field
 
 from asynchicache.codec import Codec
 from asynchicache.storage.admin_messages import AdminReply, AdminRequest, check_hashes
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
+
+_MAX_LEASE_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -162,6 +169,67 @@ class StatsReply:
 
 
 @dataclass(frozen=True)
+class ServiceSettings:
+    """What a service runs with that changes what its engines get (where pages live, how
+    many, which are admitted): a client that leases it says what it wants, and a service
+    that runs otherwise refuses, naming the fields. How it writes (O_DIRECT, syncs) is
+    left out. `disk_cache_dir` is a resolved path; None: no remote tier, or no L4 expiry."""
+
+    disk_cache_dir: str
+    disk_cache_bytes: int
+    remote_url: str | None = None
+    remote_ttl: int | None = None
+    remote_admit_hits: int = 0  # L4 -> L3 promotion admission (RemoteTierConfig)
+    remote_admit_tokens: int = 0
+
+    def differences(self, other: ServiceSettings) -> tuple[str, ...]:
+        """The fields whose values differ, in field order."""
+        return tuple(
+            f.name
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        )
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Keep the service running while process `holder` lives and renews this within
+    `ttl_s` (a heartbeat); granted when `settings` equal the service's own (None: a client
+    that would not start a service takes it as it runs)."""
+
+    req_id: int
+    holder: int  # a pid on the service's host
+    settings: ServiceSettings | None
+    ttl_s: float
+
+    def __post_init__(self) -> None:
+        if self.holder <= 0:
+            raise ValueError(f"a lease holder is a pid, got {self.holder}")
+        if not 0 < self.ttl_s <= _MAX_LEASE_S:
+            raise ValueError(f"lease ttl_s must be in (0, {_MAX_LEASE_S}], got {self.ttl_s}")
+
+
+@dataclass(frozen=True)
+class Release:
+    """Give up the sender's lease (its engine is stopping)."""
+
+    req_id: int
+
+
+@dataclass(frozen=True)
+class LeaseReply:
+    """`granted`, or refused for `conflicts` (ServiceSettings fields whose values differ;
+    `settings` are the service's). `holders`: leases held now; `pid`: the service's."""
+
+    req_id: int
+    granted: bool
+    settings: ServiceSettings
+    conflicts: tuple[str, ...] = ()
+    holders: int = 0
+    pid: int = 0
+
+
+@dataclass(frozen=True)
 class ErrorReply:
     """A request the service could not take: `code` is "unregistered", "malformed" or "internal"."""
 
@@ -170,7 +238,7 @@ class ErrorReply:
     message: str = ""
 
 
-Request = Register | Exists | Load | Store | Cancel | Stats | AdminRequest
+Request = Register | Exists | Load | Store | Cancel | Stats | Lease | Release | AdminRequest
 Reply = (
     RegisterReply
     | ExistsReply
@@ -178,6 +246,7 @@ Reply = (
     | StoreReply
     | CancelReply
     | StatsReply
+    | LeaseReply
     | ErrorReply
     | AdminReply
 )

@@ -36,6 +36,12 @@ KV events (storage.events): each namespace's backend numbers its L3/L4
 changes; a client that registered with `events=True` gets them, in order, as
 `StorageEvents` sent by the loop thread whenever some are waiting.
 
+Leases (storage.service_leases): engines that share the service hold leases
+(`Lease`, renewed as a heartbeat; `Release`); a service started `--leased-by`
+its vLLM starter stops once none is held and no work is in flight. A client
+dropped because its pool's owner died gets its segment unlinked (a SIGKILLed
+vLLM engine core never removes its own).
+
 Configuration: storage.service_config; the process's command line:
 storage.service_cli.
 """
@@ -61,16 +67,18 @@ from asynchicache.storage.base import PageLayout
 from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk import DiskConfig
 from asynchicache.storage.events import StorageEvent
-from asynchicache.storage.liveness import pid_alive
+from asynchicache.storage.liveness import ProcessIdentity, pid_alive
 from asynchicache.storage.messages import (
     Cancel,
     CancelReply,
     ErrorReply,
     Exists,
     ExistsReply,
+    Lease,
     Load,
     Register,
     RegisterReply,
+    Release,
     Reply,
     Stats,
     StatsReply,
@@ -85,7 +93,8 @@ from asynchicache.storage.service_config import (
     prepare_address,
 )
 from asynchicache.storage.service_jobs import Work, execute, failed
-from asynchicache.storage.shm import SharedSegment, owner_pid
+from asynchicache.storage.service_leases import LeaseDesk
+from asynchicache.storage.shm import SHM_DIR, SharedSegment, owner_pid
 from asynchicache.storage.sockets import queued
 from asynchicache.storage.tiered import TieredBackend, open_tiered
 
@@ -105,6 +114,8 @@ _MAX_BATCH = 256  # requests taken per loop turn before replies get their turn
 _REFUSED_PER_CLIENT = 4096  # cancelled tickets remembered per client, should they still come
 _REFUSED_CLIENTS = 256
 _EVENTS_PER_MESSAGE = 512
+_FLUSH_MS = 1000  # at exit, replies queued for clients get this long to leave
+_SWEEP_S = 0.5  # clients and leases whose process died are seen this often
 
 
 @dataclass
@@ -141,6 +152,7 @@ class CacheService:
         self._refused: OrderedDict[bytes, OrderedDict[int, None]] = OrderedDict()
         self._done: queue.SimpleQueue[tuple[bytes, Reply]] = queue.SimpleQueue()
         self._counters: dict[str, float] = {}
+        self._leases = LeaseDesk(config.settings, config.leased_by, time.monotonic())
         self._workers = ThreadPoolExecutor(config.workers, thread_name_prefix="cache-worker")
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -172,8 +184,9 @@ class CacheService:
                 if self._wake_r in events:
                     self._send_done()
                     self._send_events()
-                if time.monotonic() - last_sweep > 1.0:
+                if time.monotonic() - last_sweep > _SWEEP_S:
                     self._sweep_clients()
+                    self._stop_when_unleased()
                     last_sweep = time.monotonic()
         finally:
             self._shutdown()
@@ -208,6 +221,8 @@ class CacheService:
             disk = client.backend.stats() if client else None
             remote = client.backend.remote_stats() if client else None
             self._send(ident, StatsReply(msg.req_id, disk, self._service_stats(), remote))
+        elif isinstance(msg, Lease | Release):
+            self._send(ident, self._leases.answer(ident, msg, time.monotonic()))
         elif isinstance(msg, Cancel):
             self._send(ident, CancelReply(msg.req_id, msg.target, self._cancel(ident, msg.target)))
         elif client is None:
@@ -295,6 +310,11 @@ class CacheService:
     def _drop_client(self, ident: bytes) -> None:
         client = self._clients.pop(ident)
         self._detach(client.segment)
+        # A vLLM engine core is SIGKILLed at shutdown: nobody else removes its L2 segment.
+        pid = owner_pid(client.segment)
+        gone = pid is not None and not ProcessIdentity.of(pid).alive()  # a zombie is gone
+        if gone and client.segment not in self._segments:
+            (SHM_DIR / client.segment).unlink(missing_ok=True)
 
     def _sweep_clients(self) -> None:
         """Forget clients that stopped talking or whose pool's owner died."""
@@ -306,6 +326,13 @@ class CacheService:
                 log.info("cache service: dropping client of segment %s", client.segment)
                 self._drop_client(ident)
                 self._count("clients_dropped")
+
+    def _stop_when_unleased(self) -> None:
+        """A leased service whose last lease ended stops once its work in flight is done
+        (a lease that comes meanwhile keeps it running)."""
+        if self._leases.unleased(time.monotonic()) and not self._running:
+            log.info("cache service: no lease held and no work in flight; stopping")
+            self.stop.set()
 
     # -- work -------------------------------------------------------------
 
@@ -407,6 +434,7 @@ class CacheService:
             "clients": float(len(self._clients)),
             "backends": float(len(self._backends)),
             "running": float(len(self._running)),
+            **self._leases.stats(),
         }
 
     def _shutdown(self) -> None:
@@ -416,7 +444,7 @@ class CacheService:
             backend.close()
         for ident in list(self._clients):
             self._drop_client(ident)
-        self._sock.close(linger=0)
+        self._sock.close(linger=_FLUSH_MS)  # the last replies still reach live clients
         self._ctx.term()
         os.close(self._wake_r)
         os.close(self._wake_w)

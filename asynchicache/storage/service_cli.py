@@ -21,7 +21,7 @@ from asynchicache.storage.service_config import ServiceConfig, default_address
 from asynchicache.storage.tiered import RemoteTierConfig
 
 
-def _parse(argv: list[str] | None) -> ServiceConfig:
+def _parser() -> argparse.ArgumentParser:
     d = ServiceConfig  # the defaults
     p = argparse.ArgumentParser(
         prog="asynchicache-cache-service",
@@ -51,9 +51,22 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
     p.add_argument("--no-direct-io", action="store_true", help="never use O_DIRECT")
     p.add_argument("--remote-url", help="L4 Redis/Valkey, e.g. redis://127.0.0.1:6379/0")
     p.add_argument("--remote-ttl", type=int, help="L4 value expiry in seconds (default: none)")
+    p.add_argument(
+        "--leased-by",
+        type=int,
+        help="run only while engines hold leases on it; this pid (its starter) holds the "
+        "first (storage.service_leases)",
+    )
     p.add_argument("--log-level", default="INFO")
-    a = p.parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    return p
+
+
+def config_from_args(argv: list[str] | None) -> ServiceConfig:
+    """The ServiceConfig these command-line flags make (no side effects)."""
+    return _config(_parser().parse_args(argv))
+
+
+def _config(a: argparse.Namespace) -> ServiceConfig:
     return ServiceConfig(
         a.disk_cache_dir,
         a.socket,
@@ -65,11 +78,14 @@ def _parse(argv: list[str] | None) -> ServiceConfig:
         client_ttl_s=a.client_ttl,
         remote=RemoteTierConfig(a.remote_url, a.remote_ttl) if a.remote_url else None,
         max_pinned_fraction=a.max_pinned_fraction,
+        leased_by=a.leased_by,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = _parse(argv)
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    config = _config(args)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

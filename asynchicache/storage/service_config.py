@@ -17,6 +17,7 @@ from asynchicache.config import GIB, CacheConfig, ServiceTuning
 from asynchicache.storage.disk_config import DiskConfig
 from asynchicache.storage.disk_write import SyncMode
 from asynchicache.storage.fileio import make_private_dir
+from asynchicache.storage.messages import ServiceSettings
 from asynchicache.storage.tiered import RemoteTierConfig
 
 
@@ -55,6 +56,9 @@ class ServiceConfig:
     client_ttl_s: float = ServiceTuning.client_ttl_s  # a client silent this long is dropped
     remote: RemoteTierConfig | None = None  # L4 (Redis/Valkey) behind the disk: --remote-url
     max_pinned_fraction: float = DiskConfig.max_pinned_fraction  # of capacity_bytes
+    # Started for vLLM instances (integrations.vllm.service_process): run while a lease is
+    # held (storage.service_leases), and this pid holds the first one until it takes its own.
+    leased_by: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disk_cache_dir", Path(self.disk_cache_dir))
@@ -71,6 +75,22 @@ class ServiceConfig:
                 f"--socket must be a ZeroMQ address like ipc://PATH, got {self.address}"
             )
         _check_local(self.address)
+        if self.leased_by is not None and self.leased_by <= 0:
+            raise ValueError(f"--leased-by must be a pid, got {self.leased_by}")
+
+    @property
+    def settings(self) -> ServiceSettings:
+        """What a lease compares (the same function on both sides: the connector builds the
+        ServiceConfig of the service it would start, and asks for its settings)."""
+        remote = self.remote
+        return ServiceSettings(
+            os.path.realpath(self.disk_cache_dir),
+            self.capacity_bytes,
+            remote.url if remote else None,
+            remote.ttl_s if remote else None,
+            remote.admit_hits if remote else 0,
+            remote.admit_tokens if remote else 0,
+        )
 
 
 def _check_local(address: str) -> None:

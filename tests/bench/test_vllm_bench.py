@@ -6,10 +6,22 @@ import json
 from pathlib import Path
 
 import pytest
+from bench_helpers import ScriptedServer
+from service_process import ServiceProcess
 
 from asynchicache.bench.peers import vllm
-from asynchicache.bench.vllm import ARMS, BenchConfig, _arms, _report, messages
+from asynchicache.bench.vllm import (
+    ARMS,
+    DECODE_ARMS,
+    BenchConfig,
+    _arms,
+    _report,
+    _service_gone,
+    messages,
+)
+from asynchicache.bench.vllm_decode import DecodeLoad, decode_tok_s
 from asynchicache.bench.vllm_process import VllmFlags, VllmThreads, machine_cores, metric_sum
+from asynchicache.storage.client import StorageClient
 
 
 def _argv(connector: str | None = None, extra_config: dict[str, str] | None = None) -> list[str]:
@@ -90,3 +102,51 @@ def test_vllm_threads_set_the_reservation() -> None:
         VllmThreads.of(0, cores=2)
     peer = vllm(Path("/p"), 1, threads=VllmThreads.of(1, cores=2))
     assert peer.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"  # bench compare's vLLM too
+
+
+def test_the_decode_arm_is_8_clients_of_256_tokens_by_default() -> None:
+    assert BenchConfig(None).decode == DecodeLoad(8, 256)
+    prompts = DecodeLoad().prompts(3)
+    assert len(prompts) == 8 and len({p[0]["content"] for p in prompts}) == 8
+    assert prompts == DecodeLoad().prompts(3) and prompts != DecodeLoad().prompts(4)
+
+
+def test_decode_clients_run_together_and_the_rate_counts_every_token(
+    scripted_server: ScriptedServer,
+) -> None:
+    scripted_server.tokens = 5
+    load = DecodeLoad(clients=4, max_tokens=5)
+    rate = decode_tok_s(scripted_server.url, load, seed=1)
+    calls = scripted_server.calls
+    assert len(calls) == 4
+    assert {c.body["max_tokens"] for c in calls} == {5}
+    assert all(c.body["ignore_eos"] and c.body["temperature"] == 0 for c in calls)
+    # At once: every request arrived before the first one finished.
+    assert max(c.received for c in calls) < min(c.finished for c in calls)
+    wall = max(c.finished for c in calls) - min(c.received for c in calls)
+    assert 0 < rate <= 4 * 5 / wall
+
+
+def test_report_has_the_decode_rates_and_the_connector_cost() -> None:
+    times = {arm: [1.0] for arm in ARMS}
+    rates = {"vllm_decode": [100.0, 90.0, 110.0], "ours_decode": [96.0, 95.0, 99.0]}
+    out = _report(BenchConfig(None), times, {}, 0.0, rates)
+    assert (out["vllm_decode_tok_s"], out["ours_decode_tok_s"]) == (100.0, 96.0)
+    assert out["ours_decode_cost"] == 0.04
+    assert set(out["decode_rounds"]) == set(DECODE_ARMS)
+    assert out["decode_load"] == {"clients": 8, "max_tokens": 256, "prompt_tokens": 64}
+    no_decode = _report(BenchConfig(None, decode=None), times, {}, 0.0, {})
+    assert "ours_decode_cost" not in no_decode
+
+
+def test_a_restart_arm_waits_for_its_cache_service_to_exit(tmp_path: Path) -> None:
+    address = f"ipc://{tmp_path}/svc.sock"
+    svc = ServiceProcess(tmp_path / "kv", address).start()
+    try:
+        probe = StorageClient.connect(address)
+        assert probe.wait_ready(30)
+        probe.close()
+        assert not _service_gone(address, 1.0)  # it answers
+    finally:
+        svc.stop()
+    assert _service_gone(address, 10.0)

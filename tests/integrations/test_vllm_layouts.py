@@ -10,8 +10,11 @@ that our canonical views and the block <-> page copies see exactly the truth.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from asynchicache.integrations.vllm.layouts import (
     BlockCopier,
@@ -198,6 +201,69 @@ def test_kernel_blocks_split_a_manager_block() -> None:
     torch.testing.assert_close(view[2, 0], k[4], rtol=0, atol=0)
     torch.testing.assert_close(view[3, 1, :P], v[5, :P], rtol=0, atol=0)
     torch.testing.assert_close(view[3, :, P:], old, rtol=0, atol=0)
+
+
+class _Largest(TorchDispatchMode):
+    """Records the largest tensor any op makes (a copy of whole blocks shows there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        given = {_storage(a) for a in (*args, *(kwargs or {}).values())}
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if _storage(t) not in given:  # a new tensor, not a view or an in-place result
+                self.numel = max(self.numel, t.numel())
+        return out
+
+
+def _storage(t: object) -> int:
+    return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else -1
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_a_decode_page_copies_only_its_rows(name: str) -> None:
+    """One new page in the middle of an 8-page kernel block of a split manager block (a
+    decode step's save): only that page's rows are read and copied, never the block;
+    then two pages of a kernel block into slots that are not consecutive."""
+    build, fmt = BUILDERS[name]
+    # 6 kernel blocks of 16 tokens (3 manager blocks of 32), pages of 2 tokens
+    k, v = (torch.cat([t, t]).reshape(B, 2 * N, H, D) for t in truth(8))
+    small_p = P // 2
+    tensor = _built(build, k, v)
+    copier = BlockCopier([tensor], fmt, ratio=2, page_size=small_p)  # 16 pages per block
+    pool = torch.zeros(4, *copier.page_shape)
+    probe = _Largest()
+    with probe:
+        copied = copier.save([1], pool, [3], first_page=13)  # kernel block 3, page 5
+    torch.testing.assert_close(pool[3, 0, 0], k[3, 10:12], rtol=0, atol=0)
+    torch.testing.assert_close(pool[3, 0, 1], v[3, 10:12], rtol=0, atol=0)
+    assert not pool[:3].any()
+    page = pool[0, 0, 0].numel()  # one page of one layer's K
+    assert copied == pool[0].numel() * 4
+    assert probe.numel <= page, (probe.numel, page)
+    with probe:
+        copier.save([2], pool, [2, 0], first_page=1)  # kernel block 4, pages 1 and 2
+    torch.testing.assert_close(pool[2, 0, 0], k[4, 2:4], rtol=0, atol=0)
+    torch.testing.assert_close(pool[0, 0, 1], v[4, 4:6], rtol=0, atol=0)
+    assert not pool[1].any()
+    assert probe.numel <= 2 * page, (probe.numel, page)
+
+
+def _built(
+    build: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """`build` for blocks of any size (the builders above use the module's B and N)."""
+    blocks, tokens = k.shape[:2]
+    if build is cpu_head_major:
+        t = torch.empty(blocks, H, tokens, 2 * D)
+        flat = t.view(blocks, H, 2 * tokens * D)
+        flat[:, :, : tokens * D] = k.permute(0, 2, 3, 1).reshape(blocks, H, D * tokens)
+        flat[:, :, tokens * D :] = v.permute(0, 2, 1, 3).reshape(blocks, H, tokens * D)
+        return t
+    return build(k, v)
 
 
 def test_mismatched_pool_or_slot_count_is_refused() -> None:

@@ -32,10 +32,14 @@ from asynchicache.storage.messages import (
     ErrorReply,
     Exists,
     ExistsReply,
+    Lease,
+    LeaseReply,
     Load,
     LoadReply,
     Register,
     RegisterReply,
+    Release,
+    ServiceSettings,
     Stats,
     StatsReply,
     Store,
@@ -46,6 +50,8 @@ from asynchicache.storage.messages import (
 from asynchicache.storage.pins import Pin
 
 H = [bytes([i]) * 16 for i in range(3)]
+SETTINGS = ServiceSettings("/var/kv", 20 << 30)
+REMOTE = ServiceSettings("/var/kv", 1 << 30, "redis://127.0.0.1:6379/0", 600, 2, 512)
 PIN = Pin(H[2].hex(), H[0], tuple(H), 8192, "tenant-a", 1_700_000_000.5, 1_700_003_600.5)
 SAMPLES = [
     Register(1, b"model\x1ffloat32", "asynchicache-1-pool-ab", PageLayout("bfloat16", (2, 2, 4))),
@@ -97,6 +103,12 @@ SAMPLES = [
     Register(1, b"model", "seg", PageLayout("float32", (2, 2, 4)), events=True),
     RegisterReply(1, 64, None, 4242, events_seq=17),
     ErrorReply(8, "unregistered", "register first"),
+    Lease(13, 4242, SETTINGS, 30.0),
+    Lease(13, 4242, REMOTE, 1.5),
+    Lease(13, 4242, None, 30.0),
+    Release(14),
+    LeaseReply(13, True, SETTINGS, (), 2, 999),
+    LeaseReply(13, False, REMOTE, ("disk_cache_bytes", "remote_url"), 1, 999),
 ]
 
 
@@ -108,6 +120,20 @@ def test_every_type_has_a_sample() -> None:
 def test_round_trip(msg: object) -> None:
     back = decode(encode(msg))
     assert back == msg and type(back) is type(msg)
+
+
+SETTINGS_MAP = {"__t": "ServiceSettings", "disk_cache_dir": "/kv", "disk_cache_bytes": 1}
+
+
+def test_settings_name_what_differs() -> None:
+    assert SETTINGS.differences(SETTINGS) == ()
+    assert SETTINGS.differences(REMOTE) == (
+        "disk_cache_bytes",
+        "remote_url",
+        "remote_ttl",
+        "remote_admit_hits",
+        "remote_admit_tokens",
+    )
 
 
 @pytest.mark.parametrize(
@@ -134,6 +160,10 @@ def test_round_trip(msg: object) -> None:
         {"__t": "PinChain", "req_id": 1, "pages": [b"p" * 15], "root": b"r" * 16},
         {"__t": "StorageEvents", "req_id": 0, "seq": 1, "events": [{"__t": "Pin"}]},  # not one
         {"__t": "StorageEvents", "req_id": 0, "seq": 1, "events": [{"__t": "TierCleared"}]},
+        {"__t": "Lease", "req_id": 1, "holder": 0, "settings": SETTINGS_MAP, "ttl_s": 30.0},
+        {"__t": "Lease", "req_id": 1, "holder": 7, "settings": SETTINGS_MAP, "ttl_s": 0.0},
+        {"__t": "Lease", "req_id": 1, "holder": 7, "settings": SETTINGS_MAP, "ttl_s": 1e9},
+        {"__t": "Lease", "req_id": 1, "holder": 7, "settings": {"__t": "Stats"}, "ttl_s": 1.0},
         [1, 2, 3],
         None,
     ],

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.storage.service_cli import _parse
+from asynchicache.storage.service_cli import config_from_args as _parse
 from asynchicache.storage.service_config import ServiceConfig
 
 
@@ -27,3 +27,9 @@ def test_no_flag_given_is_the_dataclass_default(tmp_path: Path) -> None:
 def test_a_bad_value_names_its_flag(tmp_path: Path, argv: list[str], flag: str) -> None:
     with pytest.raises(ValueError, match=flag):
         _parse(["--disk-cache-dir", str(tmp_path), *argv])
+
+
+def test_leased_by_is_a_pid(tmp_path: Path) -> None:
+    assert _parse(["--disk-cache-dir", str(tmp_path), "--leased-by", "42"]).leased_by == 42
+    with pytest.raises(ValueError, match="--leased-by"):
+        _parse(["--disk-cache-dir", str(tmp_path), "--leased-by", "0"])

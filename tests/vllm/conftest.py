@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from redis_server import RedisServer, redis_server_binary
+from shm_leftovers import snapshot, wait_no_leftovers
 from tiny_pair import TinyPair
 
 from asynchicache.engine.export_hf import export_hf
@@ -35,6 +36,16 @@ TINY = {
     "max_position_embeddings": 4096,
     "tie_word_embeddings": True,
 }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_vllm_leftovers_in_dev_shm() -> Iterator[None]:
+    """vLLM's servers make multiprocessing shared memory (psm_*, ~420 MB) and semaphores
+    (sem.mp-*); stopped cleanly, their resource tracker removes them."""
+    before = snapshot()
+    yield
+    leaked = wait_no_leftovers(before)
+    assert not leaked, f"segments left in /dev/shm by the vLLM tests: {leaked}"
 
 
 @pytest.fixture(scope="session")

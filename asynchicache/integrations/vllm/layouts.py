@@ -20,8 +20,12 @@ dimensions mean depends on the attention backend (vLLM 0.32):
 
 Every format is turned into two canonical strided views per layer, K and V,
 each `[blocks, block_size, kv_heads, head_dim]`, over the same memory (no copy),
-and every copy is a batched gather/scatter over all blocks of a job, one pass
-per layer: never a Python loop over pages. vLLM may split a manager block into
+and every copy of whole blocks is a batched gather/scatter over all blocks of a
+job, one pass per layer: never a Python loop over pages. A save reads only the
+token rows of the pages it copies: the kernel blocks it covers in part (a
+decode step's new page) are copied as token ranges, one copy per layer and
+block (block 128 / page 16: one decode page read 0.74 ms of CPU for SmolLM2's 30
+layers, where gathering its whole block took 2.3 ms). vLLM may split a manager block into
 `ratio` kernel blocks (the tensor then has `ratio` times the blocks); block
 `b` is kernel blocks `b * ratio .. b * ratio + ratio - 1`.
 """
@@ -58,6 +62,17 @@ BACKEND_FORMATS: MappingProxyType[str, BlockFormat] = MappingProxyType(
 # CPU_ATTN's kernels whose block layout HEAD_MAJOR_SPLIT describes (others, e.g. amx for
 # bfloat16, pack K differently: refused at start rather than copied wrong).
 CPU_ISAS: frozenset[str] = frozenset({"vec", "vec16"})
+
+
+@dataclass
+class _Run:
+    """Pages `first .. first + pages - 1` of kernel block `kernel_block`: the job's
+    pages `job_page ..`."""
+
+    kernel_block: int
+    first: int
+    job_page: int
+    pages: int
 
 
 @dataclass(frozen=True)
@@ -112,17 +127,19 @@ def canonical_kv(tensor: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor, 
 
 
 class BlockCopier:
-    """Copies whole vLLM blocks to and from L2 page slots for all layers.
+    """Copies pages between vLLM blocks and L2 page slots for all layers.
 
     `views` are the canonical views, in layer order. `pool` is the L2 pool as
     `[slots, layers, 2, page_size, kv_heads, head_dim]` (HostPool.tensor); a job
     names block ids and, per block, its `pages_per_block` slots in token order.
-    Whole blocks are gathered and scattered on vLLM's tensors as they lie in
-    memory (dense rows); the transposes happen in copies between scratch
-    buffers that are kept and reused (fresh allocations fault their pages in,
-    which on a busy host costs more than the copies). Loads into host tensors
-    copy runs of consecutive blocks over consecutive slots straight from L2
-    instead (one pass: what a restart's freshly allocated slots and blocks are).
+    Saves read only the token rows of the pages they copy (a decode step fills
+    one page of a block). Loads of whole blocks are gathered and scattered on
+    vLLM's tensors as they lie in memory (dense rows); the transposes happen in
+    copies between scratch buffers that are kept and reused (fresh allocations
+    fault their pages in, which on a busy host costs more than the copies). Loads
+    into host tensors copy runs of consecutive blocks over consecutive slots
+    straight from L2 instead (one pass: what a restart's freshly allocated slots
+    and blocks are).
     """
 
     def __init__(
@@ -143,6 +160,9 @@ class BlockCopier:
             )
         self.page_size = page_size
         self.pages_per_kernel_block = self.kernel_block_size // page_size
+        # K, V per layer as [kernel blocks, pages per kernel block, P, H, D] (views)
+        k = self.pages_per_kernel_block
+        self.page_views = [tuple(v.unflatten(1, (k, page_size)) for v in kv) for kv in self.views]
         self.pages_per_block = self.pages_per_kernel_block * ratio
         self.num_layers = len(self.views)
         self.num_kv_heads = first.shape[2]
@@ -222,11 +242,57 @@ class BlockCopier:
         first_page: int = 0,
     ) -> int:
         """vLLM blocks -> L2 slots: pages `first_page ..` of `block_ids` (in token order)
-        into `slots`; returns the bytes copied."""
+        into `slots`; returns the bytes copied. Only those pages' token rows are read: a
+        kernel block the job covers whole is gathered with the others as dense rows, a
+        kernel block it covers in part (a decode step's one new page of a 128-token
+        block, 1/8 of it) is copied as a token range, straight into the slots."""
         self._check(block_ids, slots, pool, first_page)
-        if not block_ids:
-            return 0
-        ids = self.kernel_ids(block_ids)
+        whole_ids: list[int] = []
+        whole_slots: list[int] = []
+        for run in self._kernel_runs(block_ids, first_page, len(slots)):
+            own = slots[run.job_page : run.job_page + run.pages]
+            if run.pages == self.pages_per_kernel_block:
+                whole_ids.append(run.kernel_block)
+                whole_slots += own
+            else:
+                self._save_range(run, pool, own)
+        if whole_ids:
+            self._save_blocks(whole_ids, pool, whole_slots)
+        return len(slots) * math.prod(self.page_shape) * self.dtype.itemsize
+
+    def _kernel_runs(self, block_ids: Sequence[int], first_page: int, n: int) -> list[_Run]:
+        """The job's `n` pages from page `first_page` of `block_ids`, as runs of pages
+        within one kernel block each, in token order."""
+        ppb, k = self.pages_per_block, self.pages_per_kernel_block
+        runs: list[_Run] = []
+        for j in range(n):
+            page = first_page + j
+            kernel = block_ids[page // ppb] * self.ratio + (page % ppb) // k
+            if runs and runs[-1].kernel_block == kernel:
+                runs[-1].pages += 1
+            else:
+                runs.append(_Run(kernel, page % k, j, 1))
+        return runs
+
+    def _save_range(self, run: _Run, pool: torch.Tensor, slots: Sequence[int]) -> None:
+        """Pages `run.first .. ` of one kernel block, as a token range of each layer."""
+        pages = slice(run.first, run.first + run.pages)
+        if all(b - a == 1 for a, b in itertools.pairwise(slots)):
+            dst = pool[slots[0] : slots[0] + run.pages]  # [m, layers, 2, P, H, D]
+            for layer, pair in enumerate(self.page_views):
+                for kv, view in enumerate(pair):
+                    dst[:, layer, kv].copy_(view[run.kernel_block, pages])  # [m, P, H, D]
+            return
+        index = torch.as_tensor(list(slots), dtype=torch.long)
+        for layer, pair in enumerate(self.page_views):
+            for kv, view in enumerate(pair):
+                src = view[run.kernel_block, pages].to(pool.device)
+                pool[:, layer, kv].index_copy_(0, index, src)
+
+    def _save_blocks(self, ids: Sequence[int], pool: torch.Tensor, slots: Sequence[int]) -> None:
+        """Whole kernel blocks `ids`: one dense gather per layer, the transposes into a
+        host staging buffer, one scatter into `slots` (k per block, in order)."""
+        index_ids = torch.as_tensor(list(ids), dtype=torch.long).to(self.device)
         n, k = len(ids), self.pages_per_kernel_block
         _, two, p, h, d = self.page_shape
         # [kernel blocks, pages per kernel block, layers, 2, P, H, D] on the host
@@ -236,14 +302,11 @@ class BlockCopier:
         rows = self._rows(n)
         blocks = canonical_kv(rows, self.fmt)  # K, V [n, N, H, D] over `rows`
         for layer, tensor in enumerate(self.tensors):
-            torch.index_select(tensor, self._block_dim, ids, out=rows)
+            torch.index_select(tensor, self._block_dim, index_ids, out=rows)
             for kv, part in enumerate(blocks):
                 staging[:, :, layer, kv].copy_(part.unflatten(1, (k, p)))
         index = torch.as_tensor(list(slots), dtype=torch.long)
-        pages = staging.view(n * k, self.num_layers, two, p, h, d)
-        pages = pages[first_page : first_page + len(slots)]
-        pool.index_copy_(0, index, pages)
-        return pages.numel() * pages.element_size()
+        pool.index_copy_(0, index, staging.view(n * k, self.num_layers, two, p, h, d))
 
     def load(self, pool: torch.Tensor, slots: Sequence[int], block_ids: Sequence[int]) -> int:
         """L2 slots -> vLLM blocks: `slots` are the first pages of `block_ids` in token

@@ -43,6 +43,7 @@ from asynchicache.integrations.vllm.metadata import (
 )
 from asynchicache.integrations.vllm.request_names import Refusal, RequestNamer
 from asynchicache.integrations.vllm.saves import SavePlanner, saveable_tokens
+from asynchicache.integrations.vllm.service_link import ServiceConflict
 from asynchicache.integrations.vllm.spec import VllmKVSpec
 from asynchicache.integrations.vllm.stats import AsynchicacheStats
 from asynchicache.storage.base import PageRef
@@ -78,7 +79,12 @@ class SchedulerSide:
         self.pool, self.index, self.link = self.host.pool, self.host.index, self.host.link
         # Start-up may wait for a service we start; one we only connect to answers at once.
         wait = config.service_start_timeout if config.start_service else 2.0
-        if not self.link.wait_connected(wait):
+        try:
+            connected = self.link.wait_connected(wait)
+        except ServiceConflict:  # another instance's service, other settings: fail the start
+            self.host.close()
+            raise
+        if not connected:
             log.warning(
                 "no asynchicache cache service at %s yet; recomputing until one answers",
                 config.service_address,

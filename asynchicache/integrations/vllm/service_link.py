@@ -11,12 +11,21 @@ The thread also keeps a service there: when none has answered for a while and
 `start_service` is on, it starts one (`service_process`, one per address), and
 it starts another if that one dies, so hits resume after a crash. While no
 service answers, `exists` is 0 and tickets fail at once: vLLM recomputes.
+
+It holds a lease on the service (storage.service_leases) for this process,
+renewed every `_RENEW_S`, released at `close()`: the service lives while any
+vLLM instance using it lives. The lease asks for the settings of the service
+this connector would have started (with `start_service` off: none, it takes
+the service as it runs); a service that runs with others refuses it, naming
+them: `wait_connected` raises `ServiceConflict` at start-up, and later (a
+service restarted by another instance) the link serves by recompute.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import subprocess
 import threading
@@ -24,18 +33,62 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from asynchicache.config import GIB
 from asynchicache.integrations.vllm.config import ConnectorConfig
-from asynchicache.integrations.vllm.service_process import spawn_service, stop_own_service
+from asynchicache.integrations.vllm.service_process import service_settings, spawn_service
 from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled
 from asynchicache.storage.client import StorageClient
 from asynchicache.storage.client_config import ClientConfig
+from asynchicache.storage.messages import LeaseReply, ServiceSettings
 
 log = logging.getLogger(__name__)
 
-_BUSY_WAIT_S = 0.002  # inbox wait while tickets are in flight (replies are polled)
+# Inbox waits (replies are polled in between): short while a load is in flight (a
+# request waits on it), longer while only stores are (their completion only unpins
+# slots; polling every 2 ms through a decode-heavy run, stores always in flight, took
+# 17% of the engine core's CPU samples, and the GIL from vLLM's scheduler).
+_BUSY_WAIT_S = 0.002
+_STORE_WAIT_S = 0.02
 _IDLE_WAIT_S = 0.05
 _RESPAWN_AFTER_S = 1.0  # no service for this long: start one
 _RESPAWN_EVERY_S = 5.0
+_RENEW_S = 1.0  # lease heartbeat
+LEASE_TTL_S = 30.0  # a lease not renewed for this long ends (a hung engine core)
+_LEASE_WAIT_S = 0.5  # the link thread waits this long for a lease's answer
+
+# The connector's keys for ServiceSettings' fields (what a conflict names).
+_KEYS = {
+    "disk_cache_dir": "disk_cache_dir",
+    "disk_cache_bytes": "disk_cache_gb",
+    "remote_url": "remote_url",
+    "remote_ttl": "remote_ttl",
+}
+
+
+def _shown(name: str, settings: ServiceSettings) -> str:
+    value = getattr(settings, name)
+    if name == "disk_cache_bytes":
+        return f"{value / GIB:g} GiB"
+    return str(value)
+
+
+class ServiceConflict(ValueError):
+    """The service at the address runs with other settings than this connector's."""
+
+
+def conflict_message(address: str, reply: LeaseReply, wanted: ServiceSettings | None) -> str:
+    """Which settings differ, by the connector's key names, with both values."""
+    parts = [
+        f"{_KEYS.get(name, name)} (this instance: {_shown(name, wanted or reply.settings)}, "
+        f"the service: {_shown(name, reply.settings)})"
+        for name in reply.conflicts
+    ]
+    return (
+        f"the asynchicache cache service at {address} (pid {reply.pid}, used by "
+        f"{reply.holders} other instance(s)) runs with other settings: {'; '.join(parts)}. "
+        "Use the same kv_connector_extra_config for every vLLM that shares a disk folder, "
+        "or give this one another cache_service address (or disk_cache_dir)"
+    )
 
 
 @dataclass(frozen=True)
@@ -95,7 +148,13 @@ class ServiceLink:
         self._early: list[LinkEvent] = []  # taken by wait_events, handed out by events
         self._stop = threading.Event()
         self._connected = threading.Event()
+        # What a service this connector would start runs with; one that starts none
+        # takes the service as it is.
+        self._settings = service_settings(config) if config.start_service else None
+        self._conflict: str | None = None  # the service refused our lease (why)
+        self._answered = threading.Event()  # leased or refused once
         self._proc: subprocess.Popen | None = None
+        self._loading: set[int] = set()  # load tickets not completed (the link thread's)
         self._thread = threading.Thread(target=self._run, name="asynchicache-link", daemon=True)
         self._thread.start()
 
@@ -106,8 +165,12 @@ class ServiceLink:
         return self._connected.is_set()
 
     def wait_connected(self, timeout_s: float) -> bool:
-        """Block until the service answers (start-up only, never on the scheduler path)."""
-        return self._connected.wait(timeout_s)
+        """Block until the service leased to us (start-up only, never on the scheduler
+        path); raises `ServiceConflict` when it refused (another instance's settings)."""
+        self._answered.wait(timeout_s)
+        if self._conflict is not None:
+            raise ServiceConflict(self._conflict)
+        return self._connected.is_set()
 
     def ask_exists(self, key: int, hashes: Sequence[bytes]) -> None:
         self._inbox.put(_Exists(key, tuple(hashes)))
@@ -142,11 +205,12 @@ class ServiceLink:
                 return out
 
     def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the thread and release the lease (the service finishes our stores, and
+        exits if no other instance holds one)."""
         self._stop.set()
         self._thread.join(timeout_s)
-        if self._proc is not None:  # we started one: stop it if it is still ours
+        if self._proc is not None:
             self._proc.poll()  # reap the launcher (it exits once the service detached)
-            stop_own_service(self.config.service_address, timeout_s)
 
     # -- the thread ----------------------------------------------------------
 
@@ -154,10 +218,11 @@ class ServiceLink:
         client = StorageClient(self._client_config)
         tickets: dict[int, int] = {}  # ticket -> job
         down_since = time.monotonic()
-        last_spawn = 0.0
+        last_spawn = last_lease = 0.0
+        leased = False
         try:
             while not self._stop.is_set():
-                wait = _BUSY_WAIT_S if tickets else _IDLE_WAIT_S
+                wait = self._wait_s(tickets)
                 try:
                     self._handle(client, self._inbox.get(timeout=wait), tickets)
                     while True:
@@ -167,9 +232,15 @@ class ServiceLink:
                 for done in client.poll():
                     self._report(done, tickets)
                 now = time.monotonic()
+                if client.connected and now - last_lease > _RENEW_S:
+                    last_lease = now
+                    leased = self._lease(client, leased)
                 if client.connected:
-                    self._connected.set()
                     down_since = now
+                else:  # a service that comes back is leased at once
+                    leased, last_lease = False, 0.0
+                if leased:
+                    self._connected.set()
                 else:
                     self._connected.clear()
                     if self._should_spawn(now - down_since, now - last_spawn):
@@ -179,14 +250,37 @@ class ServiceLink:
             log.exception("asynchicache service link failed; serving by recompute from now on")
             self._connected.clear()
         finally:
+            if leased:
+                client.release(_LEASE_WAIT_S)
             client.close()
+
+    def _lease(self, client: StorageClient, leased: bool) -> bool:
+        """Take or renew our lease; whether we hold one now (no answer: as before)."""
+        reply = client.lease(os.getpid(), self._settings, LEASE_TTL_S, _LEASE_WAIT_S)
+        if reply is None:
+            return leased
+        if reply.granted:
+            self._conflict = None
+        else:
+            self._conflict = conflict_message(self.config.service_address, reply, self._settings)
+            if leased or not self._answered.is_set():
+                log.error("%s", self._conflict)
+        self._answered.set()
+        return reply.granted
+
+    def _wait_s(self, tickets: dict[int, int]) -> float:
+        if self._loading:
+            return _BUSY_WAIT_S
+        return _STORE_WAIT_S if tickets else _IDLE_WAIT_S
 
     def _handle(self, client: StorageClient, cmd: object, tickets: dict[int, int]) -> None:
         if isinstance(cmd, _Exists):
             pages = client.exists(cmd.hashes) if client.connected else 0
             self._outbox.put(ExistsAnswer(cmd.key, pages))
         elif isinstance(cmd, _Load):
-            tickets[client.submit_load(cmd.hashes, cmd.slots)] = cmd.job
+            ticket = client.submit_load(cmd.hashes, cmd.slots)
+            tickets[ticket] = cmd.job
+            self._loading.add(ticket)
         elif isinstance(cmd, _Store):
             tickets[client.submit_store(cmd.pages)] = cmd.job
         elif isinstance(cmd, _Cancel):
@@ -195,6 +289,7 @@ class ServiceLink:
                     client.cancel(ticket)
 
     def _report(self, done: Completion | Settled, tickets: dict[int, int]) -> None:
+        self._loading.discard(done.ticket)
         if isinstance(done, Settled):
             job = tickets.pop(done.ticket, None)
             if job is not None:

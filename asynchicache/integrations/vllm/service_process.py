@@ -8,13 +8,16 @@ it binds, so when two vLLM instances start at once only one service runs (the
 other child exits at once, and its vLLM connects to the winner). The lock goes
 with the process, so a crashed service frees the address for the next start.
 
-The service belongs to the vLLM process that started it: it stops (cleanly,
-its writes finished) when that process's connector shuts down, or when that
-process is gone, even after a SIGKILL, because it watches that pid. It
-detaches first (a second fork, its own session): vLLM SIGKILLs the
-descendants of its engine core at shutdown, which would cut a page write
-short. Other vLLM instances using it then find no service and
-start their own; until it answers they serve by recompute.
+The service belongs to every vLLM instance that uses it, not to the one that
+started it: each holds a lease (storage.service_leases, renewed by its
+`ServiceLink`), and the service runs `--leased-by` its starter, which holds the
+first lease until it takes its own. When the last lease ends (released by a
+connector's shutdown, or its engine core gone, even after a SIGKILL) the
+service finishes the work in flight and exits. An instance whose settings differ
+from the running service's is refused its lease (the fields are named) and fails
+at start. The service detaches first (a second fork, its own session): vLLM
+SIGKILLs the descendants of its engine core at shutdown, which would cut a page
+write short, and another instance may still need it.
 """
 
 from __future__ import annotations
@@ -23,21 +26,18 @@ import argparse
 import fcntl
 import logging
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.storage import service, service_cli
 from asynchicache.storage.liveness import pid_alive
+from asynchicache.storage.messages import ServiceSettings
 from asynchicache.storage.service import default_runtime_dir
 
 log = logging.getLogger(__name__)
-
-_PARENT_POLL_S = 0.5
 
 
 def service_holder(address: str) -> tuple[int, int] | None:
@@ -57,14 +57,15 @@ def service_pid(address: str) -> int | None:
     return None if holder is None else holder[0]
 
 
-def stop_own_service(address: str, timeout_s: float) -> None:
-    """Stop the service at `address` if this process started it (it finishes its writes)."""
-    holder = service_holder(address)
-    if holder is None or holder[1] != os.getpid() or not pid_alive(holder[0]):
-        return
-    os.kill(holder[0], signal.SIGTERM)
+def wait_service_gone(address: str, timeout_s: float) -> bool:
+    """Wait until no service holds `address` (its last lease ended and it exited)."""
     deadline = time.monotonic() + timeout_s
-    while pid_alive(holder[0]) and time.monotonic() < deadline:
+    while True:
+        pid = service_pid(address)
+        if pid is None or not pid_alive(pid):
+            return True
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.05)
 
 
@@ -97,6 +98,11 @@ def service_args(config: ConnectorConfig) -> list[str]:
     return args
 
 
+def service_settings(config: ConnectorConfig) -> ServiceSettings:
+    """The settings of the service this connector would start: what its lease asks for."""
+    return service_cli.config_from_args(service_args(config)).settings
+
+
 def spawn_service(config: ConnectorConfig) -> subprocess.Popen:
     """Start a service child for `config` (it exits at once if another holds the lock)."""
     address = config.service_address
@@ -116,14 +122,8 @@ def spawn_service(config: ConnectorConfig) -> subprocess.Popen:
     ]
     log.info("starting an asynchicache cache service at %s", address)
     # Its own session: a Ctrl-C meant for vLLM must not cut a write short; the
-    # child stops by itself when we exit.
+    # service stops by itself when the last lease on it ends.
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def _watch_owner(owner: int) -> None:
-    while pid_alive(owner):
-        threading.Event().wait(_PARENT_POLL_S)
-    os.kill(os.getpid(), signal.SIGTERM)  # the service's handler: finish writes, then exit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,10 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     except BlockingIOError:
         return 0  # another service holds this address
     os.ftruncate(fd, 0)
-    # Who serves the address, and for whom (tools, tests, the owner's clean stop).
+    # Who serves the address, and who started it (tools, tests).
     os.write(fd, f"{os.getpid()} {args.parent_pid}\n".encode())
-    threading.Thread(target=_watch_owner, args=(args.parent_pid,), daemon=True).start()
-    return service_cli.main(rest)
+    return service_cli.main([*rest, "--leased-by", str(args.parent_pid)])
 
 
 if __name__ == "__main__":
