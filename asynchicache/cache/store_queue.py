@@ -13,7 +13,11 @@ when the engine never goes idle.
 
 A waiting store holds its L2 copies (`host_ref`, as a running store does), so
 L2 eviction cannot lose a page before it is stored; `drain`, `clear` and
-`close` start every waiting store at once. Pins, hot pages and write-backs on
+`close` start every waiting store at once. Holding L2 must not cost the
+hierarchy pages: once the waiting stores hold `MAX_HELD_FRACTION` of L2, or an
+L1 -> L2 write found no room, every waiting store starts at once (back-to-back
+requests with a small L2 otherwise filled it with held pages and skipped the
+next requests' writes: they never reached the disk). Pins, hot pages and write-backs on
 eviction store at once as before: only the write-through of new pages waits.
 """
 
@@ -27,6 +31,7 @@ from asynchicache.cache.node import RadixNode
 
 IDLE_S = 0.1  # a follow-up request comes within a few ms of the answer's last token
 MAX_WAIT_S = 1.0  # under continuous load: stores go out at most this late
+MAX_HELD_FRACTION = 0.25  # of L2's slots: past it, L2 room matters more than a quiet step
 
 
 @dataclass(frozen=True)
@@ -49,12 +54,19 @@ class StoreQueue:
     def __len__(self) -> int:
         return len(self._waiting)
 
+    @property
+    def held_slots(self) -> int:
+        return sum(len(w.slots) for w in self._waiting)
+
     def add(self, deepest: RadixNode, slots: tuple[int, ...]) -> None:
         """Queue a store; the caller has taken a `host_ref` hold on `deepest` for it."""
         self._waiting.append(WaitingStore(deepest, slots, self._clock()))
 
-    def due(self, idle: bool) -> list[WaitingStore]:
-        """Remove and return the stores to start now; `idle`: the engine has no work."""
+    def due(self, idle: bool, l2_slots: int) -> list[WaitingStore]:
+        """Remove and return the stores to start now; `idle`: the engine has no work;
+        `l2_slots`: L2's size (past `MAX_HELD_FRACTION` of it held, all start)."""
+        if self.held_slots > MAX_HELD_FRACTION * l2_slots:
+            return self.take_all()
         now = self._clock()
         if not idle:
             self._idle_since = None

@@ -128,6 +128,7 @@ class Writer:
         slots = self.evictor.alloc_host(n, SlotState.WRITING)
         if slots is None:
             p.counters.writes_skipped += n
+            self.start_waiting_stores(idle=False, now=True)  # their holds free L2 soon
             return
         src: list[int] = []
         i = 0
@@ -149,6 +150,7 @@ class Writer:
         slots = self.evictor.alloc_host(node.num_pages, SlotState.WRITING)
         if slots is None:
             p.counters.writes_skipped += node.num_pages
+            self.start_waiting_stores(idle=False, now=True)  # their holds free L2 soon
             return
         ticket = p.transfer.submit(
             p.device_pool.tensor, node.device or [], p.host_pool.tensor, slots
@@ -195,7 +197,8 @@ class Writer:
     def start_waiting_stores(self, idle: bool, now: bool = False) -> None:
         """Start the queued stores that are due (`now`: all of them); `idle`: no work."""
         p = self.parts
-        for waiting in p.store_queue.take_all() if now else p.store_queue.due(idle):
+        queue = p.store_queue
+        for waiting in queue.take_all() if now else queue.due(idle, p.host.size):
             try:
                 nodes = self._nodes_holding(waiting.deepest, waiting.slots)
                 if nodes and p.storage is not None:

@@ -4,8 +4,9 @@ A body announced larger than the limit (`Content-Length`) is answered 413 at onc
 unread; a body sent without a length (chunked) is counted as it arrives and answered
 413 as soon as it passes the limit (the app sees an HTTP error from `receive`, and
 FastAPI never parses a byte of it). The limit bounds what one request can make the
-HTTP process hold: the body, its JSON and the prompt built from it. Plain ASGI, so
-streamed answers pass untouched.
+HTTP process hold: the body, its JSON and the prompt built from it; after a big body
+the freed heap goes back to the system (heap_trim.py). Plain ASGI, so streamed
+answers pass untouched.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asynchicache.server.errors import APIError
+from asynchicache.server.heap_trim import HeapTrim
 
 STATUS = 413
 
@@ -26,6 +28,7 @@ class BodyLimitMiddleware:
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.heap_trim = HeapTrim()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -46,7 +49,12 @@ class BodyLimitMiddleware:
                     raise HTTPException(STATUS, too_large(self.max_bytes))
             return message
 
-        await self.app(scope, counted, send)
+        try:
+            await self.app(scope, counted, send)
+        finally:
+            # A big body's JSON, text and token lists are garbage now; glibc keeps
+            # their pages unless asked (heap_trim.py).
+            await self.heap_trim.after(max(seen, announced or 0))
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -1,6 +1,7 @@
 """Stores of new pages wait for a quiet engine (cache/store_queue.py): idle for IDLE_S, or at
 most MAX_WAIT_S under continuous work; meanwhile L2 keeps their copies, and drain, clear and
-close start them at once."""
+close start them at once; so do L2 pressure (held pages past MAX_HELD_FRACTION of L2) and an
+L1 -> L2 write that found no room."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from cache_helpers import MakeCache, put, storage_of, tokens_for
 
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.ledger import SlotState
-from asynchicache.cache.store_queue import IDLE_S, MAX_WAIT_S, StoreQueue
+from asynchicache.cache.store_queue import IDLE_S, MAX_HELD_FRACTION, MAX_WAIT_S, StoreQueue
 
 
 class Clock:
@@ -34,27 +35,27 @@ def test_the_queue_starts_stores_after_idle_s_or_max_wait_s() -> None:
     queue = StoreQueue(clock)
     a, b = object(), object()
     queue.add(a, (1,))  # type: ignore[arg-type]
-    assert queue.due(idle=True) == []  # idle from now on...
+    assert queue.due(idle=True, l2_slots=100) == []  # idle from now on...
     clock.now += IDLE_S / 2
-    assert queue.due(idle=True) == []  # ...but not for long enough
-    assert queue.due(idle=False) == []  # work came: the quiet moment starts again
+    assert queue.due(idle=True, l2_slots=100) == []  # ...but not for long enough
+    assert queue.due(idle=False, l2_slots=100) == []  # work came: the quiet moment starts again
     queue.add(b, (2,))  # type: ignore[arg-type]
     clock.now += IDLE_S / 2
-    assert queue.due(idle=True) == []
+    assert queue.due(idle=True, l2_slots=100) == []
     clock.now += IDLE_S * 1.5
-    assert [w.deepest for w in queue.due(idle=True)] == [a, b] and len(queue) == 0
+    assert [w.deepest for w in queue.due(idle=True, l2_slots=100)] == [a, b] and len(queue) == 0
     queue.add(a, (3,))  # type: ignore[arg-type]
-    assert queue.due(idle=False) == []
+    assert queue.due(idle=False, l2_slots=100) == []
     clock.now += MAX_WAIT_S * 0.9
-    assert queue.due(idle=False) == []
+    assert queue.due(idle=False, l2_slots=100) == []
     clock.now += MAX_WAIT_S * 0.2
-    assert [w.slots for w in queue.due(idle=False)] == [(3,)]  # waited long enough
+    assert [w.slots for w in queue.due(idle=False, l2_slots=100)] == [(3,)]  # waited long enough
 
 
 def test_a_new_prompts_store_waits_for_a_quiet_engine_and_l2_keeps_its_pages(
     make_cache: MakeCache,
 ) -> None:
-    cache = make_cache(device_pages=8, host_slots=4, with_storage=True)
+    cache = make_cache(device_pages=8, host_slots=16, with_storage=True)
     store = storage_of(cache)
     tokens = tokens_for(1, 2)
     put(cache, tokens, value=10.0)
@@ -75,7 +76,7 @@ def test_a_new_prompts_store_waits_for_a_quiet_engine_and_l2_keeps_its_pages(
 
 
 def test_under_continuous_work_a_store_starts_within_max_wait(make_cache: MakeCache) -> None:
-    cache = make_cache(device_pages=8, host_slots=4, with_storage=True)
+    cache = make_cache(device_pages=8, host_slots=16, with_storage=True)
     store = storage_of(cache)
     put(cache, tokens_for(3, 4), value=20.0)
     _landed(cache)
@@ -105,3 +106,30 @@ def test_drain_clear_and_close_start_waiting_stores(make_cache: MakeCache) -> No
     _landed(cache)
     cache.close()
     assert store.next_ticket == submitted + 2
+
+
+def test_held_pages_past_the_fraction_of_l2_start_at_once() -> None:
+    queue = StoreQueue(Clock())
+    a, b = object(), object()
+    l2 = 40
+    queue.add(a, tuple(range(int(MAX_HELD_FRACTION * l2))))  # type: ignore[arg-type]
+    assert queue.due(idle=False, l2_slots=l2) == []  # at the fraction: still waits
+    queue.add(b, (99,))  # type: ignore[arg-type]
+    assert [w.deepest for w in queue.due(idle=False, l2_slots=l2)] == [a, b]
+    assert queue.held_slots == 0
+
+
+def test_back_to_back_prompts_reach_storage_though_l2_is_small(make_cache: MakeCache) -> None:
+    """A busy engine finishing prompt after prompt: every prompt's pages are stored (the
+    waiting stores gave L2 back instead of holding it until the next quiet moment)."""
+    cache = make_cache(device_pages=8, host_slots=6, with_storage=True)
+    store = storage_of(cache)
+    for k in range(6):
+        put(cache, tokens_for(20 + 2 * k, 21 + 2 * k), value=60.0 + k)
+        _landed(cache)
+        for _ in range(50):  # a few busy steps, far less than MAX_WAIT_S
+            cache.poll(idle=False)
+    cache.drain()
+    assert cache.stats().counters.writes_skipped == 0
+    assert store.stores == 12
+    cache.check_integrity()
