@@ -38,9 +38,10 @@ from asynchicache.bench.output import add_output_arguments, print_report, write_
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.keys import Namespace
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
-from asynchicache.cache.radix import RadixTree, Tier
+from asynchicache.cache.radix import RadixTree
 from asynchicache.cache.transfer import TransferEngine
 from asynchicache.config import CacheConfig
+from asynchicache.tiers import Tier
 
 log = logging.getLogger(__name__)
 

@@ -55,7 +55,7 @@ from asynchicache.cache.ownership import check_freeable, check_insertable
 from asynchicache.cache.parts import CacheParts
 from asynchicache.cache.pins import PinnedPages
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout, cache_host_pool
-from asynchicache.cache.radix import RadixTree, Tier
+from asynchicache.cache.radix import RadixTree
 from asynchicache.cache.residency import Residency
 from asynchicache.cache.results import LockedPages, MatchHandle, MatchResult
 from asynchicache.cache.stats import CacheStats, Counters, snapshot
@@ -63,6 +63,7 @@ from asynchicache.cache.transfer import TransferEngine
 from asynchicache.cache.writes import Writer
 from asynchicache.config import CacheConfig
 from asynchicache.storage.base import StorageTier
+from asynchicache.tiers import Tier
 
 log = logging.getLogger(__name__)
 

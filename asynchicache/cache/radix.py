@@ -24,17 +24,10 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 
 from asynchicache.cache.keys import chain_hashes
 from asynchicache.cache.node import RadixNode
-
-
-class Tier(StrEnum):
-    """Attribute names of the per-tier page lists on a node."""
-
-    DEVICE = "device"
-    HOST = "host"
+from asynchicache.tiers import Tier
 
 
 @dataclass(frozen=True)

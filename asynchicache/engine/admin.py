@@ -35,15 +35,14 @@ from asynchicache.engine.protocol import AdminReply, AdminRequest
 from asynchicache.storage.admin_messages import ClearReply, PinReply, PinsReply
 from asynchicache.storage.client_admin import AdminRequests
 from asynchicache.storage.tenant_key import TenantKey
+from asynchicache.tiers import STORAGE_TIERS, TIERS, Tier
 
 if TYPE_CHECKING:
     from asynchicache.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
-CLEAR_TIERS = ("device", "host", "disk", "remote")
-DEFAULT_CLEAR_TIERS = ("device", "host", "disk")
-STORAGE_TIERS = ("disk", "remote")
+DEFAULT_CLEAR_TIERS = (Tier.DEVICE.value, Tier.HOST.value, Tier.DISK.value)
 CLEAR_TIMEOUT_S = 60.0
 PIN_TIMEOUT_S = 10.0
 PINS_TIMEOUT_S = 1.0
@@ -110,12 +109,12 @@ class EngineAdmin:
     # -- clear ------------------------------------------------------------------------------
 
     def clear(self, tiers: tuple[str, ...], salt: str, include_pinned: bool) -> dict[str, Any]:
-        wanted = set(CLEAR_TIERS) if "all" in tiers else set(tiers)
-        unknown = sorted(wanted - set(CLEAR_TIERS))
+        wanted = set(TIERS) if "all" in tiers else set(tiers)
+        unknown = sorted(wanted - set(TIERS))
         if unknown:
-            raise AdminError(f"unknown tiers {unknown}; known: {list(CLEAR_TIERS)} or all",
+            raise AdminError(f"unknown tiers {unknown}; known: {list(TIERS)} or all",
                              "bad_request")  # fmt: skip
-        done = self.cache.clear_tiers("device" in wanted, "host" in wanted, salt or None,
+        done = self.cache.clear_tiers(Tier.DEVICE in wanted, Tier.HOST in wanted, salt or None,
                                       include_pinned)  # fmt: skip
         out: dict[str, dict[str, Any]] = {
             tier: {"removed": t.removed, "kept_in_use": t.kept_in_use,
@@ -127,7 +126,7 @@ class EngineAdmin:
             out.update(self._clear_storage(below, salt, include_pinned))
         if include_pinned:
             self._drop_pins(salt)
-        scope = [t for t in CLEAR_TIERS if t in wanted]
+        scope = [t for t in TIERS if t in wanted]
         removed = sum(t["removed"] for t in out.values())
         return {"scope": scope, "owner": self.owner(salt) or None, "include_pinned": include_pinned,
                 "removed": removed, "cleared": removed, "tiers": out}  # fmt: skip

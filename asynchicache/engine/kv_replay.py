@@ -27,15 +27,9 @@ from itertools import islice
 
 import zmq
 
-from asynchicache.engine.kv_event_messages import (
-    BlockStored,
-    KVEvent,
-    KVEventBatch,
-    encode,
-    read_seq,
-    seq_frame,
-)
+from asynchicache.engine.kv_event_messages import KVEventBatch, encode, read_seq, seq_frame
 from asynchicache.storage.sockets import queued
+from asynchicache.tiers import BlockStored, TierEvent
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +53,14 @@ class _Snapshot:
     parts: tuple[bytes, ...]  # encoded KVEventBatch of each part
 
 
-def weight(event: KVEvent) -> int:
+def weight(event: TierEvent) -> int:
     """What an event counts against `max_events`: a stored run once per page."""
     return len(event.block_hashes) if isinstance(event, BlockStored) else 1
 
 
-def split(events: list[KVEvent], max_events: int) -> list[list[KVEvent]]:
+def split(events: list[TierEvent], max_events: int) -> list[list[TierEvent]]:
     """`events` in order, in parts of at most `max_events` (runs split where needed)."""
-    parts: list[list[KVEvent]] = [[]]
+    parts: list[list[TierEvent]] = [[]]
     room = max_events
     for event in events:
         while weight(event) > room:

@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 from asynchicache.storage.admin_messages import (
-    TIERS,
     Clear,
     ClearReply,
     Contents,
@@ -24,6 +23,7 @@ from asynchicache.storage.admin_messages import (
     UnpinReply,
 )
 from asynchicache.storage.messages import Lease, LeaseReply, Release, ServiceSettings
+from asynchicache.tiers import STORAGE_TIERS
 
 
 class AdminRequests:
@@ -35,7 +35,7 @@ class AdminRequests:
 
     def clear(
         self,
-        tiers: Sequence[str] = TIERS,
+        tiers: Sequence[str] = STORAGE_TIERS,
         root: bytes = b"",
         include_pinned: bool = False,
         timeout_s: float = 60.0,
@@ -73,7 +73,7 @@ class AdminRequests:
         return reply if isinstance(reply, PinsReply) else None
 
     def contents(
-        self, tiers: Sequence[str] = TIERS, timeout_s: float = 60.0
+        self, tiers: Sequence[str] = STORAGE_TIERS, timeout_s: float = 60.0
     ) -> ContentsReply | None:
         """What the tiers hold now; its disk part is exact at event `seq` (apply only later
         events). For a late subscriber's replay, and after `take_events()` reports a gap."""

@@ -78,7 +78,7 @@ from asynchicache.storage.disk_names import (
 from asynchicache.storage.disk_scan import scan_folder
 from asynchicache.storage.disk_space import DiskSpace
 from asynchicache.storage.disk_write import PageWriter, SyncMode, prefix_within
-from asynchicache.storage.events import EventLog, Tier
+from asynchicache.storage.events import EventLog
 from asynchicache.storage.fileio import (
     Scratch,
     direct_possible,
@@ -97,6 +97,7 @@ from asynchicache.storage.pins import (
     folder_pinned_bytes,
     pin_id_of,
 )
+from asynchicache.tiers import Tier
 
 __all__ = [
     "PAGE_SUFFIX",
@@ -239,7 +240,7 @@ class DiskBackend(StorageBackend):
         pinned = self._space.refresh_pins()
         plan = plan_clear(self._folder, scope, pinned, self._index.parents())
         if not scope.root and (scope.include_pinned or not pinned):
-            self._index.clear()  # everything goes: one TierCleared event
+            self._index.clear()  # everything goes: one AllBlocksCleared event
         else:
             self._index.remove_many(h for h, _ in plan.targets)
         freed = [unlink_size(path) for _, path in plan.targets]

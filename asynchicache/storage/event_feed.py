@@ -14,14 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from asynchicache.storage.admin_messages import StorageEvents
-from asynchicache.storage.events import StorageEvent
+from asynchicache.tiers import TierEvent
 
 
 @dataclass(frozen=True)
 class EventBatch:
     """Events since the last `take()`, numbered; `gap`: some were lost before these."""
 
-    events: list[tuple[int, StorageEvent]] = field(default_factory=list)
+    events: list[tuple[int, TierEvent]] = field(default_factory=list)
     gap: bool = False
 
 
@@ -29,7 +29,7 @@ class EventFeed:
     def __init__(self) -> None:
         self.last: int | None = None  # the number of the last event taken in
         self._subscription: tuple[int, int] | None = None  # (service pid, events_from)
-        self._pending: list[tuple[int, StorageEvent]] = []
+        self._pending: list[tuple[int, TierEvent]] = []
         self._gap = False
         self.lost = 0  # events known lost (numbers skipped)
         self.gaps = 0

@@ -50,7 +50,7 @@ from asynchicache.storage.base import (
 )
 from asynchicache.storage.breaker import CircuitBreaker
 from asynchicache.storage.deadline import Deadline
-from asynchicache.storage.events import EventLog, Tier
+from asynchicache.storage.events import EventLog
 from asynchicache.storage.page_index import IndexedPage
 from asynchicache.storage.redis_admin import clear_prefix, list_pages
 from asynchicache.storage.redis_config import RedisConfig, remote_key_prefix
@@ -64,6 +64,7 @@ from asynchicache.storage.redis_topology import (
 from asynchicache.storage.remote_value import ValueFormat
 from asynchicache.storage.resp import NodeAddress
 from asynchicache.storage.write_behind import StagedPages
+from asynchicache.tiers import Tier
 
 log = logging.getLogger(__name__)
 

@@ -66,7 +66,6 @@ from asynchicache.storage.admin_messages import StorageEvents
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk import DiskConfig
-from asynchicache.storage.events import StorageEvent
 from asynchicache.storage.liveness import ProcessIdentity, pid_alive
 from asynchicache.storage.messages import (
     Cancel,
@@ -97,6 +96,7 @@ from asynchicache.storage.service_leases import LeaseDesk
 from asynchicache.storage.shm import SHM_DIR, SharedSegment, owner_pid
 from asynchicache.storage.sockets import queued
 from asynchicache.storage.tiered import TieredBackend, open_tiered
+from asynchicache.tiers import TierEvent
 
 __all__ = [
     "CacheService",
@@ -451,9 +451,9 @@ class CacheService:
         log.info("cache service stopped")
 
 
-def _runs(numbered: list[tuple[int, StorageEvent]]) -> list[tuple[int, tuple[StorageEvent, ...]]]:
+def _runs(numbered: list[tuple[int, TierEvent]]) -> list[tuple[int, tuple[TierEvent, ...]]]:
     """Events as (first number, events) runs of consecutive numbers, each of a bounded size."""
-    runs: list[tuple[int, list[StorageEvent]]] = []
+    runs: list[tuple[int, list[TierEvent]]] = []
     for seq, event in numbered:
         if (
             runs

@@ -26,10 +26,10 @@ from asynchicache.storage.admin_messages import (
 )
 from asynchicache.storage.base import ClearScope
 from asynchicache.storage.deadline import Deadline
-from asynchicache.storage.events import Tier
 from asynchicache.storage.messages import ErrorReply, Load, LoadReply, Reply, Store, StoreReply
 from asynchicache.storage.pins import PinLimitError
 from asynchicache.storage.tiered import TieredBackend
+from asynchicache.tiers import Tier
 
 Work = Load | Store | AdminRequest
 

@@ -46,8 +46,9 @@ from asynchicache.storage.base import (
 )
 from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk import DiskBackend, DiskConfig
-from asynchicache.storage.events import EventLog, Tier
+from asynchicache.storage.events import EventLog
 from asynchicache.storage.write_behind import StagedPages, WriteBehind, stage
+from asynchicache.tiers import Tier
 
 if TYPE_CHECKING:  # redis-py loads only when a remote tier is configured
     from asynchicache.storage.redis import RedisBackend
