@@ -7,11 +7,16 @@ from pathlib import Path
 
 import numpy as np
 
-from asynchicache.config import ServiceTuning
+from asynchicache.config import (
+    CacheConfig,
+    ServiceTuning,
+    SyncMode,
+    check_disk_cache_bytes,
+    check_max_pinned_fraction,
+)
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.deadline import Deadline, passed
 from asynchicache.storage.disk_names import namespace_dir_name
-from asynchicache.storage.disk_write import SyncMode
 from asynchicache.storage.header import header_len_for
 
 
@@ -24,23 +29,19 @@ class DiskConfig:
     layout: PageLayout
     capacity_bytes: int  # the whole folder's, every namespace in it
     io_threads: int = ServiceTuning.io_threads  # page I/O in flight: disks want a deep queue
-    sync: SyncMode = SyncMode(ServiceTuning.disk_sync)  # noqa: RUF009 (an immutable enum member)
+    sync: SyncMode = ServiceTuning.disk_sync
     direct_io: bool = True  # O_DIRECT when the layout and pool are aligned
     scan_wait_s: float = 0.5  # a start waits this long for the index; larger scans go on behind
-    max_pinned_fraction: float = 0.5  # --max-pinned-fraction of capacity_bytes (the default)
+    max_pinned_fraction: float = CacheConfig.max_pinned_fraction  # of capacity_bytes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
-        if self.capacity_bytes <= 0:
-            raise ValueError(f"--disk-cache-gb must be positive, got {self.capacity_bytes} bytes")
+        check_disk_cache_bytes(self.capacity_bytes)
         if self.io_threads <= 0:
             raise ValueError(f"--io-threads must be positive, got {self.io_threads}")
         if not self.namespace:
             raise ValueError("the disk tier needs a non-empty namespace")
-        if not 0.0 <= self.max_pinned_fraction <= 1.0:
-            raise ValueError(
-                f"--max-pinned-fraction must be in [0, 1], got {self.max_pinned_fraction}"
-            )
+        check_max_pinned_fraction(self.max_pinned_fraction)
         object.__setattr__(self, "sync", SyncMode(self.sync))
 
     @property

@@ -18,10 +18,10 @@ import logging
 import os
 import secrets
 from collections.abc import Callable, Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from asynchicache.config import SyncMode
 from asynchicache.storage.base import PageRef
 from asynchicache.storage.disk_names import TMP_PREFIX
 from asynchicache.storage.fileio import (
@@ -40,19 +40,6 @@ if TYPE_CHECKING:
     from asynchicache.storage.disk_config import DiskConfig, IoBatch
 
 log = logging.getLogger(__name__)
-
-
-class SyncMode(StrEnum):
-    """How a put makes its pages durable before they get their real names.
-
-    Correctness never depends on it (every read is verified; a crash leaves no
-    half file under a real name); it decides whether a stored page survives a
-    power loss.
-    """
-
-    BATCH = "batch"  # one syncfs per put: one device flush for all its pages
-    FILE = "file"  # fdatasync every file: portable, one flush per page
-    NONE = "none"  # leave it to the kernel's writeback (~30 s)
 
 
 def prefix_within(sizes: Sequence[int], budget: int) -> int:

@@ -31,11 +31,13 @@ import sys
 import time
 from pathlib import Path
 
+from asynchicache.config import CacheConfig, ServiceTuning
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.storage import service, service_cli
 from asynchicache.storage.liveness import pid_alive
 from asynchicache.storage.messages import ServiceSettings
 from asynchicache.storage.service import default_runtime_dir
+from asynchicache.storage.service_config import service_argv
 
 log = logging.getLogger(__name__)
 
@@ -78,21 +80,17 @@ def lock_path(address: str) -> Path:
 
 
 def service_args(config: ConnectorConfig) -> list[str]:
-    """The service's own flags for what the connector was configured with."""
-    args = [
-        "--disk-cache-dir",
-        str(config.disk_cache_dir),
-        "--socket",
-        config.service_address,
-        "--disk-cache-gb",
-        str(config.disk_cache_gb),
-        "--log-level",
-        config.service_log_level,
-    ]
-    if config.remote_url:
-        args += ["--remote-url", config.remote_url]
-    if config.remote_ttl:
-        args += ["--remote-ttl", str(config.remote_ttl)]
+    """The service's own flags for what the connector was configured with: written from
+    the service's flag table (storage.service_config.service_argv), every flag of it."""
+    cache = CacheConfig(
+        disk_cache_dir=config.disk_cache_dir,
+        disk_cache_gb=config.disk_cache_gb,
+        remote_url=config.remote_url,
+        remote_ttl_s=config.remote_ttl,
+    )
+    args = ["--disk-cache-dir", str(config.disk_cache_dir), "--socket", config.service_address]
+    args += service_argv(cache, ServiceTuning())
+    args += ["--log-level", config.service_log_level]
     if not config.direct_io:
         args.append("--no-direct-io")
     return args
