@@ -1,6 +1,7 @@
 """Prefetch at arrival against prefetch at admission: TTFT of disk hits under a burst.
 
-    asynchicache bench prefetch [--clients 64] [--prefix-tokens 512] [--rounds 2] [--out F]
+    asynchicache bench prefetch [--clients 64] [--prefix-tokens 512] [--rounds 2]
+        [--json] [--out DIR]
 
 1. A server over a fresh disk folder computes `--clients` distinct long prefixes and
    stores them on disk, then stops: L1 and L2 go with it, the prefixes stay on disk.
@@ -35,8 +36,11 @@ from pathlib import Path
 import httpx
 
 from asynchicache.bench.client import stream_chat
+from asynchicache.bench.output import add_output_arguments, print_report, write_report
 from asynchicache.bench.server_process import BenchServer
 from asynchicache.bench.text import question, text
+
+REPORT = "prefetch.json"
 
 MODES = {"arrival": (), "admission": ("--no-arrival-prefetch",)}
 
@@ -150,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="default cpu")
     p.add_argument("--model", help="default: the embedded SmolLM2")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, help="also write the JSON here")
+    add_output_arguments(p, REPORT)
     p.add_argument(
         "--work-dir",
         type=Path,
@@ -161,9 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
-    result = run(args)
-    text_out = json.dumps(result, indent=2, default=str)
-    print(text_out)
-    if args.out is not None:
-        args.out.write_text(text_out + "\n")
+    result = json.loads(json.dumps(run(args), default=str))  # paths as text
+    write_report(args.out, REPORT, result)
+    print_report(args, result, json.dumps(result, indent=2))
     return 0
