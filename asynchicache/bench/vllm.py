@@ -179,8 +179,8 @@ def _arms(config: BenchConfig, model: Path, work: Path) -> dict[str, Arm]:
         extra_config={
             "disk_cache_dir": str(work / "ours-kv"),
             "cache_service": f"ipc://{work / 'run' / 'cache.sock'}",
-            "lookup_timeout": 5.0,
-            "prefetch_timeout": 30.0,
+            "lookup_timeout_s": 5.0,
+            "prefetch_timeout_s": 30.0,
         },
         **common,
     )

@@ -42,7 +42,7 @@ def config(tmp_path: Path) -> ConnectorConfig:
         disk_cache_dir=tmp_path / "kv",
         cache_service=f"ipc://{tmp_path}/run/c.sock",
         disk_cache_gb=1.0,
-        service_start_timeout=60.0,
+        service_start_timeout_s=60.0,
     )
 
 

@@ -48,7 +48,7 @@ def test_the_vllm_launcher_starts_the_service_serve_would(tmp_path: Path) -> Non
         disk_cache_dir=tmp_path / "kv",
         disk_cache_gb=3.5,
         remote_url=REMOTE,
-        remote_ttl=60,
+        remote_ttl_s=60,
         cache_service=address,
         direct_io=True,
     )

@@ -150,10 +150,10 @@ def connector_config(root: Path, extra: dict[str, Any] | None = None) -> dict[st
     return {
         "disk_cache_dir": str(root / "kv"),
         "cache_service": f"ipc://{root}/run/c.sock",
-        "host_cache_gb": 0.002,
+        "host_cache_gb": 2_000_000 / 2**30,
         "page_size": PAGE,
-        "lookup_timeout": 10.0,
-        "prefetch_timeout": 10.0,
+        "lookup_timeout_s": 10.0,
+        "prefetch_timeout_s": 10.0,
         **(extra or {}),
     }
 

@@ -66,11 +66,11 @@ def config(tmp_path: Path) -> ConnectorConfig:
     return ConnectorConfig(
         disk_cache_dir=tmp_path / "kv",
         cache_service=f"ipc://{tmp_path}/run/c.sock",
-        host_cache_gb=0.0001,
+        host_cache_gb=100_000 / 2**30,
         page_size=PAGE,
-        lookup_timeout=10.0,
-        prefetch_timeout=10.0,
-        service_start_timeout=60.0,
+        lookup_timeout_s=10.0,
+        prefetch_timeout_s=10.0,
+        service_start_timeout_s=60.0,
     )
 
 

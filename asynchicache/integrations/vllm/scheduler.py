@@ -78,7 +78,7 @@ class SchedulerSide:
         )
         self.pool, self.index, self.link = self.host.pool, self.host.index, self.host.link
         # Start-up may wait for a service we start; one we only connect to answers at once.
-        wait = config.service_start_timeout if config.start_service else 2.0
+        wait = config.service_start_timeout_s if config.start_service else 2.0
         try:
             connected = self.link.wait_connected(wait)
         except ServiceConflict:  # another instance's service, other settings: fail the start
@@ -149,10 +149,10 @@ class SchedulerSide:
             self.link.wait_events(_YIELD_S)
             self._poll()
         now = time.monotonic()
-        if lk.phase is Phase.ASKING and now - lk.started > self.config.lookup_timeout:
+        if lk.phase is Phase.ASKING and now - lk.started > self.config.lookup_timeout_s:
             self.stats.add("lookup_timeouts")
             self._answer(lk)
-        elif lk.phase is Phase.LOADING and now - lk.loading_since > self.config.prefetch_timeout:
+        elif lk.phase is Phase.LOADING and now - lk.loading_since > self.config.prefetch_timeout_s:
             # Give up on it (the slots stay WRITING until the ticket ends) and recompute.
             self.stats.add("prefetch_failures")
             self.link.cancel(lk.load_job)

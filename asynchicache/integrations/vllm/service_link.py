@@ -61,7 +61,7 @@ _KEYS = {
     "disk_cache_dir": "disk_cache_dir",
     "disk_cache_bytes": "disk_cache_gb",
     "remote_url": "remote_url",
-    "remote_ttl": "remote_ttl",
+    "remote_ttl": "remote_ttl_s",
 }
 
 
@@ -138,10 +138,10 @@ class ServiceLink:
             namespace=namespace,
             segment=segment,
             layout=layout,
-            # Loads are given up earlier by the scheduler side (prefetch_timeout,
+            # Loads are given up earlier by the scheduler side (prefetch_timeout_s,
             # then cancelled); their slots stay quarantined until the ticket ends.
-            ticket_timeout_s=config.store_timeout,
-            exists_timeout_s=config.lookup_timeout,
+            ticket_timeout_s=config.store_timeout_s,
+            exists_timeout_s=config.lookup_timeout_s,
         )
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue[LinkEvent] = queue.SimpleQueue()

@@ -86,7 +86,7 @@ def service_args(config: ConnectorConfig) -> list[str]:
         disk_cache_dir=config.disk_cache_dir,
         disk_cache_gb=config.disk_cache_gb,
         remote_url=config.remote_url,
-        remote_ttl_s=config.remote_ttl,
+        remote_ttl_s=config.remote_ttl_s,
     )
     args = ["--disk-cache-dir", str(config.disk_cache_dir), "--socket", config.service_address]
     args += service_argv(cache, ServiceTuning())
