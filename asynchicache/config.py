@@ -25,7 +25,7 @@ class WritePolicy(StrEnum):
 
 class SyncMode(StrEnum):
     """--disk-sync: how the cache service makes a put's pages durable before they get
-    their real names (storage/disk_write.py).
+    their real names (storage/disk/write.py).
 
     Correctness never depends on it (every read is verified; a crash leaves no
     half file under a real name); it decides whether a stored page survives a

@@ -38,7 +38,7 @@ import numpy as np
 from asynchicache.bench import micro_pages
 from asynchicache.bench.micro_pages import DEFAULT_LAYOUT
 from asynchicache.config import SyncMode
-from asynchicache.storage.disk import DiskBackend, DiskConfig
+from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
 
 _NAMESPACE = b"bench-micro-disk\x1ffloat32\x1f16\x1f1\x1f"
 

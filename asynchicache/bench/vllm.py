@@ -50,7 +50,7 @@ import httpx
 from asynchicache.bench.text import text
 from asynchicache.bench.vllm_decode import DecodeLoad, decode_tok_s
 from asynchicache.bench.vllm_process import VllmFlags, VllmServer, VllmThreads, metric_sum
-from asynchicache.storage.client import StorageClient
+from asynchicache.storage.client.storage_client import StorageClient
 
 ARMS = ("vllm_cold", "ours_restart", "example_restart", "ours_cold")
 DECODE_ARMS = ("vllm_decode", "ours_decode")

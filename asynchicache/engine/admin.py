@@ -33,7 +33,7 @@ from asynchicache.cache.keys import chain_hashes
 from asynchicache.cache.pins import PinnedChain
 from asynchicache.engine.protocol import AdminReply, AdminRequest
 from asynchicache.storage.admin_messages import ClearReply, PinReply, PinsReply
-from asynchicache.storage.client_admin import AdminRequests
+from asynchicache.storage.client.admin import AdminRequests
 from asynchicache.storage.tenant_key import TenantKey
 from asynchicache.tiers import STORAGE_TIERS, TIERS, Tier
 

@@ -50,7 +50,7 @@ from asynchicache.engine.kv_event_privacy import PublicChains
 from asynchicache.engine.kv_replay import ReplayLimits, ReplayServer
 from asynchicache.engine.storage_mirror import StorageMirror
 from asynchicache.storage.admin_messages import ContentsReply
-from asynchicache.storage.client import StorageClient
+from asynchicache.storage.client.storage_client import StorageClient
 from asynchicache.tiers import STORAGE_TIERS, AllBlocksCleared, BlockStored, TierEvent
 
 log = logging.getLogger(__name__)

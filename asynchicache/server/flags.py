@@ -20,7 +20,7 @@ from asynchicache.config import (
 )
 from asynchicache.config_flags import WITH_DEFAULT, add_config_flags, finite_float
 from asynchicache.server.compat_flags import add_compat_flags
-from asynchicache.storage.service_config import add_service_flags
+from asynchicache.storage.service.config import add_service_flags
 
 API_KEY_ENV = "ASYNCHICACHE_API_KEY"
 ADMIN_API_KEY_ENV = "ASYNCHICACHE_ADMIN_API_KEY"

@@ -50,8 +50,8 @@ from asynchicache.server.engine_client import (
 from asynchicache.server.frontend import Frontend, load_frontend
 from asynchicache.server.http import StopSignal, bind_socket, serve_http
 from asynchicache.server.supervisor import ChildSpec, Supervisor
-from asynchicache.storage.probe import ServiceProbe
-from asynchicache.storage.service import ServiceConfig, run_service
+from asynchicache.storage.client.probe import ServiceProbe
+from asynchicache.storage.service.server import ServiceConfig, run_service
 from asynchicache.storage.shm import remove_stale_segments
 
 log = logging.getLogger(__name__)

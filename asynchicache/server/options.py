@@ -45,7 +45,7 @@ def _device(args: argparse.Namespace) -> str:
 def _check_remote_url(url: str | None) -> None:
     """A malformed --remote-url fails now, not in the cache service after the model loaded."""
     if url is not None:
-        from asynchicache.storage.redis_topology import parse_remote_url  # pulls in redis-py
+        from asynchicache.storage.remote.topology import parse_remote_url  # pulls in redis-py
 
         parse_remote_url(url)
 
@@ -53,7 +53,7 @@ def _check_remote_url(url: str | None) -> None:
 def _check_disk_folder(folder: Path | None) -> None:
     """A folder others could write into fails now, not in the cache service later."""
     if folder is not None:
-        from asynchicache.storage.disk_folder import check_disk_folder
+        from asynchicache.storage.disk.folder import check_disk_folder
 
         check_disk_folder(folder)
 

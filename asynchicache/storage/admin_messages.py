@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asynchicache.storage.pins import Pin
+from asynchicache.storage.disk.pins import Pin
 from asynchicache.tiers import STORAGE_TIERS, TierEvent
 
 HASH_BYTES = 16

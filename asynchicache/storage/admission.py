@@ -3,7 +3,7 @@
 One rule for both places that write to disk: the engine's store of L2 pages
 (cache.writes: `hits` is the page's hit count, `tokens` its prompt's length up to
 and including it) and the cache service's promotion of pages read from L4
-(storage.tiered: a load is one hit, `tokens` the chain's length). Both limits 0
+(storage.service.tiered: a load is one hit, `tokens` the chain's length). Both limits 0
 admits everything; otherwise a page is admitted when it is hot enough or its
 prompt long enough.
 """

@@ -21,11 +21,11 @@ from remote_helpers import Backends
 
 from asynchicache.cache.keys import Namespace
 from asynchicache.storage.base import ClearScope
-from asynchicache.storage.disk import DiskConfig
-from asynchicache.storage.disk_names import namespace_dir_name
+from asynchicache.storage.disk.backend import DiskConfig
+from asynchicache.storage.disk.names import namespace_dir_name
 from asynchicache.storage.events import EventLog
-from asynchicache.storage.redis import RedisBackend, RedisConfig
-from asynchicache.storage.tiered import RemoteTierConfig, open_tiered
+from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
+from asynchicache.storage.service.tiered import RemoteTierConfig, open_tiered
 from asynchicache.tiers import BlockRemoved, BlockStored
 
 OTHER = b"other-model\x1ffloat32\x1f4\x1f1\x1f"

@@ -18,7 +18,7 @@ from service_process import ServiceProcess
 
 from asynchicache.cache.keys import Namespace
 from asynchicache.storage.admin_messages import ClearedPages
-from asynchicache.storage.client import ClientConfig, StorageClient
+from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored
 
 PAGE = SMALL.shape[2]

@@ -9,8 +9,8 @@ from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.service_process import service_args
 from asynchicache.server.launch import _service_spec
 from asynchicache.server.options import parse_args, to_config
-from asynchicache.storage.service_cli import config_from_args
-from asynchicache.storage.service_config import CACHE_FLAGS, TUNING_FLAGS, ServiceConfig
+from asynchicache.storage.service.cli import config_from_args
+from asynchicache.storage.service.config import CACHE_FLAGS, TUNING_FLAGS, ServiceConfig
 
 REMOTE = "redis://127.0.0.1:6379/0"  # parsed, never connected to
 

@@ -24,6 +24,7 @@ from asynchicache.storage.admin_messages import (
     UnpinReply,
 )
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
+from asynchicache.storage.disk.pins import Pin
 from asynchicache.storage.messages import (
     MESSAGE_TYPES,
     Cancel,
@@ -46,7 +47,6 @@ from asynchicache.storage.messages import (
     decode,
     encode,
 )
-from asynchicache.storage.pins import Pin
 from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored
 
 H = [bytes([i]) * 16 for i in range(3)]

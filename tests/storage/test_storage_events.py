@@ -17,9 +17,9 @@ from asynchicache.cache.keys import Namespace
 from asynchicache.config import GIB
 from asynchicache.storage.admin_messages import StorageEvents
 from asynchicache.storage.base import PageRef
-from asynchicache.storage.client import StorageClient
-from asynchicache.storage.disk import DiskConfig
-from asynchicache.storage.event_feed import EventFeed
+from asynchicache.storage.client.event_feed import EventFeed
+from asynchicache.storage.client.storage_client import StorageClient
+from asynchicache.storage.disk.backend import DiskConfig
 from asynchicache.storage.events import EventLog
 from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored, TierEvent
 

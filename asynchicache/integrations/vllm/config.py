@@ -19,7 +19,7 @@ from typing import Any
 import xxhash
 
 from asynchicache.config import GIB, default_disk_cache_dir
-from asynchicache.storage.service import default_runtime_dir
+from asynchicache.storage.service.server import default_runtime_dir
 
 # Documented keys of earlier releases -> today's (durations without their unit suffix).
 OLD_KEYS = {
