@@ -52,13 +52,13 @@ from asynchicache.cache.loads import Loader
 from asynchicache.cache.lookup import locked_l1_pages, lookup, stored_after
 from asynchicache.cache.node import RadixNode
 from asynchicache.cache.ownership import check_freeable, check_insertable
-from asynchicache.cache.parts import CacheParts
+from asynchicache.cache.parts import CacheParts, snapshot
 from asynchicache.cache.pins import PinnedPages
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout, cache_host_pool
 from asynchicache.cache.radix import RadixTree
 from asynchicache.cache.residency import Residency
 from asynchicache.cache.results import LockedPages, MatchHandle, MatchResult
-from asynchicache.cache.stats import CacheStats, Counters, snapshot
+from asynchicache.cache.stats import CacheStats, Counters
 from asynchicache.cache.transfer import TransferEngine
 from asynchicache.cache.writes import Writer
 from asynchicache.config import CacheConfig

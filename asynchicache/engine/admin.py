@@ -27,18 +27,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from asynchicache.cache.keys import chain_hashes
+from asynchicache.cache.hierarchy import HiRadixCache
+from asynchicache.cache.keys import Namespace, chain_hashes
 from asynchicache.cache.pins import PinnedChain
 from asynchicache.engine.protocol import AdminReply, AdminRequest
 from asynchicache.storage.admin_messages import ClearReply, PinReply, PinsReply
 from asynchicache.storage.client.admin import AdminRequests
 from asynchicache.storage.tenant_key import TenantKey
 from asynchicache.tiers import STORAGE_TIERS, TIERS, Tier
-
-if TYPE_CHECKING:
-    from asynchicache.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +54,24 @@ class AdminError(Exception):
         self.code = code
 
 
+class AdminSubject(Protocol):
+    """What the admin reads of its engine (engine.engine.Engine is one)."""
+
+    cache: HiRadixCache
+    namespace: Namespace
+
+    @property
+    def model_name(self) -> str: ...
+
+    def stats(self) -> dict: ...
+
+    def integrity(self) -> dict: ...
+
+
 class EngineAdmin:
     """Answers `AdminRequest`s for one engine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: AdminSubject) -> None:
         self.engine = engine
         self.cache = engine.cache
         storage = engine.cache.storage
@@ -86,7 +98,7 @@ class EngineAdmin:
     def _payload(self, msg: AdminRequest) -> dict[str, Any]:
         e = self.engine
         if msg.op == "health":
-            return {"ok": True, "model": e.loaded.name}
+            return {"ok": True, "model": e.model_name}
         if msg.op == "stats":
             return {**e.stats(), "pins": self.pins()}
         if msg.op == "lookup":

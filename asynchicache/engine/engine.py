@@ -328,6 +328,10 @@ class Engine:
         """Answer a cache admin call (engine/admin.py); never raises."""
         return self.admin_ops.handle(msg)
 
+    @property
+    def model_name(self) -> str:
+        return self.loaded.name
+
     def integrity(self) -> dict:
         """`check_integrity()` of the cache as a payload (soak and fault tests ask for it)."""
         try:
