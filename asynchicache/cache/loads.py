@@ -112,12 +112,16 @@ class Loader:
         ticket = LoadTicket(next(self._ids), 0, len(hashes))
         job = LoadJob(ticket, anchor, anchor, anchor.end_page + len(hashes), tokens,
                       final=anchor, prefetch=True)  # fmt: skip
+        # Locked before the read takes its L2 slots: that eviction could otherwise take
+        # the anchor itself when it lives in L2 alone (and detach it from the tree).
+        p.tree.lock(anchor)
+        p.tree.lock(anchor)  # the fallback lock, as for a load (`give_up` hands it over)
         self._start_read(job, hashes)
         if job.phase is not LoadPhase.READING:
+            p.tree.unlock(anchor)
+            p.tree.unlock(anchor)
             return None  # no L2 room or the read did not start: nothing held, nothing owed
-        p.tree.lock(anchor)
         job.locked.append(anchor)
-        p.tree.lock(anchor)  # the fallback lock, as for a load (`give_up` hands it over)
         self.jobs[ticket.id] = job
         p.counters.prefetches += 1
         return ticket

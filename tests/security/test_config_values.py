@@ -167,9 +167,9 @@ def test_the_cache_command_refuses_nan_too(argv: list[str]) -> None:
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_the_cache_service_refuses_nan_too(value: str) -> None:
-    from asynchicache.storage.service.cli import _parse
+    from asynchicache.storage.service.cli import config_from_args
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
-        _parse(["--disk-cache-dir", "/nonexistent", "--disk-cache-gb", value])
+        config_from_args(["--disk-cache-dir", "/nonexistent", "--disk-cache-gb", value])
     assert "--disk-cache-gb" in err.getvalue()

@@ -19,6 +19,13 @@ REPO = Path(__file__).resolve().parents[2]
 ROLES = ("engine", "cache-service")
 
 
+# Flags that size L2 (ours and the compat ones, server/compat_flags.py).
+L2_SIZE_FLAGS = frozenset(
+    {"--host-cache-gb", "--no-host-cache", "--hiradix_cache_token_num", "--hicache-size",
+     "--hicache-ratio", "--cpu_cache_storage_size"}
+)  # fmt: skip
+
+
 class LiveServer(ServeProcess):
     """`python -m asynchicache serve` as a subprocess on a free port, the way users run it.
 
@@ -35,7 +42,9 @@ class LiveServer(ServeProcess):
         if api_key:
             env["ASYNCHICACHE_API_KEY"] = api_key
         disk = ["--disk-cache-dir", str(disk_dir)] if disk_dir else ["--no-disk-cache"]
-        flags = [*disk, "--device-cache-tokens", "1024", "--host-cache-gb", "0.1"]
+        flags = [*disk, "--device-cache-tokens", "1024"]
+        if not L2_SIZE_FLAGS & set(extra):  # the compat flags refuse a second L2 size
+            flags += ["--host-cache-gb", "0.1"]
         super().__init__(log_path, *flags, "--log-level", "info", *extra, env=env)
 
     @property
