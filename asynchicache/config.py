@@ -197,7 +197,7 @@ class EngineConfig:
     model: str | None = None  # HF folder or GGUF file; None = the embedded SmolLM2
     device: str = "cpu"
     dtype: str = "float32"
-    # A cap on requests running at once; what L1 holds decides first (engine/admission.py).
+    # A cap on requests running at once; what L1 holds decides first (engine/memory_budget.py).
     max_running_requests: int = 256
     # Decode tokens admission reserves L1 room for, per request (at most its max_tokens).
     decode_reserve_tokens: int = 256

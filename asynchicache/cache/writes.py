@@ -21,8 +21,8 @@ from asynchicache.cache.node import RadixNode
 from asynchicache.cache.parts import CacheParts
 from asynchicache.cache.transfer import TransferDone
 from asynchicache.config import WritePolicy
-from asynchicache.storage.admission import DiskAdmission
 from asynchicache.storage.base import Completion, PageRef, TicketKind
+from asynchicache.storage.disk.admission import DiskAdmission
 
 log = logging.getLogger(__name__)
 

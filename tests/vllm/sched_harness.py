@@ -501,7 +501,7 @@ class Engine:
     def settle(self, timeout_s: float = 120.0) -> None:
         """Wait until the service finished every store (their L2 pins go then)."""
         deadline = time.monotonic() + timeout_s
-        while self.side.index.counts()["pinned"] or self.side.index.counts()["writing"]:
+        while self.side.index.counts()["read"] or self.side.index.counts()["writing"]:
             if time.monotonic() > deadline:
                 raise AssertionError(f"L2 not settled: {self.side.index.counts()}")
             self.side.link.wait_events(0.05)

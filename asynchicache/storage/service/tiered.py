@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from asynchicache.storage.admission import DiskAdmission
 from asynchicache.storage.base import (
     BackendStats,
     Cleared,
@@ -45,6 +44,7 @@ from asynchicache.storage.base import (
     StorageBackend,
 )
 from asynchicache.storage.deadline import Deadline
+from asynchicache.storage.disk.admission import DiskAdmission
 from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
 from asynchicache.storage.events import EventLog
 from asynchicache.storage.write_behind import StagedPages, WriteBehind, stage

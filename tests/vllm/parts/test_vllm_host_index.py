@@ -20,8 +20,8 @@ def test_publish_pin_and_evict_unread_pages_oldest_first_keeping_prefixes() -> N
     for i, slot in enumerate(chain):
         assert index.publish(slot, h(i))
     assert index.leading([h(0), h(1), h(2), h(9)]) == [0, 1, 2]
-    index.pin(chain)  # a reader touches the chain suffix-first: its prefix ends newest
-    index.unpin(chain)
+    index.add_readers(chain)  # a reader touches the chain suffix-first: its prefix ends newest
+    index.drop_readers(chain)
     # 3 more slots: one free, two evicted; the chain's suffix goes before its prefix.
     got = index.allocate(3)
     assert got is not None and sorted(got) == [1, 2, 3]
@@ -33,10 +33,10 @@ def test_pinned_and_writing_slots_are_never_evicted() -> None:
     index = HostIndex(2)
     a, b = index.allocate(2)  # type: ignore[misc]
     index.publish(a, h(1))
-    index.pin([a])
+    index.add_readers([a])
     assert index.allocate(1) is None  # a is read, b is being written
     assert index.use(b) is SlotUse.WRITING
-    index.unpin([a])
+    index.drop_readers([a])
     assert index.allocate(1) == [a]
     index.check_integrity()
 
@@ -50,9 +50,9 @@ def test_a_duplicate_page_frees_its_slot_and_bad_transitions_raise() -> None:
     with pytest.raises(ValueError):
         index.release([a])  # READY, not WRITING
     with pytest.raises(ValueError):
-        index.unpin([a])  # no reader
+        index.drop_readers([a])  # no reader
     with pytest.raises(ValueError):
-        index.pin([b])  # FREE
+        index.add_readers([b])  # FREE
     index.check_integrity()
 
 
@@ -72,10 +72,10 @@ def test_any_sequence_of_operations_keeps_the_ledger_whole(ops: list[tuple[str, 
             index.release([writing.pop()])
         elif op == "c":
             slots = index.leading([h(n)])
-            index.pin(slots)
+            index.add_readers(slots)
             pinned += slots
         elif op == "u" and pinned:
-            index.unpin([pinned.pop()])
+            index.drop_readers([pinned.pop()])
         elif op == "x":
             index.allocate(1)  # may evict; may fail
         index.check_integrity()

@@ -1,4 +1,4 @@
-"""Admission by memory (engine/admission.py), over a tiny cache and no model.
+"""Admission by memory (engine/memory_budget.py), over a tiny cache and no model.
 
 Each test failed on the count-only admission it replaced (commit 1dc760e).
 """

@@ -1,4 +1,4 @@
-"""`Completions`: hands each finished copy or storage ticket to the job's owner.
+"""`FinishedTickets`: hands each finished copy or storage ticket to the job's owner.
 
 Every ticket in flight maps to one job (jobs.py): a `WriteJob` or `StoreJob`
 is the `Writer`'s, a `LoadJob` the `Loader`'s. A handler that raises must not
@@ -22,7 +22,7 @@ from asynchicache.storage.base import Completion, Settled, TicketKind
 log = logging.getLogger(__name__)
 
 
-class Completions:
+class FinishedTickets:
     """Polls the transfer engine and the storage tier, and routes what finished."""
 
     def __init__(self, parts: CacheParts, writer: Writer, loader: Loader) -> None:
