@@ -99,7 +99,7 @@ def _clear(args: argparse.Namespace, root: Path) -> int:
             print(f"{tier}: removed {part['removed']} pages, kept {part['pinned_kept']} pinned")
             for error in part["errors"]:
                 print(f"  {error}")
-    failed = report["disk"]["errors"] or report["remote"]["errors"]  # type: ignore[index]
+    failed = report["disk"]["errors"] or report["remote"]["errors"]
     return 1 if failed else 0
 
 

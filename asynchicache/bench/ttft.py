@@ -44,7 +44,8 @@ from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
 from asynchicache.server.launch import ServiceLaunch, run_cache_service
-from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.storage.client.config import ClientConfig
+from asynchicache.storage.client.storage_client import StorageClient
 from asynchicache.storage.service.server import ServiceConfig
 
 FIRST_TOKEN = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)

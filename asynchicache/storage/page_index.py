@@ -75,7 +75,7 @@ class PageIndex:
         # reads re-stamp a page only when its stored stamp has grown stale.
         self._stored: dict[bytes, int] = {}
 
-    def __contains__(self, page_hash: bytes) -> bool:
+    def __contains__(self, page_hash: object) -> bool:
         return page_hash in self._lru or page_hash in self._pinned
 
     def __len__(self) -> int:

@@ -53,6 +53,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -272,9 +273,9 @@ class StorageClient(AdminRequests):
         """Poll until all `tickets` (completed unsettled) settled, or `timeout_s` passed."""
         return self._wait(Settled, tickets, timeout_s)
 
-    def _wait(self, kind: type, tickets: Iterable[int], timeout_s: float) -> list:
+    def _wait(self, kind: type, tickets: Iterable[int], timeout_s: float) -> list[Any]:
         want = set(tickets)
-        got: list = []
+        got: list[Any] = []
         deadline = time.monotonic() + timeout_s
         while True:
             self._pump()
@@ -298,8 +299,11 @@ class StorageClient(AdminRequests):
     def events_lost(self) -> int:
         return self._events.lost
 
-    def _request(self, make: Callable[[int], Request], timeout_s: float) -> Reply | None:
-        return self._ask(make(next(self._ids)), timeout_s)
+    def _request(self, make: Callable[[int], object], timeout_s: float) -> Reply | None:
+        msg = make(next(self._ids))
+        if not isinstance(msg, Request):
+            raise TypeError(f"not a storage request: {type(msg).__name__}")
+        return self._ask(msg, timeout_s)
 
     # -- internals ----------------------------------------------------------
 

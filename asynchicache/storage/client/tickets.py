@@ -78,7 +78,7 @@ class TicketBook:
             self.events.append(Settled(ticket, reason))
             self.counters[f"settled_{reason.replace(' ', '_')}"] += 1
 
-    def take(self, kind: type, tickets: set[int]) -> list:
+    def take(self, kind: type, tickets: set[int]) -> list[Any]:
         """Remove and return the queued events of type `kind` for `tickets` (which loses
         them); the other events stay queued in order."""
         taken = [e for e in self.events if isinstance(e, kind) and e.ticket in tickets]

@@ -41,11 +41,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from concurrent.futures import ThreadPoolExecutor as _Pool
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -87,7 +88,7 @@ from asynchicache.storage.disk.pins import (
 )
 from asynchicache.storage.disk.scan import scan_folder
 from asynchicache.storage.disk.space import DiskSpace
-from asynchicache.storage.disk.write import PageWriter, SyncMode, prefix_within
+from asynchicache.storage.disk.write import PageWriter, prefix_within
 from asynchicache.storage.events import EventLog
 from asynchicache.storage.fileio import (
     Scratch,
@@ -99,12 +100,13 @@ from asynchicache.storage.header import header_len_for
 from asynchicache.storage.page_index import IndexedPage, PageIndex
 from asynchicache.tiers import Tier
 
+T = TypeVar("T")
+
 __all__ = [
     "PAGE_SUFFIX",
     "TMP_PREFIX",
     "DiskBackend",
     "DiskConfig",
-    "SyncMode",
     "check_pool",
     "namespace_dir_name",
     "page_file_name",
@@ -187,7 +189,7 @@ class DiskBackend(StorageBackend):
         ]
         reads = _results(futures)
         ok = next((i for i, r in enumerate(reads) if r is None), n)
-        self._index.add_chain(reads[:ok])
+        self._index.add_chain([r for r in reads[:ok] if r is not None])  # all of them
         self._restamp(hashes[:ok], batch.stamp_ns)
         self._count(
             hits=ok,
@@ -310,7 +312,9 @@ class DiskBackend(StorageBackend):
         self._space.refresh_pins()
         return removed
 
-    def contents(self, mark=lambda: 0) -> tuple[list[tuple[bytes, bytes]], int]:
+    def contents(
+        self, mark: Callable[[], int] = lambda: 0
+    ) -> tuple[list[tuple[bytes, bytes]], int]:
         """(hash, parent) of every indexed page, and `mark()` (the event sequence) at that
         instant."""
         return self._index.snapshot(mark)
@@ -363,7 +367,9 @@ class DiskBackend(StorageBackend):
                 todo.append(p)
         return todo
 
-    def _write_all(self, todo: Sequence[PageRef], batch: IoBatch, age: dict[bytes, int]):
+    def _write_all(
+        self, todo: Sequence[PageRef], batch: IoBatch, age: dict[bytes, int]
+    ) -> dict[bytes, str | None]:
         """Write pages; error text per page (None: stored). See storage.disk.write."""
         futures = [
             self._io.submit(self._writer.write_temp, p, batch, batch.stamp_ns - age[p.page_hash])
@@ -458,7 +464,7 @@ class DiskBackend(StorageBackend):
             self._scan_done.set()
 
 
-def _results(futures: Sequence[Future]) -> list:
+def _results(futures: Sequence[Future[T]]) -> list[T]:
     """Every future's result, after all of them finished: a job that fails must not
     return (and be answered) while its other pages are still being read or written."""
     wait(futures)

@@ -34,7 +34,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +75,7 @@ def count_folder(root: Path) -> int:
     return total
 
 
-def _sizes(folder: Path, wanted) -> int:
+def _sizes(folder: Path, wanted: Callable[[str], bool]) -> int:
     total = 0
     for entry in scandir(folder):
         if wanted(entry.name):

@@ -60,10 +60,10 @@ class PageFiles:
         try:
             st = os.fstat(fd)
             head = os.pread(fd, DIRECT_ALIGN, 0)
-            header_len = peek_header_len(head)
+            header_len = peek_header_len(memoryview(head))
             if header_len != DIRECT_ALIGN:
                 head = os.pread(fd, header_len, 0)
-            header = decode_header(head)
+            header = decode_header(memoryview(head))
         except (HeaderError, OSError) as exc:
             return f"bad header ({exc})"
         finally:
@@ -89,13 +89,13 @@ class PageFiles:
             head = bytearray(DIRECT_ALIGN)
             got = preadv_all(fd, [memoryview(head), dst, memoryview(bytearray(1))], 0)
         try:
-            header_len = peek_header_len(head)
+            header_len = peek_header_len(memoryview(head))
             if header_len != DIRECT_ALIGN:  # a long header: rare, read it plainly
                 if direct:
                     clear_direct(fd)
                 head = bytearray(header_len)
                 got = preadv_all(fd, [memoryview(head), dst, memoryview(bytearray(1))], 0)
-            header = decode_header(head)
+            header = decode_header(memoryview(head))
         except HeaderError as exc:
             return f"bad header ({exc})"
         problem = self.problem(header, page_hash)

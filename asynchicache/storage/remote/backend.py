@@ -30,7 +30,7 @@ Eviction is Redis's: an optional TTL per value, or the server's
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
@@ -277,11 +277,12 @@ class RedisBackend(StorageBackend):
         topo = self._usable()
         if topo is None or not keys:
             return []
+        ttl_s = self.config.ttl_s
         try:
             pipe = topo.client.pipeline(transaction=False)
             for k in keys:
-                if touch:
-                    pipe.expire(k, self.config.ttl_s)  # 1 if it exists (and is renewed), else 0
+                if touch and ttl_s is not None:
+                    pipe.expire(k, ttl_s)  # 1 if it exists (and is renewed), else 0
                 else:
                     pipe.exists(k)
             return [bool(x) for x in pipe.execute()]
@@ -311,7 +312,12 @@ class RedisBackend(StorageBackend):
 
     # -- fan-out, faults, probing --------------------------------------------
 
-    def _fan_out(self, topo: RedisTopology, call: PageCall, batch_fn) -> list[PageRead]:
+    def _fan_out(
+        self,
+        topo: RedisTopology,
+        call: PageCall,
+        batch_fn: Callable[[PageCall, NodeAddress, list[int]], list[PageRead]],
+    ) -> list[PageRead]:
         """Run `batch_fn(call, node, indices)` per node and batch in parallel; results by index."""
         by_node: dict[NodeAddress, list[int]] = {}
         try:

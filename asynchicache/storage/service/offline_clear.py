@@ -25,6 +25,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from asynchicache.storage.base import Cleared, ClearScope
 from asynchicache.storage.disk.clear import drop_pins, plan_clear
@@ -68,8 +69,8 @@ class ClearReport:
     disk: dict[str, Cleared] = field(default_factory=dict)
     remote: dict[str, Cleared] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, object]:
-        def total(part: dict[str, Cleared]) -> dict[str, object]:
+    def as_dict(self) -> dict[str, Any]:
+        def total(part: dict[str, Cleared]) -> dict[str, Any]:
             return {
                 "removed": sum(c.removed for c in part.values()),
                 "pinned_kept": sum(c.pinned_kept for c in part.values()),
@@ -78,8 +79,7 @@ class ClearReport:
             }
 
         disk, remote = total(self.disk), total(self.remote)
-        return {"removed": int(disk["removed"]) + int(remote["removed"]),  # type: ignore[call-overload]
-                "disk": disk, "remote": remote}  # fmt: skip
+        return {"removed": disk["removed"] + remote["removed"], "disk": disk, "remote": remote}
 
 
 class FolderInUseError(ValueError):
@@ -137,9 +137,9 @@ def _clear_remote(
     client = admin_client(parse_remote_url(req.remote_url))
     try:
         if req.all_remote:  # pins of the namespaces the folder knows still hold
-            pinned = {h for ns in folders for h in PinStore(ns.folder).hashes()}
-            scope = ClearScope(include_pinned=req.include_pinned)
-            report.remote["ackv:*"] = clear_prefix(client, ALL_REMOTE_PREFIX, scope, pinned)
+            every = {h for ns in folders for h in PinStore(ns.folder).hashes()}
+            anyone = ClearScope(include_pinned=req.include_pinned)
+            report.remote["ackv:*"] = clear_prefix(client, ALL_REMOTE_PREFIX, anyone, every)
             return
         for ns in folders:
             if ns.layout is None:

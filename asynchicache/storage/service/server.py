@@ -134,7 +134,7 @@ class _Client:
 class _Job:
     """A request on the worker pool: its future and its stop condition."""
 
-    future: Future
+    future: Future[Reply]
     deadline: Deadline
 
 
@@ -228,8 +228,8 @@ class CacheService:
         elif client is None:
             self._send(ident, ErrorReply(msg.req_id, "unregistered", "send Register first"))
         elif isinstance(msg, Exists):
-            disk, remote = client.backend.exists_by_tier(msg.hashes)
-            self._send(ident, ExistsReply(msg.req_id, disk + remote, remote))
+            on_disk, in_remote = client.backend.exists_by_tier(msg.hashes)
+            self._send(ident, ExistsReply(msg.req_id, on_disk + in_remote, in_remote))
         elif isinstance(msg, Work):
             self._submit(ident, client, msg)
         else:  # a reply type sent as a request
@@ -239,8 +239,12 @@ class CacheService:
 
     def _register(self, ident: bytes, msg: Register) -> RegisterReply:
         old = self._clients.get(ident)
-        same = old is not None and old.segment == msg.segment
-        if same and old.backend.layout == msg.layout and old.backend.namespace == msg.namespace:
+        if (
+            old is not None
+            and old.segment == msg.segment
+            and old.backend.layout == msg.layout
+            and old.backend.namespace == msg.namespace
+        ):
             self._subscribe(old, msg.events)  # a heartbeat
             return RegisterReply(msg.req_id, old.pool.shape[0], None, os.getpid(), self._seq(old))
         try:
@@ -381,7 +385,7 @@ class CacheService:
             self._count("worker_failures")
             return failed(msg, f"worker failed: {exc}")
 
-    def _finished(self, ident: bytes, msg: Work, future: Future) -> None:
+    def _finished(self, ident: bytes, msg: Work, future: Future[Reply]) -> None:
         # Runs on the worker thread (or the loop thread for a cancel).
         reply = failed(msg, "cancelled") if future.cancelled() else future.result()
         self._done.put((ident, reply))

@@ -116,7 +116,8 @@ def open_tiered(
     events = events or EventLog()
     if remote is None:
         return TieredBackend(DiskBackend(disk, events))
-    from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
+    from asynchicache.storage.remote.backend import RedisBackend
+    from asynchicache.storage.remote.config import RedisConfig
 
     redis_cfg = RedisConfig(
         remote.url, disk.namespace, disk.layout, ttl_s=remote.ttl_s, cluster=remote.cluster
@@ -209,14 +210,15 @@ class TieredBackend(StorageBackend):
         self, pages: Sequence[PageRef], pool: np.ndarray, deadline: Deadline | None = None
     ) -> int:
         """Store pages from a private copy of their slots; how many the disk holds now."""
-        staged: StagedPages | None = stage(pages, pool, deadline)  # the one read of the slots
+        staged = stage(pages, pool, deadline)  # the one read of the slots
+        held: StagedPages | None = staged  # None once the L4 upload queue took it over
         try:
             stored = self.disk.put(staged.refs, staged.pool, deadline)
             if self.config.write_remote and staged.refs and self._remote_up():
-                staged = self._upload(staged, deadline)
+                held = self._upload(staged, deadline)
         finally:
-            if staged is not None:
-                staged.release()
+            if held is not None:
+                held.release()
         return stored
 
     def delete(self, hashes: Sequence[bytes]) -> int:
