@@ -164,7 +164,7 @@ def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9
 
 
-def _timed(fn: Callable[[], None]) -> float:
+def _timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start

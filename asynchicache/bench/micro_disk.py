@@ -68,7 +68,7 @@ class DiskBenchOptions:
     sync: str = "batch"
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> DiskBenchOptions:
+    def from_args(cls, args: argparse.Namespace | DiskBenchOptions) -> DiskBenchOptions:
         names = [f.name for f in fields(cls)]
         return cls(**{n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
 
@@ -158,7 +158,7 @@ def measure(args: argparse.Namespace | DiskBenchOptions) -> dict:
     opts = DiskBenchOptions.from_args(args)
     pages = micro_pages.pages_for(opts.total_mb)
     owned = opts.bench_dir is None
-    if owned:
+    if opts.bench_dir is None:
         folder = Path(tempfile.mkdtemp(prefix="asynchicache-bench-", dir="/var/tmp"))
     else:
         folder = opts.bench_dir

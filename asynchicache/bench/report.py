@@ -32,7 +32,7 @@ Configs = Mapping[str, Mapping[str, Any]]
 
 
 # ---------------------------------------------------------------------- table
-def _fmt(x: float, digits: int = 2) -> str:
+def _fmt(x: float | None, digits: int = 2) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any
 
 from asynchicache.bench.dd import cold_read
 from asynchicache.config import CacheConfig, EngineConfig
@@ -156,9 +157,9 @@ def _l3_hit(
         made.close()
 
 
-def measure(model: LoadedModel, prompt_tokens: int = 2048) -> dict[str, float]:
+def measure(model: LoadedModel, prompt_tokens: int = 2048) -> dict[str, Any]:
     prompt = real_text_prompt(model, prompt_tokens)
-    results: dict[str, float] = {}
+    results: dict[str, Any] = {}
     plain = Engine(
         EngineConfig(), CacheConfig(enable_prefix_cache=False, disk_cache_dir=None), loaded=model
     )

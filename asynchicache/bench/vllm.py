@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -168,7 +169,7 @@ def _external_hits(server: VllmServer) -> float:
 
 def _arms(config: BenchConfig, model: Path, work: Path) -> dict[str, Arm]:
     extra = () if config.block_size is None else ("--block-size", str(config.block_size))
-    common = {
+    common: dict[str, Any] = {
         "max_model_len": config.max_model_len,
         "kv_cache_bytes": config.kv_cache_bytes,
         "extra": extra,
@@ -248,7 +249,7 @@ def _report(
     rates: dict[str, list[float]] | None = None,
 ) -> dict:
     med = {arm: statistics.median(ts) for arm, ts in times.items()}
-    out = {f"{arm}_ttft_s": round(med[arm], 4) for arm in ARMS}
+    out: dict[str, Any] = {f"{arm}_ttft_s": round(med[arm], 4) for arm in ARMS}
     out.update(
         {
             "rounds": {arm: [round(t, 4) for t in ts] for arm, ts in times.items()},

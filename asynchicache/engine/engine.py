@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 
 import torch
 
@@ -408,8 +408,8 @@ def _fields(out: TokenOutput) -> dict:
 
 
 def _plain(obj: object) -> object:
-    if hasattr(obj, "__dataclass_fields__"):
-        return asdict(obj)  # type: ignore[arg-type]
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return asdict(obj)
     return obj
 
 

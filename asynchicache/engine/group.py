@@ -144,8 +144,8 @@ class Forker:
             src = leader.page_table[shared]
             dst = torch.tensor(pages, device=self.kv_pool.device)
             # A copy first: index_copy_ refuses a source inside the tensor it writes.
-            page = self.kv_pool[src : src + 1].clone()  # [1, layers, 2, page_size, heads, hd]
-            block = page.expand(len(pages), *self.kv_pool.shape[1:])
+            one = self.kv_pool[src : src + 1].clone()  # [1, layers, 2, page_size, heads, hd]
+            block = one.expand(len(pages), *self.kv_pool.shape[1:])
             self.kv_pool.index_copy_(0, dst, block)
         return {id(f) for f in got}
 

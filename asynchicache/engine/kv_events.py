@@ -213,7 +213,7 @@ class KvEventPublisher:
         """Every tier's contents as of batch `seq` (publishes pending changes first)."""
         self._flush(force=True)
         events: list[TierEvent] = [*self.residency.snapshot(), *self.mirror.snapshot()]
-        wire = [AllBlocksCleared(t) for t in STORAGE_TIERS]
+        wire: list[TierEvent] = [AllBlocksCleared(t) for t in STORAGE_TIERS]
         wire += [to_wire(e, self.page_size) for e in self.public.filter(events)]
         return KVEventBatch(self.seq, time.time(), tuple(wire), replay=True)
 

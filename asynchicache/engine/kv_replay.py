@@ -76,8 +76,10 @@ def split(events: list[TierEvent], max_events: int) -> list[list[TierEvent]]:
 
 def _split_run(run: BlockStored, n: int) -> tuple[BlockStored, BlockStored]:
     """The first `n` pages of a run, and the rest (whose parent is the n-th page)."""
-    tokens = len(run.token_ids) == len(run.block_hashes) * run.block_size
-    cut = n * run.block_size
+    size = run.block_size
+    assert size is not None  # a run on the wire says its block size (kv_events.to_wire)
+    tokens = len(run.token_ids) == len(run.block_hashes) * size
+    cut = n * size
     hashes, ids = run.block_hashes, run.token_ids
     head = replace(run, block_hashes=hashes[:n], token_ids=ids[:cut] if tokens else ())
     tail = replace(run, block_hashes=hashes[n:], parent_block_hash=hashes[n - 1],

@@ -225,7 +225,8 @@ class Scheduler:
             req = self.loading.pop(ticket.id, None)
             if req is None:  # nobody waits for it (cannot happen: given-up loads are the cache's)
                 log.warning("load %d finished with no request waiting; releasing it", ticket.id)
-                self.cache.unlock(ticket.handle)
+                if ticket.handle is not None:
+                    self.cache.unlock(ticket.handle)
                 continue
             req.load_ticket = None
             if not ticket.ok:

@@ -20,10 +20,11 @@ Invariants (`check_integrity` makes them executable):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from types import MappingProxyType
+from typing import cast
 
 from asynchicache.cache.ledger import PoolLedger, strict_from_env
 
@@ -51,10 +52,12 @@ class _Slot:
 
 
 class HostIndex:
-    """Slots of one L2 segment: allocation, publication, pins and LRU eviction."""
+    """Slots of one L2 segment: allocation, publication, reader counts and LRU eviction."""
 
     def __init__(self, num_slots: int) -> None:
-        self._ledger = PoolLedger("vLLM L2", num_slots, SlotUse, TRANSITIONS, strict_from_env())
+        # SlotUse is an IntEnum: the ledger reads these transitions as its own states'.
+        transitions = cast(Mapping[IntEnum, frozenset[IntEnum]], TRANSITIONS)
+        self._ledger = PoolLedger("vLLM L2", num_slots, SlotUse, transitions, strict_from_env())
         self._slots = [_Slot() for _ in range(num_slots)]
         self._by_hash: dict[bytes, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # READY slots, oldest first
