@@ -8,16 +8,16 @@ protocols and page layout), messages.py / admin_messages.py (the wire), header.p
 page_index.py, shm.py, sockets.py, deadline.py (when a job stops), liveness.py,
 fileio.py, lineage.py, tenant_key.py, write_behind.py, admission.py.
 
-Names load on first use (PEP 562), so importing `asynchicache.storage.base`
+Names load on first use (asynchicache.faces), so importing `asynchicache.storage.base`
 (as the cache layer does) loads neither redis-py nor ZeroMQ.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import MappingProxyType
+from asynchicache.faces import lazy_face
 
-_MODULE_OF = MappingProxyType(
+__all__, __getattr__ = lazy_face(
+    __name__,
     {
         "BackendStats": "base",
         "Completion": "base",
@@ -40,14 +40,5 @@ _MODULE_OF = MappingProxyType(
         "RemoteTierConfig": "service.tiered",
         "TieredBackend": "service.tiered",
         "TieredConfig": "service.tiered",
-    }
+    },
 )
-
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> object:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

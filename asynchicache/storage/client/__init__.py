@@ -5,30 +5,20 @@ its settings; tickets.py the life of a ticket (and the quarantine of its slots);
 admin.py clears, pins and contents; event_feed.py the service's KV events in order;
 probe.py whether a service answers at an address.
 
-Names load on first use (PEP 562): importing one module of the package does not load
-the others.
+Names load on first use (asynchicache.faces).
 """
 
 from __future__ import annotations
 
-import importlib
-from types import MappingProxyType
+from asynchicache.faces import lazy_face
 
-_MODULE_OF = MappingProxyType(
+__all__, __getattr__ = lazy_face(
+    __name__,
     {
         "ClientConfig": "config",
         "EventFeed": "event_feed",
         "ServiceProbe": "probe",
         "StorageClient": "storage_client",
         "TicketBook": "tickets",
-    }
+    },
 )
-
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> object:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

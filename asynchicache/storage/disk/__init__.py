@@ -7,16 +7,15 @@ it; scan.py / adopt.py what a start finds there; pins.py the pins kept beside th
 clear.py and admin.py clears, listings and checks; namespace_meta.py what a namespace
 folder says it holds.
 
-Names load on first use (PEP 562): importing one module of the package does not load
-the others.
+Names load on first use (asynchicache.faces).
 """
 
 from __future__ import annotations
 
-import importlib
-from types import MappingProxyType
+from asynchicache.faces import lazy_face
 
-_MODULE_OF = MappingProxyType(
+__all__, __getattr__ = lazy_face(
+    __name__,
     {
         "DiskBackend": "backend",
         "DiskConfig": "config",
@@ -27,14 +26,5 @@ _MODULE_OF = MappingProxyType(
         "check_disk_folder": "folder",
         "folder_stats": "admin",
         "verify_folder": "admin",
-    }
+    },
 )
-
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> object:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -5,16 +5,15 @@ topology.py the URL and the cluster's slots; resp.py / link.py / pipeline.py the
 (our own RESP client, its connections, pipelined page calls); value.py a page's value
 format; breaker.py stops calls while the server is out; admin.py clears and listings.
 
-Names load on first use (PEP 562): importing one module of the package does not load
-the others.
+Names load on first use (asynchicache.faces).
 """
 
 from __future__ import annotations
 
-import importlib
-from types import MappingProxyType
+from asynchicache.faces import lazy_face
 
-_MODULE_OF = MappingProxyType(
+__all__, __getattr__ = lazy_face(
+    __name__,
     {
         "CircuitBreaker": "breaker",
         "RedisBackend": "backend",
@@ -23,14 +22,5 @@ _MODULE_OF = MappingProxyType(
         "RespConnection": "resp",
         "parse_remote_url": "topology",
         "remote_key_prefix": "config",
-    }
+    },
 )
-
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> object:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -6,16 +6,15 @@ use); cli.py / __main__.py its command line; tiered.py chains disk and remote; j
 runs requests on its workers; leases.py keeps it alive for the engines that lease it;
 offline_clear.py clears a folder (and its L4 keys) with no service running.
 
-Names load on first use (PEP 562): importing one module of the package does not load
-the others.
+Names load on first use (asynchicache.faces).
 """
 
 from __future__ import annotations
 
-import importlib
-from types import MappingProxyType
+from asynchicache.faces import lazy_face
 
-_MODULE_OF = MappingProxyType(
+__all__, __getattr__ = lazy_face(
+    __name__,
     {
         "CacheService": "server",
         "RemoteTierConfig": "tiered",
@@ -27,14 +26,5 @@ _MODULE_OF = MappingProxyType(
         "open_tiered": "tiered",
         "prepare_address": "config",
         "run_service": "server",
-    }
+    },
 )
-
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> object:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
