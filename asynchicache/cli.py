@@ -65,7 +65,7 @@ def _cmd_cache(args: argparse.Namespace, rest: list[str]) -> int:
     root = args.disk_cache_dir or default_disk_cache_dir()
     if args.cache_cmd == "clear":
         return _clear(args, root)
-    from asynchicache.storage.disk_admin import cache_command
+    from asynchicache.storage.disk.admin import cache_command
 
     return cache_command(args.cache_cmd, root, as_json=args.json)
 
@@ -74,7 +74,7 @@ def _clear(args: argparse.Namespace, root: Path) -> int:
     """`cache clear`: the folder's namespaces and, with --remote-url, their Redis keys."""
     import json
 
-    from asynchicache.storage.offline_clear import ClearRequest, clear_offline
+    from asynchicache.storage.service.offline_clear import ClearRequest, clear_offline
 
     root_of = None
     if args.cache_salt is not None:
@@ -99,7 +99,7 @@ def _clear(args: argparse.Namespace, root: Path) -> int:
             print(f"{tier}: removed {part['removed']} pages, kept {part['pinned_kept']} pinned")
             for error in part["errors"]:
                 print(f"  {error}")
-    failed = report["disk"]["errors"] or report["remote"]["errors"]  # type: ignore[index]
+    failed = report["disk"]["errors"] or report["remote"]["errors"]
     return 1 if failed else 0
 
 

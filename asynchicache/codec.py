@@ -84,7 +84,7 @@ class Codec:
         """One message from `data`; raises ValueError (only) on anything malformed."""
         try:
             plain = msgpack.unpackb(data, raw=False, strict_map_key=True)
-            cls = self.messages.get(plain.get(self.tag)) if isinstance(plain, dict) else None
+            cls = self.messages.get(str(plain.get(self.tag))) if isinstance(plain, dict) else None
             if cls is None:
                 raise ValueError("not a typed message")
             return self._dataclass(cls)(plain)
@@ -139,7 +139,11 @@ class Codec:
 
     def _union(self, options: tuple[Any, ...]) -> Decoder:
         nullable = type(None) in options
-        classes = {o.__name__: self._dataclass(o) for o in options if dataclasses.is_dataclass(o)}
+        classes = {
+            o.__name__: self._dataclass(o)
+            for o in options
+            if isinstance(o, type) and dataclasses.is_dataclass(o)
+        }
         others = [self._compile(o) for o in options if o is not type(None)]
 
         def decode(value: Any) -> Any:

@@ -23,6 +23,20 @@ class WritePolicy(StrEnum):
     WRITE_BACK = "write_back"
 
 
+class SyncMode(StrEnum):
+    """--disk-sync: how the cache service makes a put's pages durable before they get
+    their real names (storage/disk/write.py).
+
+    Correctness never depends on it (every read is verified; a crash leaves no
+    half file under a real name); it decides whether a stored page survives a
+    power loss.
+    """
+
+    BATCH = "batch"  # one syncfs per put: one device flush for all its pages
+    FILE = "file"  # fdatasync every file: portable, one flush per page
+    NONE = "none"  # leave it to the kernel's writeback (~30 s)
+
+
 class PrefetchPolicy(StrEnum):
     """How long a request waits for its L3/L4 prefix before it prefills."""
 
@@ -84,6 +98,19 @@ def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be {listed}, got {value!r}")
 
 
+def check_max_pinned_fraction(value: float) -> None:
+    """--max-pinned-fraction: the share of L2 and of L3 pins may hold (CacheConfig's,
+    the cache service's and its disk tier's field: checked here, once)."""
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"--max-pinned-fraction must be in [0, 1], got {value}")
+
+
+def check_disk_cache_bytes(value: int) -> None:
+    """--disk-cache-gb, in bytes (the cache service's capacity_bytes)."""
+    if value <= 0:
+        raise ValueError(f"--disk-cache-gb must be positive, got {value} bytes")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """The tiers: sizes, policies and where they live."""
@@ -117,17 +144,14 @@ class CacheConfig:
     def __post_init__(self) -> None:
         check_numbers(self)
         _positive("--page-size", self.page_size)
-        if not 0.0 <= self.max_pinned_fraction <= 1.0:
-            raise ValueError(
-                f"--max-pinned-fraction must be in [0, 1], got {self.max_pinned_fraction}"
-            )
+        check_max_pinned_fraction(self.max_pinned_fraction)
         if not 0.0 <= self.max_quarantine_fraction <= 1.0:
             raise ValueError(
                 f"--max-quarantine-fraction must be in [0, 1], got {self.max_quarantine_fraction}"
             )
         _positive("--device-cache-tokens", self.device_cache_tokens)
         _non_negative("--host-cache-gb", self.host_cache_gb)
-        _positive("--disk-cache-gb", self.disk_cache_gb)
+        check_disk_cache_bytes(self.disk_cache_bytes)
         _non_negative("--disk-admit-hits", self.disk_admit_hits)
         _non_negative("--disk-admit-tokens", self.disk_admit_tokens)
         _positive("--write-through-threshold", self.write_through_threshold)
@@ -173,7 +197,7 @@ class EngineConfig:
     model: str | None = None  # HF folder or GGUF file; None = the embedded SmolLM2
     device: str = "cpu"
     dtype: str = "float32"
-    # A cap on requests running at once; what L1 holds decides first (engine/admission.py).
+    # A cap on requests running at once; what L1 holds decides first (engine/memory_budget.py).
     max_running_requests: int = 256
     # Decode tokens admission reserves L1 room for, per request (at most its max_tokens).
     decode_reserve_tokens: int = 256
@@ -244,14 +268,15 @@ class ServerConfig:
 class ServiceTuning:
     """How hard the cache service (L3/L4 process) works; `serve` passes these through."""
 
-    disk_sync: str = "batch"  # storage.disk.SyncMode: batch, file or none
+    disk_sync: SyncMode = SyncMode.BATCH
     io_threads: int = 16  # parallel file I/O per namespace
     workers: int = 4  # requests served at once
     client_ttl_s: float = 120.0  # an engine silent this long is forgotten
 
     def __post_init__(self) -> None:
         check_numbers(self)
-        _one_of("--disk-sync", self.disk_sync, ("batch", "file", "none"))
+        _one_of("--disk-sync", self.disk_sync, tuple(SyncMode))
+        object.__setattr__(self, "disk_sync", SyncMode(self.disk_sync))
         _positive("--io-threads", self.io_threads)
         _positive("--workers", self.workers)
         _positive("--client-ttl", self.client_ttl_s)

@@ -52,6 +52,16 @@ def add_config_flags(
         group.add_argument(flag, help=text + WITH_DEFAULT, **kw)
 
 
+def config_argv(config: object, helps: Mapping[str, str]) -> list[str]:
+    """The flags of `helps` that set `config`'s values (what `add_config_flags` parses back)."""
+    argv = []
+    for flag in helps:
+        dest = flag.lstrip("-").replace("-", "_")
+        value = getattr(config, dest) if hasattr(config, dest) else getattr(config, dest + "_s")
+        argv += [flag, str(value.value if isinstance(value, Enum) else value)]
+    return argv
+
+
 def config_kwargs(cls: type, args: argparse.Namespace, **given: Any) -> dict[str, Any]:
     """`given`, plus each other field of dataclass `cls` that a flag of its name set."""
     kwargs = dict(given)

@@ -25,9 +25,10 @@ import httpx
 from tqdm import tqdm
 
 from asynchicache.bench.output import add_output_arguments, print_report, write_report
-from asynchicache.bench.results import TIERS, RequestResult, write_results
+from asynchicache.bench.results import RequestResult, write_results
 from asynchicache.bench.summary import summarize
 from asynchicache.bench.workloads import RequestSpec, Workload, make_workload
+from asynchicache.tiers import TIERS
 
 log = logging.getLogger(__name__)
 

@@ -298,7 +298,7 @@ def _model(arg: Path | None, out: Path, hf_needed: bool) -> Path:
     folder = out / "model-hf"
     if not (folder / "config.json").is_file():
         try:
-            from asynchicache.engine.export_hf import export_hf  # type: ignore[import-not-found]
+            from asynchicache.engine.export_hf import export_hf
         except ImportError as exc:
             raise ValueError(
                 "give --model HF_FOLDER (this checkout has no model export-hf)"

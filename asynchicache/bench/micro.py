@@ -38,9 +38,10 @@ from asynchicache.bench.output import add_output_arguments, print_report, write_
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.keys import Namespace
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
-from asynchicache.cache.radix import RadixTree, Tier
+from asynchicache.cache.radix import RadixTree
 from asynchicache.cache.transfer import TransferEngine
 from asynchicache.config import CacheConfig
+from asynchicache.tiers import Tier
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9
 
 
-def _timed(fn: Callable[[], None]) -> float:
+def _timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start

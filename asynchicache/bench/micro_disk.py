@@ -37,7 +37,8 @@ import numpy as np
 
 from asynchicache.bench import micro_pages
 from asynchicache.bench.micro_pages import DEFAULT_LAYOUT
-from asynchicache.storage.disk import DiskBackend, DiskConfig, SyncMode
+from asynchicache.config import SyncMode
+from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
 
 _NAMESPACE = b"bench-micro-disk\x1ffloat32\x1f16\x1f1\x1f"
 
@@ -67,7 +68,7 @@ class DiskBenchOptions:
     sync: str = "batch"
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> DiskBenchOptions:
+    def from_args(cls, args: argparse.Namespace | DiskBenchOptions) -> DiskBenchOptions:
         names = [f.name for f in fields(cls)]
         return cls(**{n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
 
@@ -157,7 +158,7 @@ def measure(args: argparse.Namespace | DiskBenchOptions) -> dict:
     opts = DiskBenchOptions.from_args(args)
     pages = micro_pages.pages_for(opts.total_mb)
     owned = opts.bench_dir is None
-    if owned:
+    if opts.bench_dir is None:
         folder = Path(tempfile.mkdtemp(prefix="asynchicache-bench-", dir="/var/tmp"))
     else:
         folder = opts.bench_dir

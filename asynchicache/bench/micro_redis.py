@@ -40,7 +40,8 @@ from asynchicache.bench import micro_pages
 from asynchicache.bench.micro_pages import DEFAULT_LAYOUT
 from asynchicache.bench.server_process import free_port
 from asynchicache.storage.header import HEADER_ALIGN, payload_checksum
-from asynchicache.storage.redis import RedisBackend, RedisConfig
+from asynchicache.storage.remote.backend import RedisBackend
+from asynchicache.storage.remote.config import RedisConfig
 
 _NAMESPACE = b"bench-micro-redis\x1ffloat32\x1f16\x1f1\x1f"
 

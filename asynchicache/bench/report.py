@@ -19,7 +19,8 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: no display on servers and in CI
 import matplotlib.pyplot as plt
 
-from asynchicache.bench.results import TIERS, read_results
+from asynchicache.bench.results import read_results
+from asynchicache.tiers import TIERS
 
 TIER_LABELS = {"device": "L1 device", "host": "L2 host", "disk": "L3 disk", "remote": "L4 remote"}
 TIER_COLORS = {"device": "#1b9e77", "host": "#7570b3", "disk": "#d95f02", "remote": "#e7298a"}
@@ -31,7 +32,7 @@ Configs = Mapping[str, Mapping[str, Any]]
 
 
 # ---------------------------------------------------------------------- table
-def _fmt(x: float, digits: int = 2) -> str:
+def _fmt(x: float | None, digits: int = 2) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 

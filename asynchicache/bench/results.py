@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TIERS = ("device", "host", "disk", "remote")
+from asynchicache.tiers import TIERS
 
 
 @dataclass(frozen=True)

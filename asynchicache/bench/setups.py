@@ -7,7 +7,7 @@ tier below L2 can keep every prefix. L1 is never smaller than the largest
 request (prompt + answer) plus two pages, or that request could not run.
 
 L1 also holds the KV of the running requests; the engine admits a request only
-when L1 can hold it (engine/admission.py), so no cap on running requests is
+when L1 can hold it (engine/memory_budget.py), so no cap on running requests is
 needed (`--max-running-requests` passes one through when asked for).
 """
 

@@ -88,7 +88,7 @@ async def run_soak(cfg: SoakConfig) -> SoakReport:
     watch = ServerWatch.for_port(cfg.port)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     limits = httpx.Limits(max_connections=cfg.clients + 4, max_keepalive_connections=cfg.clients)
-    tally, samples, stats = Tally(), [], []
+    tally, samples, stats = Tally(), list[Any](), list[Any]()
     prompts = make_prompts(cfg.prompts, cfg.seed, cfg.prefix_lines, cfg.prefixes)
     async with httpx.AsyncClient(
         base_url=cfg.url, headers=headers, timeout=cfg.request_timeout_s, limits=limits

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from asynchicache.bench.results import TIERS, RequestResult
+from asynchicache.bench.results import RequestResult
+from asynchicache.tiers import TIERS
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any
 
 from asynchicache.bench.dd import cold_read
 from asynchicache.config import CacheConfig, EngineConfig
@@ -44,8 +45,9 @@ from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
 from asynchicache.server.launch import ServiceLaunch, run_cache_service
-from asynchicache.storage.client import ClientConfig, StorageClient
-from asynchicache.storage.service import ServiceConfig
+from asynchicache.storage.client.config import ClientConfig
+from asynchicache.storage.client.storage_client import StorageClient
+from asynchicache.storage.service.server import ServiceConfig
 
 FIRST_TOKEN = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 HIT_SAMPLES = 3
@@ -155,9 +157,9 @@ def _l3_hit(
         made.close()
 
 
-def measure(model: LoadedModel, prompt_tokens: int = 2048) -> dict[str, float]:
+def measure(model: LoadedModel, prompt_tokens: int = 2048) -> dict[str, Any]:
     prompt = real_text_prompt(model, prompt_tokens)
-    results: dict[str, float] = {}
+    results: dict[str, Any] = {}
     plain = Engine(
         EngineConfig(), CacheConfig(enable_prefix_cache=False, disk_cache_dir=None), loaded=model
     )

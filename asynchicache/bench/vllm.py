@@ -44,13 +44,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from asynchicache.bench.text import text
 from asynchicache.bench.vllm_decode import DecodeLoad, decode_tok_s
 from asynchicache.bench.vllm_process import VllmFlags, VllmServer, VllmThreads, metric_sum
-from asynchicache.storage.client import StorageClient
+from asynchicache.storage.client.storage_client import StorageClient
 
 ARMS = ("vllm_cold", "ours_restart", "example_restart", "ours_cold")
 DECODE_ARMS = ("vllm_decode", "ours_decode")
@@ -168,7 +169,7 @@ def _external_hits(server: VllmServer) -> float:
 
 def _arms(config: BenchConfig, model: Path, work: Path) -> dict[str, Arm]:
     extra = () if config.block_size is None else ("--block-size", str(config.block_size))
-    common = {
+    common: dict[str, Any] = {
         "max_model_len": config.max_model_len,
         "kv_cache_bytes": config.kv_cache_bytes,
         "extra": extra,
@@ -179,8 +180,8 @@ def _arms(config: BenchConfig, model: Path, work: Path) -> dict[str, Arm]:
         extra_config={
             "disk_cache_dir": str(work / "ours-kv"),
             "cache_service": f"ipc://{work / 'run' / 'cache.sock'}",
-            "lookup_timeout": 5.0,
-            "prefetch_timeout": 30.0,
+            "lookup_timeout_s": 5.0,
+            "prefetch_timeout_s": 30.0,
         },
         **common,
     )
@@ -248,7 +249,7 @@ def _report(
     rates: dict[str, list[float]] | None = None,
 ) -> dict:
     med = {arm: statistics.median(ts) for arm, ts in times.items()}
-    out = {f"{arm}_ttft_s": round(med[arm], 4) for arm in ARMS}
+    out: dict[str, Any] = {f"{arm}_ttft_s": round(med[arm], 4) for arm in ARMS}
     out.update(
         {
             "rounds": {arm: [round(t, 4) for t in ts] for arm, ts in times.items()},

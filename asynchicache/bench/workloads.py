@@ -25,6 +25,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from asynchicache.bench import text
 
@@ -148,7 +149,7 @@ def _check(params: Params) -> None:
 def override(params: Params, assignments: Sequence[str]) -> Params:
     """Apply `name=value` strings (from `--set`), converted to the field's type."""
     hints = typing.get_type_hints(type(params))
-    changes: dict[str, int | float] = {}
+    changes: dict[str, Any] = {}
     for item in assignments:
         name, sep, value = item.partition("=")
         name = name.strip().replace("-", "_")

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from asynchicache.cache.ledger import PageState, SlotState
 from asynchicache.cache.node import RadixNode
 from asynchicache.cache.parts import CacheParts
-from asynchicache.cache.radix import Tier
 from asynchicache.config import WritePolicy
+from asynchicache.tiers import Tier
 
 EVICTABLE_SLOTS = (SlotState.READY, SlotState.STORED)
 

@@ -6,7 +6,7 @@ the page ledger of both, the transfer engine for L1<->L2 copies, and
 scheduler's thread; background copies and storage I/O report back through
 `poll()`, which never blocks. The work is split by direction of traffic:
 `Evictor` (eviction.py) makes room, `Writer` (writes.py) moves pages down,
-`Loader` (loads.py) moves them up, `Completions` (completions.py) routes what
+`Loader` (loads.py) moves them up, `FinishedTickets` (finished_tickets.py) routes what
 finished to them; `CacheParts` (parts.py) is what they share.
 
 Invariants (checked by `check_integrity()`, see integrity.py):
@@ -42,8 +42,8 @@ from collections.abc import Sequence
 import torch
 
 from asynchicache.cache.clearing import CacheClear, clear_tiers
-from asynchicache.cache.completions import Completions
 from asynchicache.cache.eviction import Evictor
+from asynchicache.cache.finished_tickets import FinishedTickets
 from asynchicache.cache.integrity import IntegrityError, integrity_problems
 from asynchicache.cache.jobs import LoadTicket
 from asynchicache.cache.keys import Namespace
@@ -52,17 +52,18 @@ from asynchicache.cache.loads import Loader
 from asynchicache.cache.lookup import locked_l1_pages, lookup, stored_after
 from asynchicache.cache.node import RadixNode
 from asynchicache.cache.ownership import check_freeable, check_insertable
-from asynchicache.cache.parts import CacheParts
+from asynchicache.cache.parts import CacheParts, snapshot
 from asynchicache.cache.pins import PinnedPages
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout, cache_host_pool
-from asynchicache.cache.radix import RadixTree, Tier
+from asynchicache.cache.radix import RadixTree
 from asynchicache.cache.residency import Residency
 from asynchicache.cache.results import LockedPages, MatchHandle, MatchResult
-from asynchicache.cache.stats import CacheStats, Counters, snapshot
+from asynchicache.cache.stats import CacheStats, Counters
 from asynchicache.cache.transfer import TransferEngine
 from asynchicache.cache.writes import Writer
 from asynchicache.config import CacheConfig
 from asynchicache.storage.base import StorageTier
+from asynchicache.tiers import Tier
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class HiRadixCache:
         self.writer = Writer(self.parts, self.evictor)
         self.evictor.backup = self.writer.backup
         self.loader = Loader(self.parts, self.evictor)
-        self.completions = Completions(self.parts, self.writer, self.loader)
+        self.finished = FinishedTickets(self.parts, self.writer, self.loader)
 
     @property
     def pending(self) -> int:
@@ -329,7 +330,7 @@ class HiRadixCache:
 
         Each returned ticket carries a lock (`ticket.handle`) its caller must release.
         """
-        self.completions.poll()
+        self.finished.poll()
         self.writer.start_waiting_stores(idle)
         return self.loader.collect()
 

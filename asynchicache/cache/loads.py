@@ -34,10 +34,10 @@ from asynchicache.cache.jobs import LoadJob, LoadPhase, LoadTicket, Unsettled
 from asynchicache.cache.ledger import PageState, SlotState
 from asynchicache.cache.node import RadixNode
 from asynchicache.cache.parts import CacheParts
-from asynchicache.cache.radix import Tier
 from asynchicache.cache.results import LockedPages, MatchHandle, MatchResult
 from asynchicache.cache.transfer import TransferDone
 from asynchicache.storage.base import Completion, TicketKind
+from asynchicache.tiers import Tier
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,9 @@ from asynchicache.cache.keys import chain_hashes
 from asynchicache.cache.node import RadixNode
 from asynchicache.cache.radix import RadixTree
 from asynchicache.storage.base import StorageTier, TierLookup
+from asynchicache.tiers import TIERS
 
 log = logging.getLogger(__name__)
-
-TIER_NAMES = ("device", "host", "disk", "remote")
 
 
 def lookup(
@@ -29,7 +28,7 @@ def lookup(
     """Cached tokens of `tokens` per tier, from `root` (a cache_salt's tree)."""
     ps = tree.page_size
     walk = tree.walk(tokens, root=root)
-    counts = dict.fromkeys(TIER_NAMES, 0)
+    counts = dict.fromkeys(TIERS, 0)
     pairs = walk.runs
     for node, k in pairs:
         counts["device" if node.device is not None else "host"] += k * ps

@@ -6,15 +6,22 @@
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass, field
+from dataclasses import InitVar, dataclass, field, replace
 
 from asynchicache.cache.jobs import LoadJob, StoreJob, Unsettled, WriteJob
 from asynchicache.cache.latency import Latencies
-from asynchicache.cache.ledger import QUARANTINED, PoolLedger, device_ledger, host_ledger
+from asynchicache.cache.ledger import (
+    QUARANTINED,
+    TREE_SLOT_STATES,
+    PageState,
+    PoolLedger,
+    device_ledger,
+    host_ledger,
+)
 from asynchicache.cache.pins import PinnedPages
 from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
 from asynchicache.cache.radix import RadixTree
-from asynchicache.cache.stats import Counters
+from asynchicache.cache.stats import CacheStats, Counters, Occupancy
 from asynchicache.cache.store_queue import StoreQueue
 from asynchicache.cache.transfer import TransferEngine
 from asynchicache.config import CacheConfig
@@ -60,3 +67,30 @@ class CacheParts:
         """Past the quarantine cap no new storage work starts (recompute instead)."""
         q = self.quarantined
         return q > 0 and q >= self.config.max_quarantine_fraction * self.host.size
+
+
+def snapshot(parts: CacheParts) -> CacheStats:
+    """The cache's counters and each pool's occupancy, counted from the ledgers now."""
+    dev, host = parts.device, parts.host
+    device = Occupancy(
+        dev.size, dev.num_free, dev.count(PageState.CACHED),
+        dev.count(PageState.PRIVATE, PageState.FILLING),
+    )  # fmt: skip
+    host_occ = None
+    if parts.host_pool is not None:
+        cached = host.count(*TREE_SLOT_STATES)
+        host_occ = Occupancy(host.size, host.num_free, cached, host.size - host.num_free - cached)
+    return CacheStats(
+        counters=replace(parts.counters),
+        device=device,
+        host=host_occ,
+        page_bytes=parts.layout.page_bytes,
+        pending_transfers=len(parts.transfers),
+        pending_storage=len(parts.storage_ops) + len(parts.store_queue),
+        stores_waiting=len(parts.store_queue),
+        quarantined_slots=host.count(*QUARANTINED),
+        unsettled_tickets=len(parts.unsettled),
+        page_states=dev.counts(),
+        slot_states=host.counts() if parts.host_pool is not None else {},
+        latency=parts.latency.snapshot(),
+    )

@@ -2,7 +2,7 @@
 
 A pin names a chain of pages from its root (a prompt's page hashes, under the
 namespace's or a `cache_salt`'s root). The cache service keeps the same pins as
-files in the disk folder (storage.pins), where they bind L3 for every server
+files in the disk folder (storage.disk.pins), where they bind L3 for every server
 on the folder and survive restarts; the engine holds a copy here, refreshed
 from the service's listing, so that L2 eviction skips those pages too. L1 may
 still evict a pinned page: its L2 copy stays.

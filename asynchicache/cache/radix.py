@@ -24,17 +24,11 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from enum import StrEnum
+from typing import Any
 
 from asynchicache.cache.keys import chain_hashes
 from asynchicache.cache.node import RadixNode
-
-
-class Tier(StrEnum):
-    """Attribute names of the per-tier page lists on a node."""
-
-    DEVICE = "device"
-    HOST = "host"
+from asynchicache.tiers import Tier
 
 
 @dataclass(frozen=True)
@@ -311,7 +305,7 @@ class RadixTree:
     # -- eviction ---------------------------------------------------------------------------
 
     def evictable(
-        self, tier: Tier, priority: Callable[[RadixNode], tuple] | None = None
+        self, tier: Tier, priority: Callable[[RadixNode], tuple[Any, ...]] | None = None
     ) -> Iterator[RadixNode]:
         """Unlocked leaves of `tier` (nodes in it with no child in it), LRU first.
 

@@ -1,7 +1,7 @@
 """`Residency`: what L1 and L2 hold, as KV events (pages stored in / removed from a tier).
 
-The events have the storage tiers' shapes (storage.events: `PagesStored`,
-`PagesRemoved`, `TierCleared`) with the tiers `device` and `host`, so the
+The events are the storage tiers' (asynchicache.tiers: `BlockStored`,
+`BlockRemoved`, `AllBlocksCleared`) with the tiers `device` and `host`, so the
 engine publishes one stream for L1 to L4.
 
 Rather than a hook at each of the many places that change a node's residency
@@ -21,11 +21,11 @@ from collections.abc import Iterator
 from asynchicache.cache.ledger import PoolLedger, SlotState
 from asynchicache.cache.node import RadixNode
 from asynchicache.cache.radix import RadixTree
-from asynchicache.storage.events import PagesRemoved, PagesStored, StorageEvent, TierCleared
+from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored, Tier, TierEvent
 
-DEVICE = "device"
-HOST = "host"
-TIERS = (DEVICE, HOST)
+DEVICE = Tier.DEVICE.value
+HOST = Tier.HOST.value
+TREE_TIERS = (DEVICE, HOST)  # the tiers this process's tree holds
 
 
 class Residency:
@@ -35,7 +35,7 @@ class Residency:
         self.tree = tree
         self.device = device
         self.host = host
-        self._seen: dict[str, set[bytes]] = {t: set() for t in TIERS}
+        self._seen: dict[str, set[bytes]] = {t: set() for t in TREE_TIERS}
         self._version = (-1, -1)
 
     @property
@@ -51,28 +51,28 @@ class Residency:
         """Every page of L1 and L2 as last reported."""
         return set().union(*self._seen.values())
 
-    def changes(self) -> list[StorageEvent]:
+    def changes(self) -> list[TierEvent]:
         """Events that turn the last report into the tree's contents now (removals first)."""
         if not self.changed:
             return []
         self._version = (self.device.changes, self.host.changes)
-        now: dict[str, set[bytes]] = {t: set() for t in TIERS}
-        stored: list[StorageEvent] = []
+        now: dict[str, set[bytes]] = {t: set() for t in TREE_TIERS}
+        stored: list[TierEvent] = []
         for tier, node, pages in self._resident():
             now[tier].update(node.hashes[i] for i in pages)
             new = [i for i in pages if node.hashes[i] not in self._seen[tier]]
             stored += _runs(self.tree, tier, node, new)
-        removed: list[StorageEvent] = [
-            PagesRemoved(t, tuple(sorted(self._seen[t] - now[t]))) for t in TIERS
+        removed: list[TierEvent] = [
+            BlockRemoved(t, tuple(sorted(self._seen[t] - now[t]))) for t in TREE_TIERS
             if self._seen[t] - now[t]
         ]  # fmt: skip
         self._seen = now
         return removed + stored
 
-    def snapshot(self) -> list[StorageEvent]:
+    def snapshot(self) -> list[TierEvent]:
         """The contents as last reported, as events from empty tiers (a late subscriber's
         replay): call right after `changes()` so both agree."""
-        events: list[StorageEvent] = [TierCleared(t) for t in TIERS]
+        events: list[TierEvent] = [AllBlocksCleared(t) for t in TREE_TIERS]
         for tier, node, pages in self._resident():
             events += _runs(
                 self.tree, tier, node, [i for i in pages if node.hashes[i] in self._seen[tier]]
@@ -91,9 +91,9 @@ class Residency:
                     yield HOST, node, valid
 
 
-def _runs(tree: RadixTree, tier: str, node: RadixNode, pages: list[int]) -> list[StorageEvent]:
-    """`PagesStored` per run of consecutive pages of `node` (their parent, their tokens)."""
-    out: list[StorageEvent] = []
+def _runs(tree: RadixTree, tier: str, node: RadixNode, pages: list[int]) -> list[TierEvent]:
+    """`BlockStored` per run of consecutive pages of `node` (their parent, their tokens)."""
+    out: list[TierEvent] = []
     ps = tree.page_size
     start = 0
     while start < len(pages):
@@ -104,6 +104,6 @@ def _runs(tree: RadixTree, tier: str, node: RadixNode, pages: list[int]) -> list
         assert node.parent is not None  # iter_nodes never yields a root
         parent = node.hashes[first - 1] if first else tree.last_hash(node.parent)
         tokens = tuple(node.tokens[first * ps : (last + 1) * ps])
-        out.append(PagesStored(tier, tuple(node.hashes[first : last + 1]), parent, tokens))
+        out.append(BlockStored(tier, tuple(node.hashes[first : last + 1]), parent, tokens))
         start = end
     return out

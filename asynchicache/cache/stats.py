@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
-
-from asynchicache.cache.ledger import QUARANTINED, TREE_SLOT_STATES, PageState
-
-if TYPE_CHECKING:
-    from asynchicache.cache.parts import CacheParts
+from dataclasses import dataclass
 
 
 @dataclass
@@ -96,30 +90,3 @@ class CacheStats:
     def to_dict(self) -> dict[str, object]:
         """Plain nested dict for admin replies and metrics."""
         return dataclasses.asdict(self)
-
-
-def snapshot(parts: CacheParts) -> CacheStats:
-    """The cache's counters and each pool's occupancy, counted from the ledgers now."""
-    dev, host = parts.device, parts.host
-    device = Occupancy(
-        dev.size, dev.num_free, dev.count(PageState.CACHED),
-        dev.count(PageState.PRIVATE, PageState.FILLING),
-    )  # fmt: skip
-    host_occ = None
-    if parts.host_pool is not None:
-        cached = host.count(*TREE_SLOT_STATES)
-        host_occ = Occupancy(host.size, host.num_free, cached, host.size - host.num_free - cached)
-    return CacheStats(
-        counters=replace(parts.counters),
-        device=device,
-        host=host_occ,
-        page_bytes=parts.layout.page_bytes,
-        pending_transfers=len(parts.transfers),
-        pending_storage=len(parts.storage_ops) + len(parts.store_queue),
-        stores_waiting=len(parts.store_queue),
-        quarantined_slots=host.count(*QUARANTINED),
-        unsettled_tickets=len(parts.unsettled),
-        page_states=dev.counts(),
-        slot_states=host.counts() if parts.host_pool is not None else {},
-        latency=parts.latency.snapshot(),
-    )

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -86,8 +87,12 @@ def copy_pieces(
     for s, d, n in page_runs(src_pages, dst_pages):
         for i in range(0, n, YIELD_PAGES):
             k = min(YIELD_PAGES, n - i)
-            pieces.append(lambda s=s + i, d=d + i, k=k: dst[d : d + k].copy_(src[s : s + k]))
+            pieces.append(partial(_copy_slice, src, dst, s + i, d + i, k))
     return pieces
+
+
+def _copy_slice(src: torch.Tensor, dst: torch.Tensor, s: int, d: int, k: int) -> None:
+    dst[d : d + k].copy_(src[s : s + k])
 
 
 @dataclass

@@ -21,8 +21,8 @@ from asynchicache.cache.node import RadixNode
 from asynchicache.cache.parts import CacheParts
 from asynchicache.cache.transfer import TransferDone
 from asynchicache.config import WritePolicy
-from asynchicache.storage.admission import DiskAdmission
 from asynchicache.storage.base import Completion, PageRef, TicketKind
+from asynchicache.storage.disk.admission import DiskAdmission
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +229,7 @@ class Writer:
         ps, refs = p.layout.page_size, []
         nodes = [n for n in nodes if not n.no_store]  # cache_store: false keeps them in L1/L2
         for node in nodes:
+            assert node.parent is not None  # a stored node is never the root
             parents = [p.tree.last_hash(node.parent), *node.hashes[:-1]]
             for j, s in enumerate(node.host or ()):
                 if p.host.state(s) == SlotState.READY:

@@ -27,23 +27,20 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from asynchicache.cache.keys import chain_hashes
+from asynchicache.cache.hierarchy import HiRadixCache
+from asynchicache.cache.keys import Namespace, chain_hashes
 from asynchicache.cache.pins import PinnedChain
 from asynchicache.engine.protocol import AdminReply, AdminRequest
 from asynchicache.storage.admin_messages import ClearReply, PinReply, PinsReply
-from asynchicache.storage.client_admin import AdminRequests
+from asynchicache.storage.client.admin import AdminRequests
 from asynchicache.storage.tenant_key import TenantKey
-
-if TYPE_CHECKING:
-    from asynchicache.engine.engine import Engine
+from asynchicache.tiers import STORAGE_TIERS, TIERS, Tier
 
 log = logging.getLogger(__name__)
 
-CLEAR_TIERS = ("device", "host", "disk", "remote")
-DEFAULT_CLEAR_TIERS = ("device", "host", "disk")
-STORAGE_TIERS = ("disk", "remote")
+DEFAULT_CLEAR_TIERS = (Tier.DEVICE.value, Tier.HOST.value, Tier.DISK.value)
 CLEAR_TIMEOUT_S = 60.0
 PIN_TIMEOUT_S = 10.0
 PINS_TIMEOUT_S = 1.0
@@ -57,10 +54,24 @@ class AdminError(Exception):
         self.code = code
 
 
+class AdminSubject(Protocol):
+    """What the admin reads of its engine (engine.engine.Engine is one)."""
+
+    cache: HiRadixCache
+    namespace: Namespace
+
+    @property
+    def model_name(self) -> str: ...
+
+    def stats(self) -> dict: ...
+
+    def integrity(self) -> dict: ...
+
+
 class EngineAdmin:
     """Answers `AdminRequest`s for one engine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: AdminSubject) -> None:
         self.engine = engine
         self.cache = engine.cache
         storage = engine.cache.storage
@@ -87,7 +98,7 @@ class EngineAdmin:
     def _payload(self, msg: AdminRequest) -> dict[str, Any]:
         e = self.engine
         if msg.op == "health":
-            return {"ok": True, "model": e.loaded.name}
+            return {"ok": True, "model": e.model_name}
         if msg.op == "stats":
             return {**e.stats(), "pins": self.pins()}
         if msg.op == "lookup":
@@ -110,12 +121,12 @@ class EngineAdmin:
     # -- clear ------------------------------------------------------------------------------
 
     def clear(self, tiers: tuple[str, ...], salt: str, include_pinned: bool) -> dict[str, Any]:
-        wanted = set(CLEAR_TIERS) if "all" in tiers else set(tiers)
-        unknown = sorted(wanted - set(CLEAR_TIERS))
+        wanted = set(TIERS) if "all" in tiers else set(tiers)
+        unknown = sorted(wanted - set(TIERS))
         if unknown:
-            raise AdminError(f"unknown tiers {unknown}; known: {list(CLEAR_TIERS)} or all",
+            raise AdminError(f"unknown tiers {unknown}; known: {list(TIERS)} or all",
                              "bad_request")  # fmt: skip
-        done = self.cache.clear_tiers("device" in wanted, "host" in wanted, salt or None,
+        done = self.cache.clear_tiers(Tier.DEVICE in wanted, Tier.HOST in wanted, salt or None,
                                       include_pinned)  # fmt: skip
         out: dict[str, dict[str, Any]] = {
             tier: {"removed": t.removed, "kept_in_use": t.kept_in_use,
@@ -127,7 +138,7 @@ class EngineAdmin:
             out.update(self._clear_storage(below, salt, include_pinned))
         if include_pinned:
             self._drop_pins(salt)
-        scope = [t for t in CLEAR_TIERS if t in wanted]
+        scope = [t for t in TIERS if t in wanted]
         removed = sum(t["removed"] for t in out.values())
         return {"scope": scope, "owner": self.owner(salt) or None, "include_pinned": include_pinned,
                 "removed": removed, "cleared": removed, "tiers": out}  # fmt: skip

@@ -49,14 +49,14 @@ from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.models.attention import KernelThreads
 from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.disk import parse_page_file_name
-from asynchicache.storage.disk_admin import (
+from asynchicache.storage.disk.admin import (
     OLD_FORMAT,
     namespace_dirs,
     page_files,
     read_page_file,
     read_page_header,
 )
+from asynchicache.storage.disk.backend import parse_page_file_name
 from asynchicache.storage.header import PageHeader
 
 DEFAULT_TOLERANCE = 1e-3

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 
 import torch
 
@@ -328,6 +328,10 @@ class Engine:
         """Answer a cache admin call (engine/admin.py); never raises."""
         return self.admin_ops.handle(msg)
 
+    @property
+    def model_name(self) -> str:
+        return self.loaded.name
+
     def integrity(self) -> dict:
         """`check_integrity()` of the cache as a payload (soak and fault tests ask for it)."""
         try:
@@ -404,8 +408,8 @@ def _fields(out: TokenOutput) -> dict:
 
 
 def _plain(obj: object) -> object:
-    if hasattr(obj, "__dataclass_fields__"):
-        return asdict(obj)  # type: ignore[arg-type]
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return asdict(obj)
     return obj
 
 

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from dataclasses import dataclass, field
 
 import torch
 
 from asynchicache.engine.protocol import GenerateRequest
-from asynchicache.engine.request import Phase, Request
+from asynchicache.engine.request import Phase, Request, RequestGroup, SharedPages
 from asynchicache.engine.sampler import request_generator
 from asynchicache.engine.scheduler import Scheduler
 
@@ -47,28 +46,6 @@ def member_seed(seed: int | None, index: int) -> int | None:
         return seed
     digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << SEED_BITS) - 1)
-
-
-@dataclass
-class SharedPages:
-    """Private prompt pages shared by the members of a group (no prefix cache)."""
-
-    pages: list[int]
-    holders: int = 0
-
-    def release(self) -> list[int]:
-        """One member lets go; returns the pages to free when it was the last."""
-        self.holders -= 1
-        if self.holders < 0:
-            raise RuntimeError("SharedPages released more often than held")
-        return self.pages if self.holders == 0 else []
-
-
-@dataclass
-class RequestGroup:
-    """The members still waiting for the leader's prefill."""
-
-    followers: list[Request] = field(default_factory=list)
 
 
 def make_members(msg: GenerateRequest) -> list[Request]:
@@ -167,8 +144,8 @@ class Forker:
             src = leader.page_table[shared]
             dst = torch.tensor(pages, device=self.kv_pool.device)
             # A copy first: index_copy_ refuses a source inside the tensor it writes.
-            page = self.kv_pool[src : src + 1].clone()  # [1, layers, 2, page_size, heads, hd]
-            block = page.expand(len(pages), *self.kv_pool.shape[1:])
+            one = self.kv_pool[src : src + 1].clone()  # [1, layers, 2, page_size, heads, hd]
+            block = one.expand(len(pages), *self.kv_pool.shape[1:])
             self.kv_pool.index_copy_(0, dst, block)
         return {id(f) for f in got}
 

@@ -1,7 +1,8 @@
 """The KV event stream's messages: what a router subscribing to `--kv-events-endpoint` reads.
 
 The shapes are vLLM's KV events (`BlockStored`, `BlockRemoved`,
-`AllBlocksCleared` in a `KVEventBatch`), with our page hashes (16 bytes, the
+`AllBlocksCleared` in a `KVEventBatch`; defined once in asynchicache/tiers.py for
+every layer), with our page hashes (16 bytes, the
 chained hash of DESIGN.md) and a `tier` for where the pages are: "device" (L1),
 "host" (L2), "disk" (L3), "remote" (L4). A page may be in several tiers at once.
 
@@ -31,40 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asynchicache.codec import Codec
+from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored, TierEvent
 
-TIERS = ("device", "host", "disk", "remote")
 SEQ_BYTES = 8
-
-
-@dataclass(frozen=True)
-class BlockStored:
-    """Pages of one chain now in `tier`, in chain order. `parent_block_hash` is the first
-    one's parent (None: not known); `token_ids` every page's tokens, in order (empty: not
-    known, e.g. pages found on disk); `block_size` tokens per page."""
-
-    tier: str
-    block_hashes: tuple[bytes, ...]
-    parent_block_hash: bytes | None
-    token_ids: tuple[int, ...]
-    block_size: int
-
-
-@dataclass(frozen=True)
-class BlockRemoved:
-    """Pages no longer in `tier`."""
-
-    tier: str
-    block_hashes: tuple[bytes, ...]
-
-
-@dataclass(frozen=True)
-class AllBlocksCleared:
-    """Every page left `tier` (a replay starts each tier with one)."""
-
-    tier: str
-
-
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 @dataclass(frozen=True)
@@ -74,7 +44,7 @@ class KVEventBatch:
 
     seq: int
     ts: float
-    events: tuple[KVEvent, ...]
+    events: tuple[TierEvent, ...]
     replay: bool = False
     part: int = 0
     parts: int = 1

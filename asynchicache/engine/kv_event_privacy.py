@@ -3,7 +3,7 @@
 A `cache_salt` names a tenant's private namespace: its pages chain from the salt's
 root, not the shared one. A router needs page hashes to route; only the pages of the
 shared (unsalted) namespace also go out with their tokens, as vLLM's events do. A
-page's chain is known from its parent: the pages of a `PagesStored` whose parent is
+page's chain is known from its parent: the pages of a `BlockStored` whose parent is
 the unsalted root, or a page known to chain from it, are public, and so is every page
 of that run. Every other run (a salt's, or one whose chain this engine never saw)
 goes out as hashes only: unknown counts as private.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from asynchicache.storage.events import PagesStored, StorageEvent
+from asynchicache.tiers import BlockStored, TierEvent
 
 PRUNE_SLACK = 4096
 
@@ -31,28 +31,30 @@ class PublicChains:
     def __len__(self) -> int:
         return len(self._public)
 
-    def filter(self, events: list[StorageEvent]) -> list[StorageEvent]:
+    def filter(self, events: list[TierEvent]) -> list[TierEvent]:
         """`events` with the token ids of every run not known to be public left out."""
         self._learn(events)
         return [
-            replace(e, tokens=())
-            if isinstance(e, PagesStored) and e.tokens and not self._is_public_parent(e.parent)
+            replace(e, token_ids=())
+            if isinstance(e, BlockStored)
+            and e.token_ids
+            and not self._is_public_parent(e.parent_block_hash)
             else e
             for e in events
         ]
 
-    def _is_public_parent(self, parent: bytes) -> bool:
+    def _is_public_parent(self, parent: bytes | None) -> bool:
         return parent == self.root or parent in self._public
 
-    def _learn(self, events: list[StorageEvent]) -> None:
+    def _learn(self, events: list[TierEvent]) -> None:
         """Take the public runs of `events`, in any order (a run may come before the run
         of its parent, from another tier)."""
-        pending = [e for e in events if isinstance(e, PagesStored) and e.page_hashes]
+        pending = [e for e in events if isinstance(e, BlockStored) and e.block_hashes]
         while pending:
             later = []
             for e in pending:
-                if self._is_public_parent(e.parent):
-                    self._public.update(e.page_hashes)
+                if self._is_public_parent(e.parent_block_hash):
+                    self._public.update(e.block_hashes)
                 else:
                     later.append(e)
             if len(later) == len(pending):

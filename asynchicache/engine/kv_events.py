@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import zmq
 
@@ -42,20 +42,16 @@ from asynchicache.engine.kv_event_access import (
     prepare_ipc,
 )
 from asynchicache.engine.kv_event_messages import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVEvent,
     KVEventBatch,
     encode,
     seq_frame,
 )
 from asynchicache.engine.kv_event_privacy import PublicChains
 from asynchicache.engine.kv_replay import ReplayLimits, ReplayServer
-from asynchicache.engine.storage_mirror import STORAGE_TIERS, StorageMirror
+from asynchicache.engine.storage_mirror import StorageMirror
 from asynchicache.storage.admin_messages import ContentsReply
-from asynchicache.storage.client import StorageClient
-from asynchicache.storage.events import PagesRemoved, PagesStored, StorageEvent
+from asynchicache.storage.client.storage_client import StorageClient
+from asynchicache.tiers import STORAGE_TIERS, AllBlocksCleared, BlockStored, TierEvent
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +98,11 @@ def kv_events_config(launch: LaunchConfig) -> KvEventsConfig | None:
     )
 
 
-def to_wire(event: StorageEvent, page_size: int) -> KVEvent:
-    if isinstance(event, PagesStored):
-        return BlockStored(event.tier, event.page_hashes, event.parent or None, event.tokens,
-                           page_size)  # fmt: skip
-    if isinstance(event, PagesRemoved):
-        return BlockRemoved(event.tier, event.page_hashes)
-    return AllBlocksCleared(event.tier)
+def to_wire(event: TierEvent, page_size: int) -> TierEvent:
+    """`event` as routers get it: a stored run says its block size (the service cannot)."""
+    if isinstance(event, BlockStored):
+        return replace(event, block_size=page_size)
+    return event
 
 
 class KvEventPublisher:
@@ -170,7 +164,7 @@ class KvEventPublisher:
 
     # -- L3/L4 ----------------------------------------------------------------------------
 
-    def _storage_events(self) -> list[StorageEvent]:
+    def _storage_events(self) -> list[TierEvent]:
         if self.storage is None:
             return []
         batch = self.storage.take_events()
@@ -187,7 +181,7 @@ class KvEventPublisher:
         self._synced = not later.gap
         return out + self.mirror.apply(batch.events + later.events)
 
-    def _resync(self) -> list[StorageEvent]:
+    def _resync(self) -> list[TierEvent]:
         """Ask the service what its tiers hold (bounded wait, throttled retries)."""
         now = time.monotonic()
         if self.storage is None or now - self._last_sync_try < RESYNC_EVERY_S:
@@ -204,7 +198,7 @@ class KvEventPublisher:
 
     # -- out --------------------------------------------------------------------------------
 
-    def _publish(self, events: list[StorageEvent]) -> None:
+    def _publish(self, events: list[TierEvent]) -> None:
         self.seq += 1
         wire = tuple(to_wire(e, self.page_size) for e in self.public.filter(events))
         if len(self.public) > self.public.prune_at:
@@ -218,8 +212,8 @@ class KvEventPublisher:
     def snapshot(self) -> KVEventBatch:
         """Every tier's contents as of batch `seq` (publishes pending changes first)."""
         self._flush(force=True)
-        events: list[StorageEvent] = [*self.residency.snapshot(), *self.mirror.snapshot()]
-        wire = [AllBlocksCleared(t) for t in STORAGE_TIERS]
+        events: list[TierEvent] = [*self.residency.snapshot(), *self.mirror.snapshot()]
+        wire: list[TierEvent] = [AllBlocksCleared(t) for t in STORAGE_TIERS]
         wire += [to_wire(e, self.page_size) for e in self.public.filter(events)]
         return KVEventBatch(self.seq, time.time(), tuple(wire), replay=True)
 

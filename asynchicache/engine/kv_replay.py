@@ -27,15 +27,9 @@ from itertools import islice
 
 import zmq
 
-from asynchicache.engine.kv_event_messages import (
-    BlockStored,
-    KVEvent,
-    KVEventBatch,
-    encode,
-    read_seq,
-    seq_frame,
-)
+from asynchicache.engine.kv_event_messages import KVEventBatch, encode, read_seq, seq_frame
 from asynchicache.storage.sockets import queued
+from asynchicache.tiers import BlockStored, TierEvent
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +53,14 @@ class _Snapshot:
     parts: tuple[bytes, ...]  # encoded KVEventBatch of each part
 
 
-def weight(event: KVEvent) -> int:
+def weight(event: TierEvent) -> int:
     """What an event counts against `max_events`: a stored run once per page."""
     return len(event.block_hashes) if isinstance(event, BlockStored) else 1
 
 
-def split(events: list[KVEvent], max_events: int) -> list[list[KVEvent]]:
+def split(events: list[TierEvent], max_events: int) -> list[list[TierEvent]]:
     """`events` in order, in parts of at most `max_events` (runs split where needed)."""
-    parts: list[list[KVEvent]] = [[]]
+    parts: list[list[TierEvent]] = [[]]
     room = max_events
     for event in events:
         while weight(event) > room:
@@ -82,8 +76,10 @@ def split(events: list[KVEvent], max_events: int) -> list[list[KVEvent]]:
 
 def _split_run(run: BlockStored, n: int) -> tuple[BlockStored, BlockStored]:
     """The first `n` pages of a run, and the rest (whose parent is the n-th page)."""
-    tokens = len(run.token_ids) == len(run.block_hashes) * run.block_size
-    cut = n * run.block_size
+    size = run.block_size
+    assert size is not None  # a run on the wire says its block size (kv_events.to_wire)
+    tokens = len(run.token_ids) == len(run.block_hashes) * size
+    cut = n * size
     hashes, ids = run.block_hashes, run.token_ids
     head = replace(run, block_hashes=hashes[:n], token_ids=ids[:cut] if tokens else ())
     tail = replace(run, block_hashes=hashes[n:], parent_block_hash=hashes[n - 1],

@@ -25,17 +25,9 @@ import time
 import zmq
 
 from asynchicache.engine.kv_event_access import ClientCurve
-from asynchicache.engine.kv_event_messages import (
-    TIERS,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVEventBatch,
-    decode,
-    read_seq,
-    seq_frame,
-)
+from asynchicache.engine.kv_event_messages import KVEventBatch, decode, read_seq, seq_frame
 from asynchicache.storage.sockets import queued
+from asynchicache.tiers import TIERS, AllBlocksCleared, BlockRemoved, BlockStored
 
 
 class KvEventSubscriber:

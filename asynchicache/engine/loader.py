@@ -181,5 +181,5 @@ def tensor_digest(name: str, tensor: torch.Tensor) -> bytes:
     """xxh3-128 of a tensor's name, dtype, shape and every byte of its data."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     digest = xxhash.xxh3_128(f"{name}\0{flat.dtype}\0{tuple(tensor.shape)}\0".encode())
-    digest.update(flat.view(torch.uint8).numpy())
+    digest.update(flat.view(torch.uint8).numpy().data)
     return digest.digest()

@@ -59,7 +59,8 @@ def _connect_storage(config: EngineProcessConfig) -> StorageTier | None:
     """Connect to the cache service (imported lazily: it is optional)."""
     if config.storage_addr is None:
         return None
-    from asynchicache.storage.client import ClientConfig, StorageClient
+    from asynchicache.storage.client.config import ClientConfig
+    from asynchicache.storage.client.storage_client import StorageClient
 
     events = config.kv_events is not None  # the service's L3/L4 events, relayed
     timeout = config.storage_timeout_s

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,15 +12,34 @@ from asynchicache.cache.jobs import LoadTicket
 from asynchicache.cache.results import MatchHandle
 from asynchicache.engine.protocol import CachedTokens, SamplingParams, TokenLogprob
 
-if TYPE_CHECKING:  # group.py builds on requests and the scheduler
-    from asynchicache.engine.group import RequestGroup, SharedPages
-
 
 class Phase(Enum):
     WAITING = auto()  # queued; its prefix has not been matched yet
     LOADING = auto()  # its prefix is being copied up from L2/L3/L4
     RUNNING = auto()  # prefilling in chunks, then decoding one token a step
     FINISHED = auto()
+
+
+@dataclass
+class SharedPages:
+    """Private prompt pages shared by the members of a group (no prefix cache)."""
+
+    pages: list[int]
+    holders: int = 0
+
+    def release(self) -> list[int]:
+        """One member lets go; returns the pages to free when it was the last."""
+        self.holders -= 1
+        if self.holders < 0:
+            raise RuntimeError("SharedPages released more often than held")
+        return self.pages if self.holders == 0 else []
+
+
+@dataclass
+class RequestGroup:
+    """The members still waiting for the leader's prefill (engine/group.py forks them)."""
+
+    followers: list[Request] = field(default_factory=list)
 
 
 @dataclass(eq=False)

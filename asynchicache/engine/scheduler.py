@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.results import LockedPages, MatchHandle
 from asynchicache.config import CacheConfig, EngineConfig
-from asynchicache.engine.admission import MemoryBudget
 from asynchicache.engine.cost import CostModel, load_deadline
+from asynchicache.engine.memory_budget import MemoryBudget
 from asynchicache.engine.prefetch import ArrivalPrefetcher, by_origin
 from asynchicache.engine.prefill_policy import QuickLoads, batch_order, partial_allowed
 from asynchicache.engine.protocol import CachedTokens
@@ -225,7 +225,8 @@ class Scheduler:
             req = self.loading.pop(ticket.id, None)
             if req is None:  # nobody waits for it (cannot happen: given-up loads are the cache's)
                 log.warning("load %d finished with no request waiting; releasing it", ticket.id)
-                self.cache.unlock(ticket.handle)
+                if ticket.handle is not None:
+                    self.cache.unlock(ticket.handle)
                 continue
             req.load_ticket = None
             if not ticket.ok:
@@ -245,7 +246,7 @@ class Scheduler:
             )
 
     def _admit(self) -> None:
-        """Start the oldest waiting requests while L1 can hold them (engine/admission.py)."""
+        """Start the oldest waiting requests while L1 can hold them (engine/memory_budget.py)."""
         self._start_landed()
         if not self.waiting:
             return

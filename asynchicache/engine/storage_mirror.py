@@ -16,9 +16,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from asynchicache.storage.admin_messages import ContentsReply
-from asynchicache.storage.events import PagesRemoved, PagesStored, StorageEvent, TierCleared
-
-STORAGE_TIERS = ("disk", "remote")
+from asynchicache.tiers import (
+    STORAGE_TIERS,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    Tier,
+    TierEvent,
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class StorageMirror:
     def counts(self) -> dict[str, int]:
         return {t: len(pages) for t, pages in self.tiers.items()}
 
-    def apply(self, numbered: Iterable[tuple[int, StorageEvent]]) -> list[StorageEvent]:
+    def apply(self, numbered: Iterable[tuple[int, TierEvent]]) -> list[TierEvent]:
         """Take events numbered after `floor`; returns them (to relay)."""
         out = []
         for number, event in numbered:
@@ -53,35 +58,35 @@ class StorageMirror:
                 out.append(event)
         return out
 
-    def _apply(self, event: StorageEvent) -> None:
+    def _apply(self, event: TierEvent) -> None:
         pages = self.tiers[event.tier]
-        if isinstance(event, PagesStored):
+        if isinstance(event, BlockStored):
             ps = self.page_size
-            parents = [event.parent, *event.page_hashes[:-1]]
-            known = len(event.tokens) == ps * len(event.page_hashes)
-            for i, h in enumerate(event.page_hashes):
-                tokens = array("I", event.tokens[i * ps : (i + 1) * ps]).tobytes() if known else b""
-                pages[h] = MirroredPage(parents[i], tokens)
-        elif isinstance(event, PagesRemoved):
-            for h in event.page_hashes:
+            parents = [event.parent_block_hash or b"", *event.block_hashes[:-1]]
+            known = len(event.token_ids) == ps * len(event.block_hashes)
+            for i, h in enumerate(event.block_hashes):
+                run = event.token_ids[i * ps : (i + 1) * ps]
+                pages[h] = MirroredPage(parents[i], array("I", run).tobytes() if known else b"")
+        elif isinstance(event, BlockRemoved):
+            for h in event.block_hashes:
                 pages.pop(h, None)
-        elif isinstance(event, TierCleared):
+        elif isinstance(event, AllBlocksCleared):
             pages.clear()
 
-    def resync(self, reply: ContentsReply) -> list[StorageEvent]:
+    def resync(self, reply: ContentsReply) -> list[TierEvent]:
         """Take the service's contents as the truth; returns the events that turn what was
         held into it. Events numbered up to `reply.seq` are in it."""
         fresh: dict[str, dict[bytes, MirroredPage]] = {t: {} for t in STORAGE_TIERS}
         for h, parent in zip(reply.disk_hashes, reply.disk_parents, strict=False):
-            fresh["disk"][h] = self._known(h, "disk", parent)
+            fresh[Tier.DISK][h] = self._known(h, Tier.DISK, parent)
         if reply.remote_listed:
             for h in reply.remote_hashes:
-                fresh["remote"][h] = self._known(h, "remote", b"")
-        events: list[StorageEvent] = []
+                fresh[Tier.REMOTE][h] = self._known(h, Tier.REMOTE, b"")
+        events: list[TierEvent] = []
         for tier in STORAGE_TIERS:
             gone = set(self.tiers[tier]) - set(fresh[tier])
             if gone:
-                events.append(PagesRemoved(tier, tuple(sorted(gone))))
+                events.append(BlockRemoved(tier, tuple(sorted(gone))))
             for h, page in fresh[tier].items():
                 if h not in self.tiers[tier]:
                     events.append(self._stored(tier, h, page))
@@ -96,10 +101,10 @@ class StorageMirror:
             return MirroredPage(parent, b"")
         return MirroredPage(parent or old.parent, old.tokens)
 
-    def snapshot(self) -> list[StorageEvent]:
+    def snapshot(self) -> list[TierEvent]:
         """Every page held, one event each (a replay)."""
         return [self._stored(t, h, p) for t in STORAGE_TIERS for h, p in self.tiers[t].items()]
 
     @staticmethod
-    def _stored(tier: str, h: bytes, page: MirroredPage) -> PagesStored:
-        return PagesStored(tier, (h,), page.parent, page.token_ids())
+    def _stored(tier: str, h: bytes, page: MirroredPage) -> BlockStored:
+        return BlockStored(tier, (h,), page.parent or None, page.token_ids())

@@ -245,9 +245,17 @@ class IncrementalDecoder:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
 
+def _merge_pair(merge: str) -> tuple[str, str]:
+    """A GGUF merge "a b" as BPE's pair."""
+    first, sep, second = merge.partition(" ")
+    if not sep:
+        raise ValueError(f"a BPE merge is two tokens and a space, got {merge!r}")
+    return first, second
+
+
 def _gguf_backend(vocab: GGUFVocab) -> HFTokenizer:
     ids = {token: i for i, token in enumerate(vocab.tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in vocab.merges]
+    merges = [_merge_pair(m) for m in vocab.merges]
     unk = None if vocab.unk_token_id is None else vocab.tokens[vocab.unk_token_id]
     backend = HFTokenizer(models.BPE(ids, merges, unk_token=unk, fuse_unk=False))
     added = [
@@ -274,8 +282,9 @@ def _token_text(value: Any) -> str | None:
 def _eos_ids(backend: HFTokenizer, special: SpecialTokens, folder: Path) -> tuple[int, ...]:
     """eos of the tokenizer, then of generation_config.json and config.json."""
     ids: list[int] = []
-    if special.eos_token is not None and backend.token_to_id(special.eos_token) is not None:
-        ids.append(backend.token_to_id(special.eos_token))
+    eos = None if special.eos_token is None else backend.token_to_id(special.eos_token)
+    if eos is not None:
+        ids.append(eos)
     for name in ("generation_config.json", "config.json"):
         value = _read_json(folder / name).get("eos_token_id")
         for item in value if isinstance(value, list) else [value]:
@@ -299,7 +308,7 @@ def _hf_chat_template(folder: Path, config: Mapping[str, Any]) -> str | None:
 class _GenerationBlock(Extension):
     """`{% generation %}...{% endgeneration %}` marks assistant text; we just render it."""
 
-    tags = frozenset({"generation"})
+    tags = {"generation"}  # noqa: RUF012 (jinja2 reads the class attribute, a set)
 
     def parse(self, parser: Any) -> nodes.Node:
         lineno = next(parser.stream).lineno

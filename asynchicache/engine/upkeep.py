@@ -13,7 +13,7 @@ import zmq
 
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.kv_events import KvEventPublisher, KvEventsConfig
-from asynchicache.storage.client import StorageClient
+from asynchicache.storage.client.storage_client import StorageClient
 
 PIN_REFRESH_S = 10.0
 PIN_REFRESH_TIMEOUT_S = 0.2

@@ -54,6 +54,9 @@ class BoundedTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        return self.inner.token_strs(ids)
+
     def apply_chat_template(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> str:

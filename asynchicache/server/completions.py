@@ -59,6 +59,7 @@ from asynchicache.server.schemas import (
     PromptTokensDetails,
     Usage,
 )
+from asynchicache.tiers import TIERS
 
 
 # -------------------------------------------------------------------- results
@@ -111,10 +112,7 @@ class Tally:
             self.cached.append(f.cached)
 
     def usage(self) -> Usage:
-        by_tier = {
-            tier: sum(getattr(c, tier) for c in self.cached)
-            for tier in ("device", "host", "disk", "remote")
-        }
+        by_tier = {tier: sum(getattr(c, tier) for c in self.cached) for tier in TIERS}
         return Usage(
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,

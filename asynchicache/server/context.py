@@ -13,7 +13,7 @@ from typing import Protocol
 
 from asynchicache.server.engine_client import EngineClient
 from asynchicache.server.metrics import ServerMetrics
-from asynchicache.storage.probe import ServiceProbe
+from asynchicache.storage.client.probe import ServiceProbe
 
 
 class IncrementalText(Protocol):

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +180,7 @@ class EngineClient:
             raise EngineUnavailable("the engine client is not started")
         await self._push.send(encode(msg))
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenOutput]:
+    async def generate(self, req: GenerateRequest) -> AsyncGenerator[TokenOutput, None]:
         """Yield the engine's outputs for every member of `req` until each has finished.
 
         If the consumer stops early (client disconnected), the request is

@@ -88,6 +88,9 @@ counter scheduler_loads_given_up loads_given_up
 """
 
 
+Family = CounterMetricFamily | GaugeMetricFamily  # what a rule of the table makes
+
+
 def _parse_rules(table: str) -> tuple[_Rule, ...]:
     rules = []
     for head, doc in re.findall(r"^(\S.*)\n    (.+)$", table, re.MULTILINE):
@@ -192,14 +195,14 @@ class EngineStatsCollector(Collector):
         yield occ
         yield from _hit_rates(self._payload)
         yield from _latencies(self._payload)
-        families: dict[str, Metric] = {}
+        families: dict[str, Family] = {}
         for path, value in flatten(self._payload):
             family, labels = self._family_for(path, families)
             family.add_metric(labels, value)
         yield from families.values()
 
     @staticmethod
-    def _family_for(path: str, families: dict[str, Metric]) -> tuple[Metric, list[str]]:
+    def _family_for(path: str, families: dict[str, Family]) -> tuple[Family, list[str]]:
         for rule in _RULES:
             match = rule.pattern.fullmatch(path)
             if match is None:

@@ -16,11 +16,11 @@ from asynchicache.config import (
     EngineConfig,
     LaunchConfig,
     ServerConfig,
-    ServiceTuning,
     default_disk_cache_dir,
 )
 from asynchicache.config_flags import WITH_DEFAULT, add_config_flags, finite_float
 from asynchicache.server.compat_flags import add_compat_flags
+from asynchicache.storage.service.config import add_service_flags
 
 API_KEY_ENV = "ASYNCHICACHE_API_KEY"
 ADMIN_API_KEY_ENV = "ASYNCHICACHE_ADMIN_API_KEY"
@@ -117,7 +117,7 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_cache(p: argparse.ArgumentParser) -> None:
+def _add_cache(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     c = CacheConfig(disk_cache_dir=None)
     g = p.add_argument_group("cache")
     add_config_flags(g, c, {
@@ -132,16 +132,7 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         default=default_disk_cache_dir(),
         help="L3 folder, kept across restarts" + WITH_DEFAULT,
     )
-    add_config_flags(g, c, {
-        "--disk-cache-gb": "L3 capacity in GiB (2**30 bytes), files already there included",
-    })  # fmt: skip
     g.add_argument("--no-disk-cache", action="store_true", help="disable the L3 disk tier")
-    g.add_argument(
-        "--remote-url", help="L4 Redis/Valkey URL, e.g. redis://127.0.0.1:6379/0 (default: off)"
-    )
-    g.add_argument(
-        "--remote-ttl", type=int, help="L4 value expiry in seconds (default: the server evicts)"
-    )
     add_config_flags(g, c, {
         "--write-policy": "when L1 pages are copied to L2",
         "--write-through-threshold": "hits before write_through_selective copies a page",
@@ -150,10 +141,6 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         "--prefetch-timeout-per-ki-token": "...plus these seconds per 1,024 tokens of the load",
         "--max-quarantine-fraction": "share of L2 slots that timed-out storage work may hold "
         "before new storage loads and stores pause",
-        "--max-pinned-fraction": "share of the host tier (L2) and of the disk tier (L3, the "
-        "whole folder) that pinned pages may take; a pin past it is refused with 409",
-        "--disk-admit-hits": "write a page to L3 only after this many hits",
-        "--disk-admit-tokens": "...or when its prompt has at least this many tokens",
     })  # fmt: skip
     g.add_argument(
         "--no-arrival-prefetch",
@@ -172,23 +159,13 @@ def _add_cache(p: argparse.ArgumentParser) -> None:
         "before it recomputes instead; a service silent for 3x this long is restarted"
         + WITH_DEFAULT,
     )
+    return g
 
 
-def _add_service(p: argparse.ArgumentParser) -> None:
-    t = ServiceTuning()
-    g = p.add_argument_group("cache service (the L3/L4 process)")
-    g.add_argument(
-        "--disk-sync",
-        default=t.disk_sync,
-        choices=["batch", "file", "none"],
-        help="durability of stored pages: one syncfs per store, fdatasync per file, or none"
-        + WITH_DEFAULT,
-    )
-    add_config_flags(g, t, {
-        "--io-threads": "parallel file reads and writes per namespace",
-        "--workers": "cache-service requests (loads, stores) served at once",
-        "--client-ttl": "seconds after which the service forgets a silent engine",
-    })  # fmt: skip
+def _add_service(p: argparse.ArgumentParser, cache: argparse._ArgumentGroup) -> None:
+    """The cache service's flags: the table `python -m asynchicache.storage.service` reads
+    too (its L3/L4 sizes and policies join the cache group)."""
+    add_service_flags(cache, p.add_argument_group("cache service (the L3/L4 process)"))
 
 
 def _add_kv_events(p: argparse.ArgumentParser) -> None:
@@ -248,10 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="read flags from a YAML mapping (keys: flag names, e.g. disk-cache-gb: 50); "
         "flags given on the command line win",
     )
-    for add_group in (
-        _add_server, _add_request_limits, _add_engine, _add_cache, _add_service,
-        _add_kv_events, _add_exposure,
-    ):  # fmt: skip
+    for add_group in (_add_server, _add_request_limits, _add_engine):
+        add_group(p)
+    _add_service(p, _add_cache(p))
+    for add_group in (_add_kv_events, _add_exposure):
         add_group(p)
     add_compat_flags(p)  # SGLang's, LightLLM's and the seed's flags (server/compat_flags.py)
     p.set_defaults(host_cache_tokens=None)  # L2 in tokens: only a compatibility flag sets it

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from asynchicache.engine.protocol import CachedTokens, GenerateRequest, TokenLogprob, TokenOutput
@@ -125,7 +125,7 @@ class _Member:
 
 async def generate_text(
     ctx: AppContext, req: GenerateRequest, endpoint: str
-) -> AsyncIterator[Event]:
+) -> AsyncGenerator[Event, None]:
     """Yield text deltas per member, then one `Finished` per member (unless the consumer
     leaves early); prompt logprobs, when asked, come before the first delta."""
     timing = _Timing(ctx.metrics.requests)
@@ -190,7 +190,7 @@ def _count(ctx: AppContext, endpoint: str, members: list[_Member], req: Generate
 
 async def generate_many(
     ctx: AppContext, requests: tuple[GenerateRequest, ...], endpoint: str
-) -> AsyncIterator[tuple[int, Event]]:
+) -> AsyncGenerator[tuple[int, Event], None]:
     """The events of several requests (a list of prompts), as (request index, event),
     interleaved as they come. Leaving early cancels every request still running."""
     if len(requests) == 1:

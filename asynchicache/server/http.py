@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ async def serve_http(
     config = uvicorn.Config(
         JSONErrors(BodyLimitMiddleware(create_app(ctx), server.max_request_bytes)),
         log_level=server.log_level,
-        timeout_graceful_shutdown=server.shutdown_timeout_s + GRACEFUL_HTTP_S,
+        timeout_graceful_shutdown=math.ceil(server.shutdown_timeout_s + GRACEFUL_HTTP_S),
         lifespan="off",
         access_log=server.log_level == "debug",
     )

@@ -50,11 +50,9 @@ from asynchicache.server.engine_client import (
 from asynchicache.server.frontend import Frontend, load_frontend
 from asynchicache.server.http import StopSignal, bind_socket, serve_http
 from asynchicache.server.supervisor import ChildSpec, Supervisor
-from asynchicache.storage.disk import SyncMode
-from asynchicache.storage.probe import ServiceProbe
-from asynchicache.storage.service import ServiceConfig, run_service
+from asynchicache.storage.client.probe import ServiceProbe
+from asynchicache.storage.service.server import ServiceConfig, run_service
 from asynchicache.storage.shm import remove_stale_segments
-from asynchicache.storage.tiered import RemoteTierConfig
 
 log = logging.getLogger(__name__)
 
@@ -126,25 +124,7 @@ def _service_spec(
     tier is on."""
     if not cache.disk_enabled or cache.disk_cache_dir is None:
         return None
-    remote = None
-    if cache.remote_url is not None:
-        remote = RemoteTierConfig(
-            cache.remote_url,
-            ttl_s=cache.remote_ttl_s,
-            admit_hits=cache.disk_admit_hits,
-            admit_tokens=cache.disk_admit_tokens,
-        )
-    config = ServiceConfig(
-        disk_cache_dir=cache.disk_cache_dir,
-        address=f"ipc://{run_dir / 'cache-service'}",
-        capacity_bytes=cache.disk_cache_bytes,
-        io_threads=tuning.io_threads,
-        workers=tuning.workers,
-        sync=SyncMode(tuning.disk_sync),
-        client_ttl_s=tuning.client_ttl_s,
-        remote=remote,
-        max_pinned_fraction=cache.max_pinned_fraction,
-    )
+    config = ServiceConfig.from_configs(cache, tuning, f"ipc://{run_dir / 'cache-service'}")
     return ChildSpec(
         "cache-service",
         run_cache_service,

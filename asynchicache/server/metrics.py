@@ -25,8 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from asynchicache.engine.protocol import CachedTokens
 from asynchicache.server.compat_metrics import PeerEngineCollector, PeerRequestMetrics
 from asynchicache.server.engine_metrics import PREFIX, EngineStatsCollector
-
-TIERS = ("device", "host", "disk", "remote")
+from asynchicache.tiers import TIERS
 
 # Latency buckets from 1 ms (a cached prefix on a GPU) to minutes (a long cold
 # prompt on a small CPU).

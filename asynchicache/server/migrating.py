@@ -9,6 +9,8 @@ fails when the file and `render()` differ.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from asynchicache.server.compat_flags import COMPAT_FLAGS, Kind, Peer
 from asynchicache.server.compat_metrics import PEER_METRICS
 from asynchicache.server.compat_routes import ENDPOINTS
@@ -60,7 +62,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return lines

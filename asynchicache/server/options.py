@@ -11,13 +11,11 @@ written into ours first, with their meanings (server/compat_flags.py, compat_res
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import ipaddress
 import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
 
 from asynchicache.config import (
     CacheConfig,
@@ -28,11 +26,11 @@ from asynchicache.config import (
     ServiceTuning,
     WritePolicy,
 )
+from asynchicache.config_flags import config_kwargs
 from asynchicache.server.compat_resolve import apply_compat
 from asynchicache.server.config_file import config_file_defaults
 from asynchicache.server.flags import build_parser
 
-_Config = TypeVar("_Config")
 log = logging.getLogger(__name__)
 
 
@@ -47,26 +45,15 @@ def _device(args: argparse.Namespace) -> str:
 def _check_remote_url(url: str | None) -> None:
     """A malformed --remote-url fails now, not in the cache service after the model loaded."""
     if url is not None:
-        from asynchicache.storage.redis_topology import parse_remote_url  # pulls in redis-py
+        from asynchicache.storage.remote.topology import parse_remote_url  # pulls in redis-py
 
         parse_remote_url(url)
-
-
-def _from_args(cls: type[_Config], args: argparse.Namespace, **given: Any) -> _Config:
-    """`cls` with each field set from the flag of its name (or its name less "_s"), and
-    the fields in `given` set as given."""
-    values = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        dest = f.name if hasattr(args, f.name) else f.name.removesuffix("_s")
-        if hasattr(args, dest):
-            values[f.name] = getattr(args, dest)
-    return cls(**{**values, **given})
 
 
 def _check_disk_folder(folder: Path | None) -> None:
     """A folder others could write into fails now, not in the cache service later."""
     if folder is not None:
-        from asynchicache.storage.disk_folder import check_disk_folder
+        from asynchicache.storage.disk.folder import check_disk_folder
 
         check_disk_folder(folder)
 
@@ -75,14 +62,16 @@ def _cache(args: argparse.Namespace) -> CacheConfig:
     _check_remote_url(args.remote_url)
     if not args.no_disk_cache and not args.no_prefix_cache:
         _check_disk_folder(args.disk_cache_dir.expanduser())
-    return _from_args(
-        CacheConfig,
-        args,
-        enable_host_cache=not args.no_host_cache,
-        write_policy=WritePolicy(args.write_policy),
-        prefetch_policy=PrefetchPolicy(args.prefetch_policy),
-        enable_prefix_cache=not args.no_prefix_cache,
-        disk_cache_dir=None if args.no_disk_cache else args.disk_cache_dir.expanduser(),
+    return CacheConfig(
+        **config_kwargs(
+            CacheConfig,
+            args,
+            enable_host_cache=not args.no_host_cache,
+            write_policy=WritePolicy(args.write_policy),
+            prefetch_policy=PrefetchPolicy(args.prefetch_policy),
+            enable_prefix_cache=not args.no_prefix_cache,
+            disk_cache_dir=None if args.no_disk_cache else args.disk_cache_dir.expanduser(),
+        )
     )
 
 
@@ -91,9 +80,9 @@ def to_config(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     args, notes = apply_compat(args, build_parser(), os.environ if environ is None else environ)
     for note in notes:
         log.info("%s", note)
-    server = _from_args(ServerConfig, args)
-    engine = _from_args(EngineConfig, args, device=_device(args))
-    service = _from_args(ServiceTuning, args)
+    server = ServerConfig(**config_kwargs(ServerConfig, args))
+    engine = EngineConfig(**config_kwargs(EngineConfig, args, device=_device(args)))
+    service = ServiceTuning(**config_kwargs(ServiceTuning, args))
     config = LaunchConfig(
         server,
         engine,

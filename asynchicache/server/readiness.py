@@ -2,7 +2,7 @@
 
 `/health` is liveness (the HTTP process answers and the engine is alive);
 `/ready` answers 200 only when the engine answers a health call and, when the
-disk tier is on, the cache service answers a ping (storage.probe, from this
+disk tier is on, the cache service answers a ping (storage.client.probe, from this
 process): a server whose cache service is restarting or hung serves by
 recompute, slowly, and a balancer should prefer another. 503 with the reason
 otherwise. Public, like `/health`.

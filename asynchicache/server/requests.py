@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import cast
 
 from asynchicache.engine.protocol import (
     MIN_TEMPERATURE,
@@ -165,7 +166,8 @@ def _engine_logprobs(asked: int | None, n: int, best_of: int) -> int | None:
 def _completion_prompts(ctx: AppContext, body: CompletionRequest) -> list[list[int]]:
     prompt = body.prompt
     many = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], str | list)
-    items = list(prompt) if many else [prompt]  # type: ignore[arg-type]
+    # Several prompts (texts, or id lists), or one (a text, or one id list).
+    items = cast(list[str | list[int]], list(prompt) if many else [prompt])
     if not items or (isinstance(prompt, list) and not prompt):
         raise APIError(400, "the prompt is empty", param="prompt")
     out = []
@@ -173,7 +175,7 @@ def _completion_prompts(ctx: AppContext, body: CompletionRequest) -> list[list[i
         if isinstance(item, str):
             out.append(ctx.tokenizer.encode(item, add_special_tokens=False))
         else:
-            out.append([int(t) for t in item])  # type: ignore[union-attr]
+            out.append([int(t) for t in item])
     return out
 
 

@@ -19,8 +19,8 @@ from asynchicache.engine.protocol import (
     MAX_REPETITION_PENALTY,
     MIN_REPETITION_PENALTY,
 )
+from asynchicache.tiers import TIERS, Tier, TierName
 
-TIERS = ("device", "host", "disk", "remote")
 # Samples per prompt (n, best_of): each is a running request in the engine.
 MAX_SAMPLES = 32
 # Each entry is applied to the logits at every step of the request.
@@ -185,18 +185,14 @@ class ClearRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    scope: (
-        Literal["device", "host", "disk", "remote", "all"]
-        | list[Literal["device", "host", "disk", "remote", "all"]]
-        | None
-    ) = None
+    scope: Literal[TierName, "all"] | list[Literal[TierName, "all"]] | None = None
     cache_salt: Text | None = None
     include_pinned: bool = False
 
     @property
     def tiers(self) -> tuple[str, ...]:
         if self.scope is None:
-            return ("device", "host", "disk")
+            return (Tier.DEVICE.value, Tier.HOST.value, Tier.DISK.value)
         scope = [self.scope] if isinstance(self.scope, str) else self.scope
         return TIERS if "all" in scope else tuple(t for t in TIERS if t in scope)
 

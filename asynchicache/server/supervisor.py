@@ -52,7 +52,7 @@ def _child_main(role: str, parent_pid: int, target: Callable[[Any], None], arg: 
 
 
 class Probe(Protocol):
-    """A health ping that never blocks (e.g. `storage.probe.ServiceProbe`)."""
+    """A health ping that never blocks (e.g. `storage.client.probe.ServiceProbe`)."""
 
     @property
     def answered(self) -> bool:

@@ -1,20 +1,23 @@
 """storage layer: L3 disk and L4 remote (Redis/Valkey) behind the cache service.
 
-Public names; see base.py for the protocols, disk.py for the disk tier,
-redis.py for the remote tier, tiered.py for how the service chains them,
-service.py / client.py for the process boundary, tickets.py for the life of a
-ticket (and the quarantine of its slots), deadline.py for when a job stops.
+Four packages, each with a short face: disk/ (L3), remote/ (L4), service/ (the
+cache service process, which chains them: service/tiered.py) and client/ (the
+engine's side of the service). What both sides need stays here: base.py (the
+protocols and page layout), messages.py / admin_messages.py (the wire), header.py
+(a page's header, on disk and in Redis), events.py (the tiers' KV events),
+page_index.py, shm.py, sockets.py, deadline.py (when a job stops), liveness.py,
+fileio.py, lineage.py, tenant_key.py, write_behind.py, admission.py.
 
-Names load on first use (PEP 562), so importing `asynchicache.storage.base`
+Names load on first use (asynchicache.faces), so importing `asynchicache.storage.base`
 (as the cache layer does) loads neither redis-py nor ZeroMQ.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import MappingProxyType
+from asynchicache.faces import lazy_face
 
-_MODULE_OF = MappingProxyType(
+__all__, __getattr__ = lazy_face(
+    __name__,
     {
         "BackendStats": "base",
         "Completion": "base",
@@ -24,27 +27,18 @@ _MODULE_OF = MappingProxyType(
         "StorageBackend": "base",
         "StorageTier": "base",
         "TicketKind": "base",
-        "StorageClient": "client",
-        "ClientConfig": "client_config",
+        "StorageClient": "client.storage_client",
+        "ClientConfig": "client.config",
         "Deadline": "deadline",
-        "DiskBackend": "disk",
-        "DiskConfig": "disk",
-        "RedisBackend": "redis",
-        "RedisConfig": "redis",
-        "CacheService": "service",
-        "ServiceConfig": "service",
-        "run_service": "service",
-        "RemoteTierConfig": "tiered",
-        "TieredBackend": "tiered",
-        "TieredConfig": "tiered",
-    }
+        "DiskBackend": "disk.backend",
+        "DiskConfig": "disk.config",
+        "RedisBackend": "remote.backend",
+        "RedisConfig": "remote.config",
+        "CacheService": "service.server",
+        "ServiceConfig": "service.config",
+        "run_service": "service.server",
+        "RemoteTierConfig": "service.tiered",
+        "TieredBackend": "service.tiered",
+        "TieredConfig": "service.tiered",
+    },
 )
-
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> object:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

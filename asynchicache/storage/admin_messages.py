@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asynchicache.storage.events import StorageEvent, Tier
-from asynchicache.storage.pins import Pin
+from asynchicache.storage.disk.pins import Pin
+from asynchicache.tiers import STORAGE_TIERS, TierEvent
 
 HASH_BYTES = 16
-TIERS = (Tier.DISK.value, Tier.REMOTE.value)
 
 
 def check_hashes(hashes: tuple[bytes, ...]) -> None:
@@ -24,9 +23,9 @@ def check_hashes(hashes: tuple[bytes, ...]) -> None:
 
 
 def _check_tiers(tiers: tuple[str, ...]) -> None:
-    unknown = sorted(set(tiers) - set(TIERS))
+    unknown = sorted(set(tiers) - set(STORAGE_TIERS))
     if unknown:
-        raise ValueError(f"unknown tiers {unknown}; known: {list(TIERS)}")
+        raise ValueError(f"unknown tiers {unknown}; known: {list(STORAGE_TIERS)}")
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class Clear:
     unless `include_pinned` (which drops the pins of that root, or all, as well)."""
 
     req_id: int
-    tiers: tuple[str, ...] = TIERS
+    tiers: tuple[str, ...] = STORAGE_TIERS
     root: bytes = b""
     include_pinned: bool = False
 
@@ -146,7 +145,7 @@ class Contents:
     """What the namespace's tiers hold now (a late event subscriber's replay)."""
 
     req_id: int
-    tiers: tuple[str, ...] = TIERS
+    tiers: tuple[str, ...] = STORAGE_TIERS
 
     def __post_init__(self) -> None:
         _check_tiers(self.tiers)
@@ -172,7 +171,7 @@ class StorageEvents:
 
     req_id: int
     seq: int
-    events: tuple[StorageEvent, ...]
+    events: tuple[TierEvent, ...]
 
 
 AdminRequest = Clear | PinChain | Unpin | Pins | Contents

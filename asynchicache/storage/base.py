@@ -6,7 +6,7 @@ Two levels:
   its thread). It moves whole pages between its medium and slots of the L2
   shared-memory pool, without extra copies.
 * `StorageTier` is the asynchronous, engine-side view (implemented by
-  `storage.client.StorageClient`): the hierarchy submits loads and stores as
+  `storage.client.storage_client.StorageClient`): the hierarchy submits loads and stores as
   tickets and learns of their completion through a non-blocking `poll()`.
 
 Page identity is the chained page hash of `cache.keys` (16 bytes). Only full
@@ -34,7 +34,6 @@ import numpy as np
 
 if TYPE_CHECKING:
     from asynchicache.storage.deadline import Deadline
-    from asynchicache.storage.messages import StatsReply
 
 # A chain's page hashes (16 bytes each, in chain order) and the L2 slots their pages
 # move through, `slots[i]` for `hashes[i]`.
@@ -107,6 +106,16 @@ class PageRef:
     tokens: tuple[int, ...]
     slot: int
     parent: bytes = b""
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """What `StorageTier.stats` reports: each tier's counters (None: that tier is off)
+    and the service's own (requests, queue depths, by name)."""
+
+    disk: BackendStats | None = None
+    service: dict[str, float] = field(default_factory=dict)
+    remote: BackendStats | None = None
 
 
 @dataclass
@@ -297,7 +306,7 @@ class StorageTier(Protocol):
         segment's name, one page's layout); the engine calls it once its pool exists."""
         ...
 
-    def stats(self, timeout_s: float = 1.0) -> StatsReply | None:
+    def stats(self, timeout_s: float = 1.0) -> TierStats | None:
         """The tiers' and the service's counters; None when no answer came in `timeout_s`
         (a short request on the admin path, never the scheduler's)."""
         ...

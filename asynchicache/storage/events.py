@@ -1,14 +1,10 @@
 """KV events of the storage tiers: pages stored to and removed from L3 (disk) and L4 (remote).
 
-The shapes follow vLLM's KV events (`BlockStored`, `BlockRemoved`,
-`AllBlocksCleared`) with our page hashes and a tier:
-
-* `PagesStored`: a run of pages of one chain (`page_hashes` in chain order),
-  the parent of the first one, and their token ids concatenated (empty when
-  the tier does not know them);
-* `PagesRemoved`: pages gone from a tier (evicted, cleared, found damaged, or
-  found gone: another instance evicted them from a shared folder);
-* `TierCleared`: every page of the namespace left the tier at once.
+The events are asynchicache.tiers' (`BlockStored`, `BlockRemoved`,
+`AllBlocksCleared`: vLLM's names) with the tier `disk` or `remote`: a run of
+pages of one chain stored, pages gone from a tier (evicted, cleared, found
+damaged, or found gone: another instance evicted them from a shared folder),
+every page of the namespace gone at once.
 
 Each namespace's backend in the cache service has one `EventLog`: events get
 consecutive sequence numbers in the order the tier changed (the disk index
@@ -33,45 +29,12 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from asynchicache.storage.page_index import IndexedPage
+from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored, Tier, TierEvent
 
 
-class Tier(StrEnum):
-    DISK = "disk"
-    REMOTE = "remote"
-
-
-@dataclass(frozen=True)
-class PagesStored:
-    """vLLM's BlockStored: pages of one chain now in `tier`."""
-
-    tier: str
-    page_hashes: tuple[bytes, ...]
-    parent: bytes = b""  # the first page's parent (b"": unknown)
-    tokens: tuple[int, ...] = ()  # every page's token ids, in order (empty: unknown)
-
-
-@dataclass(frozen=True)
-class PagesRemoved:
-    """vLLM's BlockRemoved: pages no longer in `tier`."""
-
-    tier: str
-    page_hashes: tuple[bytes, ...]
-
-
-@dataclass(frozen=True)
-class TierCleared:
-    """vLLM's AllBlocksCleared, for one tier of the namespace."""
-
-    tier: str
-
-
-StorageEvent = PagesStored | PagesRemoved | TierCleared
-
-
-def stored_runs(tier: str, pages: Sequence[IndexedPage]) -> list[PagesStored]:
+def stored_runs(tier: str, pages: Sequence[IndexedPage]) -> list[BlockStored]:
     """Pages (in chain order) as runs of consecutive pages of one chain."""
     runs: list[list[IndexedPage]] = []
     for page in pages:
@@ -83,7 +46,8 @@ def stored_runs(tier: str, pages: Sequence[IndexedPage]) -> list[PagesStored]:
     for run in runs:
         known = all(p.tokens for p in run)
         tokens = tuple(t for p in run for t in p.tokens) if known else ()
-        out.append(PagesStored(tier, tuple(p.page_hash for p in run), run[0].parent, tokens))
+        hashes = tuple(p.page_hash for p in run)
+        out.append(BlockStored(tier, hashes, run[0].parent or None, tokens))
     return out
 
 
@@ -98,7 +62,7 @@ class EventLog:
     def __init__(self, max_pending: int = 100_000) -> None:
         self._lock = threading.Lock()
         self._seq = 0
-        self._pending: deque[tuple[int, StorageEvent]] = deque()
+        self._pending: deque[tuple[int, TierEvent]] = deque()
         self._max_pending = max_pending
         self._enabled = False
         self._wake: Callable[[], None] | None = None
@@ -116,7 +80,7 @@ class EventLog:
         with self._lock:
             return self._seq
 
-    def emit(self, event: StorageEvent) -> None:
+    def emit(self, event: TierEvent) -> None:
         with self._lock:
             self._seq += 1
             if not self._enabled:
@@ -129,7 +93,7 @@ class EventLog:
         if wake is not None:
             wake()
 
-    def drain(self) -> list[tuple[int, StorageEvent]]:
+    def drain(self) -> list[tuple[int, TierEvent]]:
         with self._lock:
             out = list(self._pending)
             self._pending.clear()
@@ -152,7 +116,7 @@ class TierListener:
 
     def removed(self, hashes: Sequence[bytes]) -> None:
         if hashes:
-            self.log.emit(PagesRemoved(self.tier.value, tuple(hashes)))
+            self.log.emit(BlockRemoved(self.tier.value, tuple(hashes)))
 
     def cleared(self) -> None:
-        self.log.emit(TierCleared(self.tier.value))
+        self.log.emit(AllBlocksCleared(self.tier.value))

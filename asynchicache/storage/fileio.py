@@ -45,7 +45,7 @@ def make_private_dir(path: Path) -> None:
     """Create `path` and its missing parents, each 0700 (this user only), whatever the
     umask. A folder that exists keeps its mode: it may be someone's shared folder (a
     1777 /tmp lost its sticky bit to a chmod here once); whether an existing folder is
-    private enough is the caller's check (storage.disk_folder.check_disk_folder)."""
+    private enough is the caller's check (storage.disk.folder.check_disk_folder)."""
     missing = []
     folder = path
     while not folder.exists() and folder != folder.parent:

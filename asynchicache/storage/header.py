@@ -138,7 +138,7 @@ def peek_header_len(data: Buffer) -> int:
         raise HeaderError(f"short header: {len(view)} bytes")
     magic, version, header_len, *_ = _FIXED.unpack_from(view)
     _check_prologue(magic, version, header_len)
-    return header_len
+    return int(header_len)
 
 
 def decode_header(data: Buffer) -> PageHeader:

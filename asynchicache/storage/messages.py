@@ -13,7 +13,7 @@ unpin chains (`Pin`, `Unpin`, `Pins`), and for what its tiers hold
 
 A client may also hold a lease (`Lease`, renewed as a heartbeat; `Release`): a
 service started for vLLM instances runs while a lease is held, and grants one only
-when the client's `ServiceSettings` match its own (storage.service_leases).
+when the client's `ServiceSettings` match its own (storage.service.leases).
 
 Loads and stores carry an absolute deadline (`deadline_ns`, CLOCK_MONOTONIC,
 shared by the processes of one host; see `storage.deadline`). Every Load and

@@ -5,7 +5,7 @@ their first, so at equal age a prefix is more recent than its suffix and the
 suffix is evicted first (a prefix without its suffix is still useful; a suffix
 without its prefix is dead weight).
 
-Pinned pages (storage.pins) sit outside the LRU order: they are indexed,
+Pinned pages (storage.disk.pins) sit outside the LRU order: they are indexed,
 counted and found like any page, but `pop_lru` never takes them. `set_pins`
 moves pages between the two as pins come and go.
 
@@ -75,7 +75,7 @@ class PageIndex:
         # reads re-stamp a page only when its stored stamp has grown stale.
         self._stored: dict[bytes, int] = {}
 
-    def __contains__(self, page_hash: bytes) -> bool:
+    def __contains__(self, page_hash: object) -> bool:
         return page_hash in self._lru or page_hash in self._pinned
 
     def __len__(self) -> int:

@@ -59,7 +59,7 @@ class StagedPages:
 
     @property
     def nbytes(self) -> int:
-        return len(self.refs) * self.pool.shape[1]
+        return len(self.refs) * int(self.pool.shape[1])
 
     def copy_to(self, pool: np.ndarray, slots: Sequence[int], deadline: Deadline | None) -> int:
         """Copy the leading pages into `pool[slots[i]]`, checking `deadline` before each;

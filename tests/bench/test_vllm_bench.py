@@ -21,7 +21,7 @@ from asynchicache.bench.vllm import (
 )
 from asynchicache.bench.vllm_decode import DecodeLoad, decode_tok_s
 from asynchicache.bench.vllm_process import VllmFlags, VllmThreads, machine_cores, metric_sum
-from asynchicache.storage.client import StorageClient
+from asynchicache.storage.client.storage_client import StorageClient
 
 
 def _argv(connector: str | None = None, extra_config: dict[str, str] | None = None) -> list[str]:

@@ -10,7 +10,7 @@ from cache_helpers import NS, PAGE, MakeCache, put, tokens_for
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.keys import chain_hashes
 from asynchicache.cache.pins import PinnedChain
-from asynchicache.storage.events import PagesRemoved, PagesStored, StorageEvent, TierCleared
+from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored, TierEvent
 
 
 def pin(cache: HiRadixCache, tokens: list[int], salt: str = "") -> PinnedChain:
@@ -131,17 +131,17 @@ class Subscriber:
         self.tiers: dict[str, set[bytes]] = {"device": set(), "host": set()}
         self.removed = {"device": 0, "host": 0}
 
-    def apply(self, events: list[StorageEvent]) -> None:
+    def apply(self, events: list[TierEvent]) -> None:
         for e in events:
-            if isinstance(e, PagesStored):
-                assert not set(e.page_hashes) & self.tiers[e.tier], "stored twice"
-                self.tiers[e.tier] |= set(e.page_hashes)
-                assert len(e.tokens) == PAGE * len(e.page_hashes)
-            elif isinstance(e, PagesRemoved):
-                assert set(e.page_hashes) <= self.tiers[e.tier], "removed what was not there"
-                self.tiers[e.tier] -= set(e.page_hashes)
-                self.removed[e.tier] += len(e.page_hashes)
-            elif isinstance(e, TierCleared):
+            if isinstance(e, BlockStored):
+                assert not set(e.block_hashes) & self.tiers[e.tier], "stored twice"
+                self.tiers[e.tier] |= set(e.block_hashes)
+                assert len(e.token_ids) == PAGE * len(e.block_hashes)
+            elif isinstance(e, BlockRemoved):
+                assert set(e.block_hashes) <= self.tiers[e.tier], "removed what was not there"
+                self.tiers[e.tier] -= set(e.block_hashes)
+                self.removed[e.tier] += len(e.block_hashes)
+            elif isinstance(e, AllBlocksCleared):
                 self.tiers[e.tier].clear()
 
 

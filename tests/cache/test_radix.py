@@ -6,7 +6,8 @@ import pytest
 
 from asynchicache.cache.keys import Namespace, page_hashes
 from asynchicache.cache.node import RadixNode
-from asynchicache.cache.radix import RadixTree, Tier
+from asynchicache.cache.radix import RadixTree
+from asynchicache.tiers import Tier
 
 PS = 4
 NS = Namespace("radix-test", "float32", PS)

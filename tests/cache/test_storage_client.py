@@ -16,8 +16,8 @@ from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.pools import HostPool
 from asynchicache.config import CacheConfig
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.client import ClientConfig, StorageClient
-from asynchicache.storage.service import ServiceConfig
+from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.storage.service.server import ServiceConfig
 
 
 @pytest.fixture

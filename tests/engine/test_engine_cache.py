@@ -13,8 +13,8 @@ from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
-from asynchicache.storage.client import ClientConfig, StorageClient
-from asynchicache.storage.service import ServiceConfig
+from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.storage.service.server import ServiceConfig
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 TEXT = (

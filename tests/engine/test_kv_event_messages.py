@@ -5,16 +5,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from asynchicache.engine.kv_event_messages import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVEventBatch,
-    decode,
-    encode,
-    read_seq,
-    seq_frame,
-)
+from asynchicache.engine.kv_event_messages import KVEventBatch, decode, encode, read_seq, seq_frame
+from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored
 
 H = [bytes([i]) * 16 for i in range(4)]
 

@@ -21,7 +21,7 @@ from live_server import LiveServer
 from traffic import Prompt
 
 from asynchicache.engine.tokenizer import Tokenizer
-from asynchicache.storage.disk_admin import verify_folder
+from asynchicache.storage.disk.admin import verify_folder
 from asynchicache.storage.header import decode_header, peek_header_len
 
 _CI = {

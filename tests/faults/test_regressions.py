@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from supervised_targets import sleep_forever
 
-from asynchicache.cache.radix import RadixTree, Tier
+from asynchicache.cache.radix import RadixTree
 from asynchicache.server.supervisor import ChildSpec, Supervisor
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.header import HeaderError, PageHeader, decode_header, encode_header
+from asynchicache.tiers import Tier
 
 PS = 4
 

@@ -13,7 +13,7 @@ from redis_server import RedisClusterNodes, RedisServer, redis_server_binary, va
 from remote_helpers import Backends
 
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.redis import RedisBackend, RedisConfig
+from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
 
 
 @pytest.fixture(scope="session")

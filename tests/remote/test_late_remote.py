@@ -23,7 +23,7 @@ from service_process import ServiceProcess
 from storage_clients import wait_idle
 
 from asynchicache.storage.base import Settled
-from asynchicache.storage.client import ClientConfig, StorageClient
+from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 
 MARK = 0x5A
 

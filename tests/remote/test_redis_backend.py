@@ -13,8 +13,8 @@ from redis_server import RedisServer
 from remote_helpers import Backends
 
 from asynchicache.storage.header import HEADER_ALIGN
-from asynchicache.storage.redis import RedisConfig, remote_key_prefix
-from asynchicache.storage.redis_topology import parse_remote_url
+from asynchicache.storage.remote.backend import RedisConfig, remote_key_prefix
+from asynchicache.storage.remote.topology import parse_remote_url
 
 
 def _raw(server: RedisServer) -> redis.Redis:

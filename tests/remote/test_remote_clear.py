@@ -21,11 +21,12 @@ from remote_helpers import Backends
 
 from asynchicache.cache.keys import Namespace
 from asynchicache.storage.base import ClearScope
-from asynchicache.storage.disk import DiskConfig
-from asynchicache.storage.disk_names import namespace_dir_name
-from asynchicache.storage.events import EventLog, PagesRemoved, PagesStored
-from asynchicache.storage.redis import RedisBackend, RedisConfig
-from asynchicache.storage.tiered import RemoteTierConfig, open_tiered
+from asynchicache.storage.disk.backend import DiskConfig
+from asynchicache.storage.disk.names import namespace_dir_name
+from asynchicache.storage.events import EventLog
+from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
+from asynchicache.storage.service.tiered import RemoteTierConfig, open_tiered
+from asynchicache.tiers import BlockRemoved, BlockStored
 
 OTHER = b"other-model\x1ffloat32\x1f4\x1f1\x1f"
 PAGE = SMALL.shape[2]  # tokens per page
@@ -114,8 +115,8 @@ def test_stores_and_removals_are_events(
         backend.close()
     hashes = tuple(p.page_hash for p in pages)
     tokens = tuple(t for p in pages for t in p.tokens)
-    assert events[0] == PagesStored("remote", hashes, root, tokens)
-    assert isinstance(events[1], PagesRemoved) and set(events[1].page_hashes) == set(hashes)
+    assert events[0] == BlockStored("remote", hashes, root, tokens)
+    assert isinstance(events[1], BlockRemoved) and set(events[1].block_hashes) == set(hashes)
     assert len(events) == 2
 
 

@@ -18,14 +18,14 @@ from hypothesis import strategies as st
 from pools import NAMESPACE, SMALL
 
 from asynchicache.storage.header import decode_header
-from asynchicache.storage.remote_value import ValueFormat, ValueRejected
-from asynchicache.storage.resp import (
+from asynchicache.storage.remote.resp import (
     ConnectionParams,
     NodeAddress,
     RespConnection,
     RespError,
     RespProtocolError,
 )
+from asynchicache.storage.remote.value import ValueFormat, ValueRejected
 
 FORMAT = ValueFormat(NAMESPACE, SMALL)
 HASH = bytes(range(16))

@@ -18,8 +18,8 @@ from service_process import ServiceProcess
 
 from asynchicache.cache.keys import Namespace
 from asynchicache.storage.admin_messages import ClearedPages
-from asynchicache.storage.client import ClientConfig, StorageClient
-from asynchicache.storage.events import PagesRemoved, PagesStored, TierCleared
+from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored
 
 PAGE = SMALL.shape[2]
 NS = Namespace("m", "float32", PAGE)
@@ -63,11 +63,11 @@ def test_clear_and_events_of_both_tiers(
         def apply() -> None:
             client.poll()
             for _, event in client.take_events().events:
-                if isinstance(event, PagesStored):
-                    tiers[event.tier] |= set(event.page_hashes)
-                elif isinstance(event, PagesRemoved):
-                    tiers[event.tier] -= set(event.page_hashes)
-                elif isinstance(event, TierCleared):
+                if isinstance(event, BlockStored):
+                    tiers[event.tier] |= set(event.block_hashes)
+                elif isinstance(event, BlockRemoved):
+                    tiers[event.tier] -= set(event.block_hashes)
+                elif isinstance(event, AllBlocksCleared):
                     tiers[event.tier].clear()
 
         def agrees() -> bool:

@@ -15,9 +15,9 @@ from redis_server import RedisServer
 from service_process import ServiceProcess
 
 from asynchicache.storage.base import BackendStats, Completion
-from asynchicache.storage.client import ClientConfig, StorageClient
+from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 from asynchicache.storage.messages import LoadReply, StatsReply, decode, encode
-from asynchicache.storage.tiered import RemoteTierConfig
+from asynchicache.storage.service.tiered import RemoteTierConfig
 
 
 @pytest.fixture

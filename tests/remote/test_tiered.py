@@ -11,9 +11,9 @@ import pytest
 from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 from redis_server import RedisServer
 
-from asynchicache.storage.disk import DiskBackend, DiskConfig
-from asynchicache.storage.redis import RedisBackend, RedisConfig
-from asynchicache.storage.tiered import TieredBackend, TieredConfig
+from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
+from asynchicache.storage.service.tiered import TieredBackend, TieredConfig
 
 Tiers = Callable[..., TieredBackend]
 

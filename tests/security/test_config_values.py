@@ -167,7 +167,7 @@ def test_the_cache_command_refuses_nan_too(argv: list[str]) -> None:
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_the_cache_service_refuses_nan_too(value: str) -> None:
-    from asynchicache.storage.service_cli import config_from_args
+    from asynchicache.storage.service.cli import config_from_args
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit):

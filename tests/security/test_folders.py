@@ -22,8 +22,8 @@ import pytest
 
 from asynchicache.cache.keys import Namespace
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.disk import DiskBackend, DiskConfig
-from asynchicache.storage.service import prepare_address
+from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.service.server import prepare_address
 
 LAYOUT = PageLayout("float32", (2, 2, 4, 2, 8))
 NS = Namespace("folders", "float32", 4)

@@ -15,8 +15,8 @@ import pytest
 
 from asynchicache.cache.keys import Namespace, page_hashes
 from asynchicache.storage.base import PageLayout, PageRef
-from asynchicache.storage.disk import DiskBackend, DiskConfig
-from asynchicache.storage.service import CacheService, ServiceConfig, prepare_address
+from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.service.server import CacheService, ServiceConfig, prepare_address
 
 LAYOUT = PageLayout("float32", (2, 2, 4, 2, 8))
 TOKENS = tuple(range(4))

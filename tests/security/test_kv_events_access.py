@@ -28,9 +28,10 @@ import zmq
 from kv_rig import PAGE, Rig, kv_rig, page_tokens
 
 from asynchicache.engine.kv_event_access import ClientCurve, CurveKeys
-from asynchicache.engine.kv_event_messages import BlockStored, decode, read_seq, seq_frame
+from asynchicache.engine.kv_event_messages import decode, read_seq, seq_frame
 from asynchicache.engine.kv_events import KvEventsConfig
 from asynchicache.engine.kv_subscriber import KvEventSubscriber
+from asynchicache.tiers import BlockStored
 
 MAX_EVENTS = 10_000
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import httpx
 
-from asynchicache.engine.kv_event_messages import BlockStored, KVEventBatch
+from asynchicache.engine.kv_event_messages import KVEventBatch
 from asynchicache.engine.kv_subscriber import KvEventSubscriber
+from asynchicache.tiers import TIERS, BlockStored
 
 PAGE = 16
-TIERS = ("device", "host", "disk", "remote")
 
 
 def prompt(seed: int, pages: int) -> list[int]:

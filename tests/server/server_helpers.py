@@ -14,7 +14,7 @@ from asynchicache.server.context import AppContext, ModelInfo
 from asynchicache.server.engine_client import EngineClient
 from asynchicache.server.frontend import Frontend
 from asynchicache.server.http import StopSignal, bind_socket, serve_http
-from asynchicache.storage.probe import ServiceProbe
+from asynchicache.storage.client.probe import ServiceProbe
 
 API_KEY = "test-key"
 FAKE_CONTEXT = 256

@@ -103,3 +103,11 @@ def test_sglangs_flushes_want_the_admin_key(server: ThreadServer, path: str) -> 
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     assert "flushed" in r.text.lower() or "cleared" in r.text.lower()
     assert httpx.post(server.url + "/flush_cache?timeout=-1", headers=OPERATOR).status_code == 400
+
+
+def test_the_served_tokenizer_gives_token_strs_too(frontend: Frontend) -> None:
+    """`serve` hands the routes `Frontend.bounded_tokenizer`, not the bare one (mypy found
+    it lacked `token_strs`: /tokenize with return_token_strs was an AttributeError)."""
+    bounded = frontend.bounded_tokenizer(1024)
+    ids = frontend.tokenizer.encode("The quick brown fox", add_special_tokens=False)
+    assert bounded.token_strs(ids) == frontend.tokenizer.token_strs(ids)

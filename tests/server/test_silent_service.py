@@ -24,9 +24,9 @@ from asynchicache.server.launch import (
 from asynchicache.server.options import build_parser, to_config
 from asynchicache.server.supervisor import ChildSpec, Supervisor
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.client import ClientConfig, StorageClient
-from asynchicache.storage.probe import ServiceProbe
-from asynchicache.storage.service import ServiceConfig
+from asynchicache.storage.client.probe import ServiceProbe
+from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.storage.service.server import ServiceConfig
 from asynchicache.storage.shm import SharedSegment
 
 LAYOUT = PageLayout("float32", (2, 2, 4, 2, 8))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 
-from asynchicache.storage.disk import DiskBackend, DiskConfig
+from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -68,7 +68,7 @@ def test_clear_one_namespace_or_one_salt_keeping_pins(
 ) -> None:
     from asynchicache.cache.keys import Namespace, chain_hashes
     from asynchicache.storage.base import PageRef
-    from asynchicache.storage.disk_names import namespace_dir_name
+    from asynchicache.storage.disk.names import namespace_dir_name
 
     root = tmp_path / "kv"
     pool = make_pool(16, fill=16)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from asynchicache.storage.admission import DiskAdmission
-from asynchicache.storage.tiered import TieredConfig
+from asynchicache.storage.disk.admission import DiskAdmission
+from asynchicache.storage.service.tiered import TieredConfig
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 
-from asynchicache.storage.disk import DiskBackend, DiskConfig, namespace_dir_name
-from asynchicache.storage.disk_admin import folder_stats
+from asynchicache.storage.disk.admin import folder_stats
+from asynchicache.storage.disk.backend import DiskBackend, DiskConfig, namespace_dir_name
 from asynchicache.storage.header import header_len_for
 
 OLD = b"test-model\x1ffloat32\x1f4\x1f1\x1f"  # what an upgrade leaves behind
@@ -117,7 +117,7 @@ def test_a_live_namespace_is_counted_but_never_evicted_by_another(
 HOLD = """
 import sys, time
 from pathlib import Path
-from asynchicache.storage.disk_folder import NamespaceLease
+from asynchicache.storage.disk.folder import NamespaceLease
 lease = NamespaceLease(Path(sys.argv[1]))
 print("held", lease.held, flush=True)
 time.sleep(600)
@@ -125,7 +125,7 @@ time.sleep(600)
 
 
 def test_a_killed_server_leaves_no_lease_behind(root: Path) -> None:
-    from asynchicache.storage.disk_folder import in_use
+    from asynchicache.storage.disk.folder import in_use
 
     folder = root / namespace_dir_name(OLD)
     folder.mkdir(parents=True)

@@ -20,8 +20,8 @@ from service_process import ServiceProcess
 from storage_clients import Clients, wait_idle
 
 from asynchicache.storage.base import Completion, Settled
-from asynchicache.storage.client import StorageClient
-from asynchicache.storage.disk import DiskBackend, DiskConfig
+from asynchicache.storage.client.storage_client import StorageClient
+from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
 
 # Enough 1 KiB pages that one service thread needs well over the ticket timeout for them.
 MANY = 20_000

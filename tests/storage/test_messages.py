@@ -24,7 +24,7 @@ from asynchicache.storage.admin_messages import (
     UnpinReply,
 )
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
-from asynchicache.storage.events import PagesRemoved, PagesStored, TierCleared
+from asynchicache.storage.disk.pins import Pin
 from asynchicache.storage.messages import (
     MESSAGE_TYPES,
     Cancel,
@@ -47,7 +47,7 @@ from asynchicache.storage.messages import (
     decode,
     encode,
 )
-from asynchicache.storage.pins import Pin
+from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored
 
 H = [bytes([i]) * 16 for i in range(3)]
 SETTINGS = ServiceSettings("/var/kv", 20 << 30)
@@ -94,10 +94,10 @@ SAMPLES = [
         0,
         42,
         (
-            PagesStored("disk", tuple(H), H[0], tuple(range(12))),
-            PagesStored("remote", (H[1],)),
-            PagesRemoved("disk", (H[2],)),
-            TierCleared("remote"),
+            BlockStored("disk", tuple(H), H[0], tuple(range(12))),
+            BlockStored("remote", (H[1],)),
+            BlockRemoved("disk", (H[2],)),
+            AllBlocksCleared("remote"),
         ),
     ),
     Register(1, b"model", "seg", PageLayout("float32", (2, 2, 4)), events=True),
@@ -159,7 +159,7 @@ def test_settings_name_what_differs() -> None:
         {"__t": "PinChain", "req_id": 1, "pages": [b"p" * 16], "root": b"r" * 16, "ttl_s": -1},
         {"__t": "PinChain", "req_id": 1, "pages": [b"p" * 15], "root": b"r" * 16},
         {"__t": "StorageEvents", "req_id": 0, "seq": 1, "events": [{"__t": "Pin"}]},  # not one
-        {"__t": "StorageEvents", "req_id": 0, "seq": 1, "events": [{"__t": "TierCleared"}]},
+        {"__t": "StorageEvents", "req_id": 0, "seq": 1, "events": [{"__t": "AllBlocksCleared"}]},
         {"__t": "Lease", "req_id": 1, "holder": 0, "settings": SETTINGS_MAP, "ttl_s": 30.0},
         {"__t": "Lease", "req_id": 1, "holder": 7, "settings": SETTINGS_MAP, "ttl_s": 0.0},
         {"__t": "Lease", "req_id": 1, "holder": 7, "settings": SETTINGS_MAP, "ttl_s": 1e9},
@@ -190,7 +190,7 @@ _leaf = st.one_of(
     st.floats(),
     st.text(max_size=8),
     st.binary(max_size=20),
-    st.sampled_from([*MESSAGE_TYPES, "PageRef", "PageLayout", "PagesStored", "Pin"]),
+    st.sampled_from([*MESSAGE_TYPES, "PageRef", "PageLayout", "BlockStored", "Pin"]),
 )
 _tree = st.recursive(
     _leaf,

@@ -16,10 +16,10 @@ from storage_clients import Clients
 
 from asynchicache.storage.admin_messages import ClearedPages
 from asynchicache.storage.base import PageLayout, TicketKind
-from asynchicache.storage.client import ClientConfig, StorageClient
-from asynchicache.storage.disk_admin import verify_folder
+from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.storage.disk.admin import verify_folder
 from asynchicache.storage.messages import ErrorReply, Stats, decode, encode
-from asynchicache.storage.service import ServiceConfig
+from asynchicache.storage.service.server import ServiceConfig
 
 
 def _address(sock_dir: Path, name: str = "svc") -> str:

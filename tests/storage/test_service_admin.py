@@ -14,8 +14,8 @@ from asynchicache.cache.keys import Namespace
 from asynchicache.config import GIB
 from asynchicache.storage.admin_messages import ClearedPages
 from asynchicache.storage.base import PageRef
-from asynchicache.storage.client import StorageClient
-from asynchicache.storage.disk import DiskConfig
+from asynchicache.storage.client.storage_client import StorageClient
+from asynchicache.storage.disk.backend import DiskConfig
 
 FILE = DiskConfig(Path("/unused"), NAMESPACE, SMALL, 1).page_file_bytes
 PAGE = SMALL.shape[2]

@@ -1,4 +1,4 @@
-"""Leases on a real cache service process (storage.service_leases): a service started
+"""Leases on a real cache service process (storage.service.leases): a service started
 `--leased-by` its starter runs while any lease is held, and stops once the last one
 ends (released, its holder killed, or not renewed), after its writes in flight.
 
@@ -18,9 +18,9 @@ from pools import DEFAULT, Pool, new_hashes, refs
 from service_process import ServiceProcess
 from storage_clients import Clients
 
-from asynchicache.storage.client import StorageClient
+from asynchicache.storage.client.storage_client import StorageClient
 from asynchicache.storage.messages import ServiceSettings
-from asynchicache.storage.service_cli import config_from_args
+from asynchicache.storage.service.cli import config_from_args
 
 Holders = Callable[[], subprocess.Popen[bytes]]
 

@@ -21,8 +21,8 @@ from service_process import ServiceProcess
 from storage_clients import Clients, wait_idle
 
 from asynchicache.storage.base import Completion, Settled
-from asynchicache.storage.client import ClientConfig, StorageClient
-from asynchicache.storage.disk import DiskBackend, DiskConfig
+from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
 from asynchicache.storage.messages import (
     Cancel,
     CancelReply,
@@ -33,7 +33,7 @@ from asynchicache.storage.messages import (
     decode,
     encode,
 )
-from asynchicache.storage.service import ServiceConfig
+from asynchicache.storage.service.server import ServiceConfig
 
 MANY = 20_000  # 1 KiB pages: one I/O thread needs seconds for them
 MARK = 0x5A

@@ -16,9 +16,9 @@ from storage_clients import Clients
 
 from asynchicache.config import GIB
 from asynchicache.storage.base import PageLayout, TicketKind
-from asynchicache.storage.client import StorageClient
-from asynchicache.storage.disk import DiskConfig
-from asynchicache.storage.disk_admin import verify_folder
+from asynchicache.storage.client.storage_client import StorageClient
+from asynchicache.storage.disk.admin import verify_folder
+from asynchicache.storage.disk.backend import DiskConfig
 
 LAYOUT = PageLayout("float32", (2, 2, 16, 2, 16))  # 8 KiB pages
 FILE = DiskConfig(Path("/unused"), NAMESPACE, LAYOUT, 1).page_file_bytes

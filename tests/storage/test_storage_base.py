@@ -16,10 +16,10 @@ from asynchicache.storage.base import (
     StorageTier,
     check_read,
 )
-from asynchicache.storage.client import StorageClient
-from asynchicache.storage.disk import DiskBackend
-from asynchicache.storage.redis import RedisBackend
-from asynchicache.storage.tiered import TieredBackend
+from asynchicache.storage.client.storage_client import StorageClient
+from asynchicache.storage.disk.backend import DiskBackend
+from asynchicache.storage.remote.backend import RedisBackend
+from asynchicache.storage.service.tiered import TieredBackend
 
 
 @pytest.mark.parametrize("module", ["asynchicache.cache.hierarchy", "asynchicache.storage.base"])
@@ -30,7 +30,7 @@ def test_the_cache_layer_loads_neither_redis_nor_zmq(module: str) -> None:
 
 
 def test_a_service_without_remote_tier_does_not_load_redis() -> None:
-    code = "import sys, asynchicache.storage.service; print('redis' in sys.modules)"
+    code = "import sys, asynchicache.storage.service.server; print('redis' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

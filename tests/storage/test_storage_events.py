@@ -17,16 +17,11 @@ from asynchicache.cache.keys import Namespace
 from asynchicache.config import GIB
 from asynchicache.storage.admin_messages import StorageEvents
 from asynchicache.storage.base import PageRef
-from asynchicache.storage.client import StorageClient
-from asynchicache.storage.disk import DiskConfig
-from asynchicache.storage.event_feed import EventFeed
-from asynchicache.storage.events import (
-    EventLog,
-    PagesRemoved,
-    PagesStored,
-    StorageEvent,
-    TierCleared,
-)
+from asynchicache.storage.client.event_feed import EventFeed
+from asynchicache.storage.client.storage_client import StorageClient
+from asynchicache.storage.disk.backend import DiskConfig
+from asynchicache.storage.events import EventLog
+from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored, TierEvent
 
 FILE = DiskConfig(Path("/unused"), NAMESPACE, SMALL, 1).page_file_bytes
 PAGE = SMALL.shape[2]
@@ -40,13 +35,13 @@ class Mirror:
         self.tiers: dict[str, set[bytes]] = {"disk": set(), "remote": set()}
         self.applied = 0
 
-    def apply(self, event: StorageEvent) -> None:
+    def apply(self, event: TierEvent) -> None:
         self.applied += 1
-        if isinstance(event, PagesStored):
-            self.tiers[event.tier] |= set(event.page_hashes)
-        elif isinstance(event, PagesRemoved):
-            self.tiers[event.tier] -= set(event.page_hashes)
-        elif isinstance(event, TierCleared):
+        if isinstance(event, BlockStored):
+            self.tiers[event.tier] |= set(event.block_hashes)
+        elif isinstance(event, BlockRemoved):
+            self.tiers[event.tier] -= set(event.block_hashes)
+        elif isinstance(event, AllBlocksCleared):
             self.tiers[event.tier].clear()
 
 
@@ -153,7 +148,7 @@ def test_a_restarted_service_is_a_gap(
 
 def test_numbers_that_jump_are_a_gap() -> None:
     feed = EventFeed()
-    removed = PagesRemoved("disk", (b"x" * 16,))
+    removed = BlockRemoved("disk", (b"x" * 16,))
     feed.received(StorageEvents(0, 1, (removed,)))  # before subscribing: ignored
     feed.subscribed(pid=7, events_from=3)
     feed.received(StorageEvents(0, 2, (removed, removed, removed)))  # 2, 3 are old news
@@ -168,12 +163,12 @@ def test_numbers_that_jump_are_a_gap() -> None:
 
 def test_an_overflowing_log_drops_the_oldest_and_the_subscriber_sees_it() -> None:
     log = EventLog(max_pending=2)
-    log.emit(TierCleared("disk"))  # before anyone subscribed: numbered, not kept
+    log.emit(AllBlocksCleared("disk"))  # before anyone subscribed: numbered, not kept
     log.enable(lambda: None)
     feed = EventFeed()
     feed.subscribed(pid=1, events_from=log.seq)
     for h in new_hashes(3):
-        log.emit(PagesRemoved("disk", (h,)))
+        log.emit(BlockRemoved("disk", (h,)))
     numbered = log.drain()
     assert [n for n, _ in numbered] == [3, 4] and log.dropped == 1
     feed.received(StorageEvents(0, numbered[0][0], tuple(e for _, e in numbered)))

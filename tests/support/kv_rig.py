@@ -23,9 +23,9 @@ from asynchicache.config import CacheConfig
 from asynchicache.engine.kv_events import KvEventPublisher, KvEventsConfig
 from asynchicache.engine.kv_subscriber import KvEventSubscriber
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.client import ClientConfig, StorageClient
-from asynchicache.storage.disk import DiskConfig
-from asynchicache.storage.service import ServiceConfig
+from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.storage.disk.backend import DiskConfig
+from asynchicache.storage.service.server import ServiceConfig
 
 PAGE = 4
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=1, head_dim=4, page_size=PAGE, dtype=torch.float32)

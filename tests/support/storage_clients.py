@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 from pools import NAMESPACE, Pool
 
-from asynchicache.storage.client import ClientConfig, StorageClient
+from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 
 Clients = Callable[..., StorageClient]
 

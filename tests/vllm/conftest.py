@@ -23,8 +23,12 @@ from asynchicache.engine.export_hf import export_hf
 
 # `tests/` is on sys.path, so a bare "vllm" would find this very folder as a
 # namespace package: ask for a module only the real vLLM has.
+# One folder for the vLLM integration: parts/ tests its pieces without vLLM (the main
+# venv runs them), test_*.py here run a real vLLM (.venv-vllm runs them: scripts/test.sh).
 if importlib.util.find_spec("vllm.entrypoints") is None:
     collect_ignore_glob = ["test_*.py"]
+else:
+    collect_ignore = ["parts"]
 
 TINY = {
     "hidden_size": 128,

@@ -150,10 +150,10 @@ def connector_config(root: Path, extra: dict[str, Any] | None = None) -> dict[st
     return {
         "disk_cache_dir": str(root / "kv"),
         "cache_service": f"ipc://{root}/run/c.sock",
-        "host_cache_gb": 0.002,
+        "host_cache_gb": 2_000_000 / 2**30,
         "page_size": PAGE,
-        "lookup_timeout": 10.0,
-        "prefetch_timeout": 10.0,
+        "lookup_timeout_s": 10.0,
+        "prefetch_timeout_s": 10.0,
         **(extra or {}),
     }
 
@@ -501,7 +501,7 @@ class Engine:
     def settle(self, timeout_s: float = 120.0) -> None:
         """Wait until the service finished every store (their L2 pins go then)."""
         deadline = time.monotonic() + timeout_s
-        while self.side.index.counts()["pinned"] or self.side.index.counts()["writing"]:
+        while self.side.index.counts()["read"] or self.side.index.counts()["writing"]:
             if time.monotonic() > deadline:
                 raise AssertionError(f"L2 not settled: {self.side.index.counts()}")
             self.side.link.wait_events(0.05)

@@ -58,7 +58,9 @@ def engine_and_events(tmp_path: Path) -> Iterator[tuple[Engine, Subscriber]]:
     model = tiny_model_folder(tmp_path / "model")
     config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint}
     # An L2 of 20 pages: a few prompts evict each other's pages.
-    made = Engine(model, tmp_path / "root", kv_events=config, extra={"host_cache_gb": 0.00017})
+    made = Engine(
+        model, tmp_path / "root", kv_events=config, extra={"host_cache_gb": 170_000 / 2**30}
+    )
     sub = Subscriber(endpoint)
     time.sleep(0.3)  # a SUB socket misses what is published before it joined
     yield made, sub

@@ -35,8 +35,8 @@ def _flags(model: Path, disk: Path) -> VllmFlags:
         "disk_cache_dir": str(disk),
         "cache_service": f"ipc://{disk.parent}/run/c.sock",
         "host_cache_gb": 0.5,
-        "lookup_timeout": 5.0,
-        "prefetch_timeout": 30.0,
+        "lookup_timeout_s": 5.0,
+        "prefetch_timeout_s": 30.0,
     }
     return VllmFlags(model, kv_cache_bytes=256 << 20, connector=CONNECTOR, extra_config=extra)
 

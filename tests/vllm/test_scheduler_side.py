@@ -66,11 +66,11 @@ def config(tmp_path: Path) -> ConnectorConfig:
     return ConnectorConfig(
         disk_cache_dir=tmp_path / "kv",
         cache_service=f"ipc://{tmp_path}/run/c.sock",
-        host_cache_gb=0.0001,
+        host_cache_gb=100_000 / 2**30,
         page_size=PAGE,
-        lookup_timeout=10.0,
-        prefetch_timeout=10.0,
-        service_start_timeout=60.0,
+        lookup_timeout_s=10.0,
+        prefetch_timeout_s=10.0,
+        service_start_timeout_s=60.0,
     )
 
 
@@ -176,7 +176,7 @@ def test_saved_pages_come_back_from_disk_into_a_new_instances_l2(
         fresh.on_worker_meta(AsynchicacheWorkerMeta(loads_done=[load.job]))
         fresh.request_finished(req)  # type: ignore[arg-type]
         fresh.request_finished(other)  # type: ignore[arg-type]
-        assert fresh.index.counts()["pinned"] == 0
+        assert fresh.index.counts()["read"] == 0
         fresh.index.check_integrity()
     finally:
         fresh.shutdown()
@@ -208,7 +208,7 @@ def test_later_steps_save_the_pages_they_complete(side: SchedulerSide) -> None:
     assert side._lookups["again"].split(5).host == 5
     side.request_finished(again)  # type: ignore[arg-type]
     stored(side, 5)
-    assert side.index.counts()["pinned"] == 0
+    assert side.index.counts()["read"] == 0
     side.index.check_integrity()
 
 

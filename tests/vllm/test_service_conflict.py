@@ -29,7 +29,7 @@ def test_a_conflicting_instance_fails_at_start_and_leaves_nothing(tmp_path: Path
     config = ConnectorConfig(
         disk_cache_dir=tmp_path / "kv",
         cache_service=f"ipc://{tmp_path}/run/c.sock",
-        host_cache_gb=0.0001,
+        host_cache_gb=100_000 / 2**30,
         disk_cache_gb=1.0,
     )
     first = SchedulerSide(_spec(), config)

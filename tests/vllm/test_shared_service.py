@@ -49,9 +49,9 @@ def _flags(model: Path, root: Path) -> VllmFlags:
     extra = {
         "disk_cache_dir": str(root / "kv"),
         "cache_service": f"ipc://{root}/run/cache.sock",
-        "host_cache_gb": 0.004,
-        "lookup_timeout": 5.0,
-        "prefetch_timeout": 30.0,
+        "host_cache_gb": 4_000_000 / 2**30,
+        "lookup_timeout_s": 5.0,
+        "prefetch_timeout_s": 30.0,
     }
     return VllmFlags(model, kv_cache_bytes=32 << 20, connector=CONNECTOR, extra_config=extra)
 

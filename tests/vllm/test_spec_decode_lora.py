@@ -76,8 +76,8 @@ def spec_lora_flags(model: Path, root: Path, adapters: dict[str, Path]) -> VllmF
         "disk_cache_dir": str(root / "kv"),
         "cache_service": f"ipc://{root}/run/c.sock",
         "host_cache_gb": 0.5,
-        "lookup_timeout": 5.0,
-        "prefetch_timeout": 30.0,
+        "lookup_timeout_s": 5.0,
+        "prefetch_timeout_s": 30.0,
     }
     modules = [f"{name}={path}" for name, path in adapters.items()]
     extra = (

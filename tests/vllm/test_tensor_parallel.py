@@ -38,8 +38,8 @@ def test_two_ranks_save_and_load_their_own_heads(
         "disk_cache_dir": str(tmp_path / "kv"),
         "cache_service": f"ipc://{tmp_path}/run/c.sock",
         "host_cache_gb": 0.05,
-        "lookup_timeout": 5.0,
-        "prefetch_timeout": 30.0,
+        "lookup_timeout_s": 5.0,
+        "prefetch_timeout_s": 30.0,
     }
     flags = VllmFlags(
         tiny_hf,

@@ -35,10 +35,10 @@ class TinyPair:
             "disk_cache_dir": str(self.disk(name)),
             "cache_service": self.socket(name),
             "remote_url": self.redis.url,
-            "host_cache_gb": 0.004,
+            "host_cache_gb": 4_000_000 / 2**30,
             # a loaded test machine must not turn hits into misses
-            "lookup_timeout": 5.0,
-            "prefetch_timeout": 30.0,
+            "lookup_timeout_s": 5.0,
+            "prefetch_timeout_s": 30.0,
         }
         return VllmFlags(
             self.model, kv_cache_bytes=32 << 20, connector=CONNECTOR, extra_config=extra

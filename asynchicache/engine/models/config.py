@@ -115,7 +115,7 @@ def rope_from_hf(cfg: dict[str, Any]) -> RopeConfig:
     rope_type = params.get("rope_type", params.get("type", "default"))
     return RopeConfig(
         theta=float(theta),
-        rope_type=_rope_type(rope_type),
+        rope_type=_rope_type(str(rope_type or "default")),
         factor=float(params.get("factor", 1.0)),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),

@@ -45,6 +45,8 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Computes cos/sin for positions and rotates query/key heads."""
 
+    inv_freq: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, rope: RopeConfig, head_dim: int) -> None:
         super().__init__()
         self.rope = rope

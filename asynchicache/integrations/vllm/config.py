@@ -1,8 +1,11 @@
 """The connector's settings, read from vLLM's `kv_connector_extra_config`.
 
 Keys are our serve flags in snake_case (`disk_cache_dir`, `host_cache_gb`,
-`remote_url`, ...), all optional with our defaults. An unknown key is an error
-that lists the known ones, so a typo does not silently fall back to a default.
+`remote_url`, ...), all optional with our defaults, in config.py's units: sizes
+in GiB (2**30 bytes, `_gb`), durations in seconds (`_s`). An unknown key is an
+error that lists the known ones, so a typo does not silently fall back to a
+default. The duration keys of earlier releases (`lookup_timeout`, `remote_ttl`,
+...: without the `_s`) are still read, as the documented names they were.
 """
 
 from __future__ import annotations
@@ -15,8 +18,17 @@ from typing import Any
 
 import xxhash
 
-from asynchicache.config import default_disk_cache_dir
-from asynchicache.storage.service import default_runtime_dir
+from asynchicache.config import GIB, default_disk_cache_dir
+from asynchicache.storage.service.server import default_runtime_dir
+
+# Documented keys of earlier releases -> today's (durations without their unit suffix).
+OLD_KEYS = {
+    "service_start_timeout": "service_start_timeout_s",
+    "lookup_timeout": "lookup_timeout_s",
+    "prefetch_timeout": "prefetch_timeout_s",
+    "store_timeout": "store_timeout_s",
+    "remote_ttl": "remote_ttl_s",
+}
 
 
 @dataclass(frozen=True)
@@ -25,18 +37,18 @@ class ConnectorConfig:
 
     disk_cache_dir: Path = field(default_factory=default_disk_cache_dir)
     disk_cache_gb: float = 20.0
-    host_cache_gb: float = 2.0  # this instance's L2 segment
+    host_cache_gb: float = 2.0  # this instance's L2 segment, GiB
     page_size: int = 16  # tokens per page; must divide vLLM's block size
     remote_url: str | None = None  # L4 Redis/Valkey, used when we start the service
-    remote_ttl: int | None = None
+    remote_ttl_s: int | None = None
     # The cache service's ZeroMQ address; None: one per disk folder in the runtime dir,
     # so every vLLM on the machine that uses the same folder shares one service.
     cache_service: str | None = None
     start_service: bool = True  # start a service when none answers at the address
-    service_start_timeout: float = 60.0  # seconds to wait for it at vLLM start-up
-    lookup_timeout: float = 0.5  # s: an unanswered "how far does the chain exist" is 0
-    prefetch_timeout: float = 2.0  # s: a load into L2 not done by then is a miss
-    store_timeout: float = 60.0  # s: a store the service has not finished by then failed
+    service_start_timeout_s: float = 60.0  # to wait for it at vLLM start-up
+    lookup_timeout_s: float = 0.5  # an unanswered "how far does the chain exist" is 0
+    prefetch_timeout_s: float = 2.0  # a load into L2 not done by then is a miss
+    store_timeout_s: float = 60.0  # a store the service has not finished by then failed
     min_load_tokens: int = 0  # hits shorter than this are recomputed
     load_async: bool = True  # vLLM's load_kv_async: copy into its blocks between steps
     service_log_level: str = "WARNING"
@@ -52,10 +64,10 @@ class ConnectorConfig:
             "disk_cache_gb",
             "host_cache_gb",
             "page_size",
-            "lookup_timeout",
-            "prefetch_timeout",
-            "store_timeout",
-            "service_start_timeout",
+            "lookup_timeout_s",
+            "prefetch_timeout_s",
+            "store_timeout_s",
+            "service_start_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(
@@ -64,13 +76,13 @@ class ConnectorConfig:
                 )
         if self.min_load_tokens < 0:
             raise ValueError("kv_connector_extra_config.min_load_tokens must be >= 0")
-        if self.remote_ttl is not None and self.remote_ttl <= 0:
-            raise ValueError("kv_connector_extra_config.remote_ttl must be positive seconds")
+        if self.remote_ttl_s is not None and self.remote_ttl_s <= 0:
+            raise ValueError("kv_connector_extra_config.remote_ttl_s must be positive seconds")
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorConfig:
         """Build from `kv_connector_extra_config`; unknown keys raise, naming the known."""
-        extra = dict(extra or {})
+        extra = {OLD_KEYS.get(k, k): v for k, v in (extra or {}).items()}
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(extra) - set(known))
         if unknown:
@@ -89,7 +101,8 @@ class ConnectorConfig:
 
     @property
     def host_cache_bytes(self) -> int:
-        return int(self.host_cache_gb * 1e9)
+        """host_cache_gb in bytes (GiB, as every size flag)."""
+        return int(self.host_cache_gb * GIB)
 
 
 def _coerce(f: dataclasses.Field, value: Any) -> Any:

@@ -20,10 +20,11 @@ Invariants (`check_integrity` makes them executable):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from types import MappingProxyType
+from typing import cast
 
 from asynchicache.cache.ledger import PoolLedger, strict_from_env
 
@@ -51,10 +52,12 @@ class _Slot:
 
 
 class HostIndex:
-    """Slots of one L2 segment: allocation, publication, pins and LRU eviction."""
+    """Slots of one L2 segment: allocation, publication, reader counts and LRU eviction."""
 
     def __init__(self, num_slots: int) -> None:
-        self._ledger = PoolLedger("vLLM L2", num_slots, SlotUse, TRANSITIONS, strict_from_env())
+        # SlotUse is an IntEnum: the ledger reads these transitions as its own states'.
+        transitions = cast(Mapping[IntEnum, frozenset[IntEnum]], TRANSITIONS)
+        self._ledger = PoolLedger("vLLM L2", num_slots, SlotUse, transitions, strict_from_env())
         self._slots = [_Slot() for _ in range(num_slots)]
         self._by_hash: dict[bytes, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # READY slots, oldest first
@@ -84,20 +87,22 @@ class HostIndex:
             out.append(slot)
         return out
 
-    def pin(self, slots: Sequence[int]) -> None:
-        """One more reader on each READY slot (touched suffix-first)."""
+    def add_readers(self, slots: Sequence[int]) -> None:
+        """One more reader on each READY slot (touched suffix-first): a slot with readers is
+        not evicted. (The cache's lock; not an admin pin, which this index has none of.)"""
         for slot in slots:
             if self.use(slot) is not SlotUse.READY:
-                raise ValueError(f"pin of slot {slot} in state {self.use(slot).name}")
+                raise ValueError(f"a reader on slot {slot} in state {self.use(slot).name}")
             self._slots[slot].readers += 1
         self._touch(slots)
 
-    def unpin(self, slots: Sequence[int]) -> None:
+    def drop_readers(self, slots: Sequence[int]) -> None:
+        """One reader less on each slot (`add_readers`' pair)."""
         for slot in slots:
             s = self._slots[slot]
             if self.use(slot) is not SlotUse.READY or s.readers <= 0:
                 use = self.use(slot).name
-                raise ValueError(f"unpin of slot {slot} ({use}, {s.readers} readers)")
+                raise ValueError(f"no reader to drop on slot {slot} ({use}, {s.readers} readers)")
             s.readers -= 1
 
     def allocate(self, n: int) -> list[int] | None:
@@ -153,12 +158,12 @@ class HostIndex:
 
     def counts(self) -> dict[str, int]:
         ready = len(self._lru)
-        pinned = sum(1 for slot in self._lru if self._slots[slot].readers)
+        read = sum(1 for slot in self._lru if self._slots[slot].readers)
         free = self._ledger.num_free
         return {
             "free": free,
             "ready": ready,
-            "pinned": pinned,
+            "read": read,  # READY slots with readers
             "writing": self.num_slots - free - ready,
         }
 

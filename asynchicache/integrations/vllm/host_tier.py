@@ -98,7 +98,7 @@ class HostTier:
     def worker_reports(self, meta: AsynchicacheWorkerMeta) -> list[tuple[Job, bool]]:
         """Copy jobs every rank has reported now, with whether all ranks succeeded.
         Saves are handled here (stored, or freed); loads are returned with their pins
-        still held: the caller unpins them."""
+        still held: the caller drops its readers."""
         reports = [(j, True) for j in meta.loads_done + meta.saves_done]
         reports += [(j, False) for j in meta.loads_failed + meta.saves_failed]
         out = []
@@ -119,7 +119,7 @@ class HostTier:
         if not refs:
             return
         slots = [r.slot for r in refs]
-        self.index.pin(slots)
+        self.index.add_readers(slots)
         self.announce(saved.req_id, refs, MEDIUM_CPU)
         job = self.register(Job(JobKind.STORE, saved.req_id, slots, refs))
         self.link.store(job, refs)
@@ -150,7 +150,7 @@ class HostTier:
             if job.kind is JobKind.PREFETCH:
                 self.index.release(job.slots)
             else:
-                self.index.unpin(job.slots)
+                self.index.drop_readers(job.slots)
         elif event.kind is TicketKind.LOAD:
             return self._prefetched(event.ticket, job, event)
         else:
@@ -162,7 +162,7 @@ class HostTier:
                 self.announce(job.req_id, job.pages, MEDIUM_STORAGE)
             if event.settled:
                 del self.jobs[event.ticket]
-                self.index.unpin(job.slots)
+                self.index.drop_readers(job.slots)
         return None
 
     def _prefetched(self, job_id: int, job: Job, done: Completion) -> Prefetched:

@@ -10,9 +10,9 @@ from asynchicache.storage.base import PageRef
 
 class JobKind(Enum):
     PREFETCH = auto()  # service: L3/L4 -> L2 slots (WRITING until done)
-    COPY_IN = auto()  # worker: L2 slots (pinned) -> vLLM blocks
+    COPY_IN = auto()  # worker: L2 slots (with readers) -> vLLM blocks
     SAVE_COPY = auto()  # worker: vLLM blocks -> L2 slots (WRITING until done)
-    STORE = auto()  # service: L2 slots (pinned) -> L3/L4
+    STORE = auto()  # service: L2 slots (with readers) -> L3/L4
 
 
 @dataclass

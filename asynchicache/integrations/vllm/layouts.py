@@ -330,7 +330,7 @@ class BlockCopier:
         if self.device.type != "cpu":
             return self._load_gathered(pool, slots, ids)
         k = self.pages_per_kernel_block
-        moved, rest_slots, rest_ids = 0, [], []
+        moved, rest_slots, rest_ids = 0, list[int](), list[int]()
         for start, n in _direct_runs(ids.tolist(), slots, k):
             if n:
                 moved += self._load_run(pool, slots[start * k], int(ids[start]), n)

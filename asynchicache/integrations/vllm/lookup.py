@@ -6,7 +6,7 @@ again until it is answered:
     ASKING   the service is asked how far the chain exists beyond L2 (`Exists`)
     LOADING  the existing pages are being read into L2 slots (a `Load` ticket)
     ANSWERED the hit is known: `answer_pages` pages, all verified in L2 and
-             pinned there, so the copy into vLLM's blocks cannot fail
+             held there (readers), so the copy into vLLM's blocks cannot fail
 
 The answer is given only once the pages sit verified in L2: a slow, dead or
 corrupt tier costs a shorter hit (recompute), never a failed request and never
@@ -102,8 +102,8 @@ class Lookup:
     want_pages: int  # pages past `first_page` that could be hit (never the last token)
     started: float
     phase: Phase = Phase.ASKING
-    host_slots: list[int] = field(default_factory=list)  # pinned L2 hits, in chain order
-    loaded_slots: list[int] = field(default_factory=list)  # pinned, read by the prefetch
+    host_slots: list[int] = field(default_factory=list)  # L2 hits held as readers, in chain order
+    loaded_slots: list[int] = field(default_factory=list)  # held as readers, read by the prefetch
     from_remote: int = 0  # of `loaded_slots`, how many came from L4
     load_job: int = 0  # the prefetch (LOADING)
     loading_since: float = 0.0

@@ -103,7 +103,7 @@ class SavePlanner:
             for p in range(progress.next_page, target)
             if p not in progress.held and self.index.slot_of(hashes[p]) is None
         ]
-        jobs = []
+        jobs: list[CopyJob] = []
         for run in _runs(missing):
             slots = self.index.allocate(len(run))
             if slots is None:  # L2 is full of pages in use: again next step

@@ -78,7 +78,7 @@ class SchedulerSide:
         )
         self.pool, self.index, self.link = self.host.pool, self.host.index, self.host.link
         # Start-up may wait for a service we start; one we only connect to answers at once.
-        wait = config.service_start_timeout if config.start_service else 2.0
+        wait = config.service_start_timeout_s if config.start_service else 2.0
         try:
             connected = self.link.wait_connected(wait)
         except ServiceConflict:  # another instance's service, other settings: fail the start
@@ -149,10 +149,10 @@ class SchedulerSide:
             self.link.wait_events(_YIELD_S)
             self._poll()
         now = time.monotonic()
-        if lk.phase is Phase.ASKING and now - lk.started > self.config.lookup_timeout:
+        if lk.phase is Phase.ASKING and now - lk.started > self.config.lookup_timeout_s:
             self.stats.add("lookup_timeouts")
             self._answer(lk)
-        elif lk.phase is Phase.LOADING and now - lk.loading_since > self.config.prefetch_timeout:
+        elif lk.phase is Phase.LOADING and now - lk.loading_since > self.config.prefetch_timeout_s:
             # Give up on it (the slots stay WRITING until the ticket ends) and recompute.
             self.stats.add("prefetch_failures")
             self.link.cancel(lk.load_job)
@@ -176,7 +176,7 @@ class SchedulerSide:
         hashes = chain.extend(tokens)
         self.stats.add("lookups")
         lk.host_slots = self.index.leading(hashes[first_page : first_page + want])
-        self.index.pin(lk.host_slots)
+        self.index.add_readers(lk.host_slots)
         if len(lk.host_slots) == want:
             self._answer(lk)
         elif not self.link.connected:  # no service: what L2 holds, at once
@@ -231,7 +231,7 @@ class SchedulerSide:
             # (corrupt, truncated, gone) is recomputed and must be saved again.
             self.saves.service_holds(lk.req_id, range(lk.next_page, lk.next_page + len(got.ready)))
             lk.loaded_slots = got.ready
-            self.index.pin(lk.loaded_slots)
+            self.index.add_readers(lk.loaded_slots)
             lk.from_remote = min(got.done.pages_from_remote, len(lk.loaded_slots))
             self._answer(lk)
 
@@ -242,7 +242,7 @@ class SchedulerSide:
         if pages * self.page_size < self.config.min_load_tokens:
             pages = 0
         split = lk.split(pages)
-        self.index.unpin(lk.slots[pages:])
+        self.index.drop_readers(lk.slots[pages:])
         lk.host_slots = lk.host_slots[: split.host]
         disk_loaded = len(lk.loaded_slots) - lk.from_remote
         lk.loaded_slots = lk.loaded_slots[: split.disk + split.remote]
@@ -264,7 +264,7 @@ class SchedulerSide:
     def _drop(self, lk: Lookup) -> None:
         """Forget an uncommitted lookup: its pins go; a pending answer is ignored."""
         self._waiting.pop(lk.key, None)
-        self.index.unpin(lk.slots)  # in every phase, exactly the pinned slots
+        self.index.drop_readers(lk.slots)  # in every phase, exactly the slots it reads
         lk.host_slots, lk.loaded_slots, lk.answer_pages = [], [], 0
         lk.phase = Phase.ANSWERED
 
@@ -291,7 +291,7 @@ class SchedulerSide:
         n_blocks = -(-pages // self.pages_per_block)  # the last one may be loaded in part
         block_ids = blocks.get_block_ids()[0][first_block : first_block + n_blocks]
         slots = lk.slots[:pages]
-        self.index.unpin(lk.slots[pages:])
+        self.index.drop_readers(lk.slots[pages:])
         job = self.host.register(Job(JobKind.COPY_IN, request.request_id, slots))
         self._loads.append(CopyJob(job, request.request_id, tuple(block_ids), tuple(slots)))
         lk.committed = True
@@ -342,7 +342,7 @@ class SchedulerSide:
             return
         for job, ok in self.host.worker_reports(meta):  # every rank's copy reported
             if job.kind is JobKind.COPY_IN:
-                self.index.unpin(job.slots)
+                self.index.drop_readers(job.slots)
                 if not ok:  # vLLM recomputes it (or aborts it): no new hit
                     self._load_failed.add(job.req_id)
                     self.stats.add("load_errors")

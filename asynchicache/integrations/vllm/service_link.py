@@ -12,7 +12,7 @@ The thread also keeps a service there: when none has answered for a while and
 it starts another if that one dies, so hits resume after a crash. While no
 service answers, `exists` is 0 and tickets fail at once: vLLM recomputes.
 
-It holds a lease on the service (storage.service_leases) for this process,
+It holds a lease on the service (storage.service.leases) for this process,
 renewed every `_RENEW_S`, released at `close()`: the service lives while any
 vLLM instance using it lives. The lease asks for the settings of the service
 this connector would have started (with `start_service` off: none, it takes
@@ -37,8 +37,8 @@ from asynchicache.config import GIB
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.service_process import service_settings, spawn_service
 from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled
-from asynchicache.storage.client import StorageClient
-from asynchicache.storage.client_config import ClientConfig
+from asynchicache.storage.client.config import ClientConfig
+from asynchicache.storage.client.storage_client import StorageClient
 from asynchicache.storage.messages import LeaseReply, ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ _KEYS = {
     "disk_cache_dir": "disk_cache_dir",
     "disk_cache_bytes": "disk_cache_gb",
     "remote_url": "remote_url",
-    "remote_ttl": "remote_ttl",
+    "remote_ttl": "remote_ttl_s",
 }
 
 
@@ -138,10 +138,10 @@ class ServiceLink:
             namespace=namespace,
             segment=segment,
             layout=layout,
-            # Loads are given up earlier by the scheduler side (prefetch_timeout,
+            # Loads are given up earlier by the scheduler side (prefetch_timeout_s,
             # then cancelled); their slots stay quarantined until the ticket ends.
-            ticket_timeout_s=config.store_timeout,
-            exists_timeout_s=config.lookup_timeout,
+            ticket_timeout_s=config.store_timeout_s,
+            exists_timeout_s=config.lookup_timeout_s,
         )
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue[LinkEvent] = queue.SimpleQueue()

@@ -9,7 +9,7 @@ other child exits at once, and its vLLM connects to the winner). The lock goes
 with the process, so a crashed service frees the address for the next start.
 
 The service belongs to every vLLM instance that uses it, not to the one that
-started it: each holds a lease (storage.service_leases, renewed by its
+started it: each holds a lease (storage.service.leases, renewed by its
 `ServiceLink`), and the service runs `--leased-by` its starter, which holds the
 first lease until it takes its own. When the last lease ends (released by a
 connector's shutdown, or its engine core gone, even after a SIGKILL) the
@@ -31,11 +31,12 @@ import sys
 import time
 from pathlib import Path
 
+from asynchicache.config import CacheConfig, ServiceTuning
 from asynchicache.integrations.vllm.config import ConnectorConfig
-from asynchicache.storage import service, service_cli
 from asynchicache.storage.liveness import pid_alive
 from asynchicache.storage.messages import ServiceSettings
-from asynchicache.storage.service import default_runtime_dir
+from asynchicache.storage.service import cli as service_cli
+from asynchicache.storage.service.config import default_runtime_dir, prepare_address, service_argv
 
 log = logging.getLogger(__name__)
 
@@ -78,21 +79,17 @@ def lock_path(address: str) -> Path:
 
 
 def service_args(config: ConnectorConfig) -> list[str]:
-    """The service's own flags for what the connector was configured with."""
-    args = [
-        "--disk-cache-dir",
-        str(config.disk_cache_dir),
-        "--socket",
-        config.service_address,
-        "--disk-cache-gb",
-        str(config.disk_cache_gb),
-        "--log-level",
-        config.service_log_level,
-    ]
-    if config.remote_url:
-        args += ["--remote-url", config.remote_url]
-    if config.remote_ttl:
-        args += ["--remote-ttl", str(config.remote_ttl)]
+    """The service's own flags for what the connector was configured with: written from
+    the service's flag table (storage.service.config.service_argv), every flag of it."""
+    cache = CacheConfig(
+        disk_cache_dir=config.disk_cache_dir,
+        disk_cache_gb=config.disk_cache_gb,
+        remote_url=config.remote_url,
+        remote_ttl_s=config.remote_ttl_s,
+    )
+    args = ["--disk-cache-dir", str(config.disk_cache_dir), "--socket", config.service_address]
+    args += service_argv(cache, ServiceTuning())
+    args += ["--log-level", config.service_log_level]
     if not config.direct_io:
         args.append("--no-direct-io")
     return args
@@ -106,7 +103,7 @@ def service_settings(config: ConnectorConfig) -> ServiceSettings:
 def spawn_service(config: ConnectorConfig) -> subprocess.Popen:
     """Start a service child for `config` (it exits at once if another holds the lock)."""
     address = config.service_address
-    service.prepare_address(address)
+    prepare_address(address)
     lock = lock_path(address)
     lock.parent.mkdir(parents=True, exist_ok=True)
     cmd = [

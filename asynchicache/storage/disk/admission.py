@@ -1,0 +1,31 @@
+"""L2 -> L3 admission: which pages are worth a disk write (--disk-admit-hits, --disk-admit-tokens).
+
+One rule for both places that write to disk: the engine's store of L2 pages
+(cache.writes: `hits` is the page's hit count, `tokens` its prompt's length up to
+and including it) and the cache service's promotion of pages read from L4
+(storage.service.tiered: a load is one hit, `tokens` the chain's length). Both limits 0
+admits everything; otherwise a page is admitted when it is hot enough or its
+prompt long enough.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DiskAdmission:
+    min_hits: int = 0  # --disk-admit-hits (0: hits do not admit)
+    min_tokens: int = 0  # --disk-admit-tokens (0: length does not admit)
+
+    def __post_init__(self) -> None:
+        if self.min_hits < 0 or self.min_tokens < 0:
+            raise ValueError(
+                f"--disk-admit-hits and --disk-admit-tokens must be >= 0, got "
+                f"{self.min_hits} and {self.min_tokens}"
+            )
+
+    def admits(self, hits: int, tokens: int) -> bool:
+        if self.min_hits == 0 and self.min_tokens == 0:
+            return True
+        return (0 < self.min_hits <= hits) or (0 < self.min_tokens <= tokens)

@@ -1,0 +1,118 @@
+"""One page as a Redis value: the SET framed around the slot, the GET reply checked into it.
+
+    value = header (storage.header, as in disk files) + the page's bytes
+
+A SET goes out as four buffers (RESP framing, header, the slot's memory,
+framing) so the payload is never joined into a new object. A GET reply is
+read header first: only a header that parses and matches (namespace, page
+hash, layout, lengths) lets the payload be received into the L2 slot, and the
+payload's checksum is verified after. A rejected value is consumed from the
+stream in full, so the connection stays usable for the replies after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asynchicache.storage.base import PageLayout
+from asynchicache.storage.header import (
+    HEADER_ALIGN,
+    HeaderError,
+    PageHeader,
+    decode_header,
+    encode_header,
+    payload_checksum,
+    peek_header_len,
+)
+from asynchicache.storage.remote.resp import RespConnection
+
+
+class ValueRejected(Exception):
+    """A stored value that is not a valid page of ours (the reason is the message)."""
+
+
+@dataclass(frozen=True)
+class ValueFormat:
+    """How the pages of one namespace and layout are stored."""
+
+    namespace: bytes
+    layout: PageLayout
+    ttl_s: int | None = None
+
+    def set_command(
+        self,
+        key: bytes,
+        page_hash: bytes,
+        tokens: tuple[int, ...],
+        payload: memoryview,
+        parent: bytes = b"",
+    ) -> list[bytes | memoryview]:
+        """SET key <header + payload> [EX ttl] as buffers around the slot's memory."""
+        header = encode_header(
+            PageHeader(
+                self.namespace,
+                page_hash,
+                tokens,
+                self.layout,
+                self.layout.page_bytes,
+                payload_checksum(payload),
+                parent,
+            )
+        )
+        argc = 3 if self.ttl_s is None else 5
+        value_len = len(header) + len(payload)
+        head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (argc, len(key), key, value_len)
+        tail = b"\r\n"
+        if self.ttl_s is not None:
+            t = str(self.ttl_s).encode()
+            tail += b"$2\r\nEX\r\n$%d\r\n%s\r\n" % (len(t), t)
+        return [head, header, payload, tail]
+
+    def read_page(
+        self, conn: RespConnection, page_hash: bytes, dst: memoryview
+    ) -> PageHeader | None:
+        """Read one GET reply into `dst`: the page's header, or None for a missing key.
+
+        Raises ValueRejected (value consumed), RespError (an error reply) or OSError.
+        """
+        n = conn.read_bulk_len()
+        if n is None:
+            return None
+        header = self._read_header(conn, n)
+        problem = self._problem(header, page_hash, n)
+        if problem is not None:
+            conn.skip(n - header.header_len)
+            conn.end_bulk()
+            raise ValueRejected(problem)
+        conn.read_into(dst)  # [page_bytes] straight into the L2 slot
+        conn.end_bulk()
+        if payload_checksum(dst) != header.payload_checksum:
+            raise ValueRejected("payload checksum mismatch")
+        return header
+
+    def _read_header(self, conn: RespConnection, n: int) -> PageHeader:
+        """The header of an `n`-byte value (longer headers read on); ValueRejected if bad."""
+        head = bytearray(min(n, HEADER_ALIGN))
+        conn.read_into(memoryview(head))
+        taken = len(head)
+        try:
+            header_len = peek_header_len(head)
+            if header_len > n:
+                raise HeaderError(f"header of {header_len} bytes in a {n}-byte value")
+            if header_len > taken:
+                head.extend(bytes(header_len - taken))
+                conn.read_into(memoryview(head)[taken:])
+                taken = header_len
+            return decode_header(head)
+        except HeaderError as exc:
+            conn.skip(n - taken)
+            conn.end_bulk()
+            raise ValueRejected(f"bad header ({exc})") from exc
+
+    def _problem(self, header: PageHeader, page_hash: bytes, n: int) -> str | None:
+        problem = header.mismatch(self.namespace, self.layout, page_hash, "the key")
+        if problem is not None:
+            return problem
+        if n != header.header_len + header.payload_len:
+            return f"value of {n} bytes != header + payload"
+        return None
