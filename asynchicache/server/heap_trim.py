@@ -40,11 +40,6 @@ class HeapTrim:
     def __init__(self) -> None:
         self._trim = _libc_trim()
         self._running = False
-        self.trims = 0
-
-    @property
-    def available(self) -> bool:
-        return self._trim is not None
 
     async def after(self, body_bytes: int) -> None:
         """Trim once a request with a `body_bytes` body is done (no-op for small ones)."""
@@ -53,6 +48,5 @@ class HeapTrim:
         self._running = True
         try:
             await asyncio.to_thread(self._trim)
-            self.trims += 1
         finally:
             self._running = False
