@@ -3,11 +3,13 @@
 strict page ledger; `make_pool` for the tests that build L2 pools; transformers' SmolLM2,
 loaded once for every test that checks the default model against it."""
 
+import importlib.util
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import torch
 from hf_reference import hf_model
 from pools import Pool, pool_factory
 from shm_leftovers import snapshot, wait_no_leftovers
@@ -17,6 +19,15 @@ from asynchicache.cache.ledger import STRICT_ENV
 # An illegal page or slot transition raises in every cache the tests build, in
 # this process and in the servers it starts (production only counts and logs it).
 os.environ.setdefault(STRICT_ENV, "1")
+
+# The models this process runs (in-process engines, transformers' references) compute on
+# one torch thread: the process shares two cores with the servers it starts and, in
+# `make test`, with tests/vllm, and on busy cores torch's second OpenMP thread mostly
+# spins at barriers: an in-process 12-token generate took 5-9 CPU-s on two threads and
+# 0.5-0.6 on one (the servers' engines have their own policy, engine/threads.py).
+# The vLLM venv's pytest (tests/vllm) keeps torch's default: its owner's call.
+if importlib.util.find_spec("vllm.entrypoints") is None:
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", autouse=True)
