@@ -5,12 +5,13 @@ loaded once for every test that checks the default model against it."""
 
 import importlib.util
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import pytest
 import torch
 from hf_reference import hf_model
+from last_user import stop_finished
 from pools import Pool, pool_factory
 from shm_leftovers import snapshot, wait_no_leftovers
 
@@ -36,6 +37,16 @@ def _no_leaked_segments() -> Iterator[None]:
     yield
     leaked = wait_no_leftovers(before, multiprocessing=False)
     assert not leaked, f"shared-memory segments leaked by the test suite: {leaked}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    """After each test's teardown, stop the shared servers it was the last user of
+    (tests/support/last_user.py)."""
+    try:
+        return (yield)
+    finally:
+        stop_finished(item)
 
 
 @pytest.fixture
