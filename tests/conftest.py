@@ -1,12 +1,15 @@
 """Suite-wide fixtures and checks: no shared-memory segment of ours outlives the tests
 (tests/support/shm_leftovers.py; tests/vllm/conftest.py checks vLLM's too); a
 strict page ledger; `make_pool` for the tests that build L2 pools; transformers' SmolLM2,
-loaded once for every test that checks the default model against it."""
+loaded once for every test that checks the default model against it; the default
+model itself (`smollm`) and its frontend (`frontend`), loaded once too."""
+
+from __future__ import annotations
 
 import importlib.util
 import os
 from collections.abc import Callable, Generator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -16,6 +19,10 @@ from pools import Pool, pool_factory
 from shm_leftovers import snapshot, wait_no_leftovers
 
 from asynchicache.cache.ledger import STRICT_ENV
+
+if TYPE_CHECKING:  # imported by the fixtures that need them (this file is loaded by every run)
+    from asynchicache.engine.loader import LoadedModel
+    from asynchicache.server.frontend import Frontend
 
 # An illegal page or slot transition raises in every cache the tests build, in
 # this process and in the servers it starts (production only counts and logs it).
@@ -54,6 +61,23 @@ def make_pool() -> Iterator[Callable[..., Pool]]:
     """`make_pool(slots, layout=SMALL, fill=0, seed=0)`: real shared-memory pools (the first
     `fill` slots random pages), closed after the test."""
     yield from pool_factory()
+
+
+@pytest.fixture(scope="session")
+def frontend() -> Frontend:
+    """The default model's frontend (its tokenizer and config, read from the GGUF: ~2 s),
+    read once for every folder's tests."""
+    from asynchicache.server.frontend import load_frontend
+
+    return load_frontend(None)
+
+
+@pytest.fixture(scope="session")
+def smollm() -> LoadedModel:
+    """The default SmolLM2 model, loaded once (~2.5 CPU-s) for every in-process engine."""
+    from asynchicache.engine.loader import load_model
+
+    return load_model(None)
 
 
 @pytest.fixture(scope="session")
