@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from asynchicache.bench.server_process import BenchServer
 
 CONNECTOR_MODULE = "asynchicache.integrations.vllm"
@@ -149,16 +147,16 @@ class VllmServer(BenchServer):
 
     def _greedy(self, path: str, **fields: Any) -> dict[str, Any]:
         body = {"model": "model", "temperature": 0.0, **fields}
-        resp = httpx.post(self.url + path, json=body, timeout=600)
+        resp = self.http.post(self.url + path, json=body, timeout=600)
         resp.raise_for_status()
         return resp.json()
 
     def reset_prefix_cache(self) -> None:
-        httpx.post(self.url + "/reset_prefix_cache", timeout=60).raise_for_status()
+        self.http.post(self.url + "/reset_prefix_cache", timeout=60).raise_for_status()
 
     def metrics(self) -> dict[str, float]:
         """/metrics as {'name{labels}': value} (labels as printed)."""
-        text = httpx.get(self.url + "/metrics", timeout=60).text
+        text = self.http.get(self.url + "/metrics", timeout=60).text
         out: dict[str, float] = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):

@@ -19,7 +19,10 @@ on Linux, so a benchmark can line the engine's trace up with its own times).
 
 The engine keeps the traces of the last `KEEP` requests; `summary()` (in the
 engine's stats, `/cache/stats` -> `request_traces`) gives the percentiles of
-each phase and the slowest requests' whole traces. Hooks are cheap: a few
+each phase, the slowest requests' whole traces, and `forwards`: every forward
+since start (`ForwardTotals`: their count, seconds and tokens, and the share of
+the time from the first forward's start to the last one's end spent in them),
+which says whether a slow run was an engine at work or one waiting. Hooks are cheap: a few
 clock reads and a pass over the requests in flight per step.
 """
 
@@ -81,6 +84,37 @@ class RequestTrace:
         return out
 
 
+@dataclass
+class ForwardTotals:
+    """Every forward since the engine started: how many, how long, how many tokens."""
+
+    forwards: int = 0
+    forward_s: float = 0.0
+    tokens: int = 0  # new tokens: prompt chunks and decodes
+    first_began: float | None = None
+    last_ended: float = 0.0
+
+    def add(self, began: float, seconds: float, tokens: int) -> None:
+        self.forwards += 1
+        self.forward_s += seconds
+        self.tokens += tokens
+        self.first_began = began if self.first_began is None else self.first_began
+        self.last_ended = max(self.last_ended, began + seconds)
+
+    def report(self) -> dict[str, float]:
+        span = 0.0 if self.first_began is None else self.last_ended - self.first_began
+        return {
+            "forwards": self.forwards,
+            "forward_s": round(self.forward_s, 3),
+            "tokens": self.tokens,
+            "span_s": round(span, 3),
+            "busy_fraction": round(self.forward_s / span, 4) if span > 0 else 0.0,
+            "tokens_per_forward_s": round(self.tokens / self.forward_s, 1)
+            if self.forward_s > 0
+            else 0.0,
+        }
+
+
 class Tracer:
     """Follows the requests in flight through the engine's steps (module docstring)."""
 
@@ -93,6 +127,7 @@ class Tracer:
         # Carried by this step's forward before their first token.
         self._in_step: list[tuple[Request, RequestTrace]] = []
         self._credit: dict[int, float] = {}  # step overhead already counted as load time
+        self.totals = ForwardTotals()
 
     def arrived(self, req: Request) -> None:
         self._open[id(req)] = (req, RequestTrace(req.rid, len(req.prompt), req.arrival))
@@ -131,6 +166,7 @@ class Tracer:
         self._forward_s += seconds
         pairs = list(reqs)
         tokens = sum(n for _, n in pairs)
+        self.totals.add(began, seconds, tokens)
         for req, n in pairs:
             entry = self._open.get(id(req))
             if entry is None or entry[1].first_token is not None:
@@ -173,9 +209,9 @@ class Tracer:
         """Percentiles of every phase over the kept traces, and the slowest ones whole."""
         done = [t for t in self._done if t.ttft_s is not None]
         if not done:
-            return {"requests": 0}
+            return {"requests": 0, "forwards": self.totals.report()}
         phases = ("ttft_s", "queue_s", "load_s", "wait_s", "step_s", "overhead_s", "max_step_s")
-        out: dict[str, Any] = {"requests": len(done)}
+        out: dict[str, Any] = {"requests": len(done), "forwards": self.totals.report()}
         for name in phases:
             values = sorted(getattr(t, name) for t in done)
             out[name] = _percentiles(values)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -39,6 +40,7 @@ from setproctitle import setproctitle
 
 from asynchicache.config import GIB, CacheConfig, LaunchConfig, ServiceTuning
 from asynchicache.engine.kv_events import KvEventsConfig, kv_events_config
+from asynchicache.engine.openmp import openmp_env
 from asynchicache.engine.process import EngineProcessConfig, run_engine
 from asynchicache.server.context import AppContext, ModelInfo
 from asynchicache.server.engine_client import (
@@ -150,7 +152,8 @@ def _engine_spec(
     )
     # A crash within a minute of its start counts toward the crash loop that ends the
     # server: loading the model alone takes a good part of that.
-    return ChildSpec("engine", run_engine, proc_config, restart=True, stable_s=ENGINE_STABLE_S)
+    return ChildSpec("engine", run_engine, proc_config, restart=True, stable_s=ENGINE_STABLE_S,
+                     env=openmp_env(os.environ))  # fmt: skip
 
 
 def _kv_events(config: LaunchConfig) -> KvEventsConfig | None:

@@ -14,13 +14,14 @@ gave up quarantined until the service answers or exits.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import multiprocessing as mp
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
@@ -49,6 +50,21 @@ def _child_main(role: str, parent_pid: int, target: Callable[[Any], None], arg: 
     _die_with_parent(parent_pid)
     setproctitle(f"asynchicache: {role}")
     target(arg)
+
+
+@contextlib.contextmanager
+def _environment(pairs: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    """`pairs` set in os.environ for the block, then put back as they were."""
+    saved = {key: os.environ.get(key) for key, _ in pairs}
+    os.environ.update(pairs)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class Probe(Protocol):
@@ -81,6 +97,9 @@ class ChildSpec:
     probe: Callable[[], Probe] | None = None  # made at every (re)start; None: not pinged
     silent_limit_s: float = 30.0  # alive but silent this long: killed (and restarted)
     startup_limit_s: float = 120.0  # the same, before its first answer (imports, start-up)
+    # Set in the child's environment from its first instruction: what a library reads as
+    # it loads (OpenMP's wait policy, engine/threads.py) cannot be set by the child itself.
+    env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.silent_limit_s <= 0 or self.startup_limit_s <= 0:
@@ -108,7 +127,8 @@ class Child:
             name=f"asynchicache-{self.spec.role}",
             daemon=False,
         )
-        proc.start()
+        with _environment(self.spec.env):  # a spawned child copies os.environ as it starts
+            proc.start()
         self.started_at = time.monotonic()
         self.process = proc
         assert proc.pid is not None

@@ -48,6 +48,11 @@ def test_chunked_prefills_show_their_steps_and_the_wait_of_the_second(engine: En
     assert summary["requests"] == 3
     assert summary["slowest"][0]["ttft_s"] == b.ttft_s
     assert set(summary["ttft_s"]) == {"mean", "p50", "p90", "p99", "max"}
+    # Every forward: the 212 prompt tokens and two decodes of each request (3 tokens each).
+    forwards = summary["forwards"]
+    assert forwards["forwards"] == engine.steps and forwards["tokens"] == 212 + 3 * 2
+    assert 0 < forwards["forward_s"] <= forwards["span_s"]
+    assert 0 < forwards["busy_fraction"] <= 1 and forwards["tokens_per_forward_s"] > 0
 
 
 def test_an_l2_hit_shows_its_load(engine: Engine) -> None:

@@ -100,11 +100,9 @@ def test_a_chunked_body_is_cut_off_at_the_limit(http: httpx.Client) -> None:
     assert r.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_huge_prompts_are_refused_without_stalling_health(
-    http: httpx.Client, server: LiveServer
-) -> None:
-    max_len = http.get("/v1/models").json()["data"][0]["max_model_len"]
-    with HealthProbe(server.url) as probe:
+def _huge_prompts_probed(http: httpx.Client, url: str, max_len: int) -> tuple[float, list[float]]:
+    """The three refusals under a /health probe: the 8 MiB one's seconds, the latencies."""
+    with HealthProbe(url) as probe:
         t = time.monotonic()
         r = _completion(http, "word " * ((LIMIT - 4096) // 5))  # ~8 MiB of text
         huge_s = time.monotonic() - t
@@ -114,11 +112,27 @@ def test_huge_prompts_are_refused_without_stalling_health(
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
         r = _completion(http, [1] * (max_len + 1))
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-    assert huge_s < 2.0, f"an 8 MiB prompt took {huge_s:.1f}s to refuse"
     assert len(probe.latencies) >= 10
-    assert max(probe.latencies) < HEALTH_MS, (
-        f"/health took up to {max(probe.latencies):.0f} ms "
-        f"(median {statistics.median(probe.latencies):.0f} ms)"
+    return huge_s, probe.latencies
+
+
+def test_huge_prompts_are_refused_without_stalling_health(
+    http: httpx.Client, server: LiveServer
+) -> None:
+    """A stall (the event loop tokenizing or parsing) is there every time; a busy machine's
+    scheduling delay (CI runs tests/vllm beside this suite) now and then: so up to three
+    tries, and the bound must hold in one of them."""
+    max_len = http.get("/v1/models").json()["data"][0]["max_model_len"]
+    tries = []
+    for _ in range(3):
+        huge_s, latencies = _huge_prompts_probed(http, server.url, max_len)
+        assert huge_s < 2.0, f"an 8 MiB prompt took {huge_s:.1f}s to refuse"
+        tries.append((max(latencies), statistics.median(latencies)))
+        if max(latencies) < HEALTH_MS:
+            return
+    raise AssertionError(
+        "/health slowest and median answers (ms) in each try: "
+        + ", ".join(f"{worst:.0f} / {mid:.0f}" for worst, mid in tries)
     )
 
 

@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 from processes import pid_alive
-from supervised_targets import ignore_sigterm, sleep_forever
+from supervised_targets import ignore_sigterm, sleep_forever, sleep_with_env
 
+from asynchicache.engine.openmp import OPENMP_WAIT, openmp_env
 from asynchicache.server.supervisor import ChildSpec, Supervisor
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
@@ -95,3 +96,24 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
         assert _wait_dead(child), "the child outlived its SIGKILLed parent"
     finally:
         parent.kill()
+
+
+def test_a_childs_env_is_set_from_its_start_and_the_parents_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    """OpenMP reads its wait policy as it loads: the engine child gets it in its environment
+    at spawn (engine/openmp.py), and the launcher's own environment does not change."""
+    pid_file = tmp_path / "pids"
+    before = os.environ.get("OMP_WAIT_POLICY")
+    sup = Supervisor()
+    sup.start(ChildSpec("engine", sleep_with_env, pid_file, env=openmp_env({})))
+    _pids(pid_file, 1)
+    assert pid_file.with_suffix(".env").read_text() == dict(OPENMP_WAIT)["OMP_WAIT_POLICY"]
+    assert os.environ.get("OMP_WAIT_POLICY") == before
+    sup.stop_all(timeout_s=5)
+
+
+def test_an_operators_openmp_setting_is_kept() -> None:
+    assert openmp_env({}) == OPENMP_WAIT
+    assert openmp_env({"OMP_WAIT_POLICY": "ACTIVE"}) == ()
+    assert openmp_env({"GOMP_SPINCOUNT": "1000"}) == ()

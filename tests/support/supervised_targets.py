@@ -21,6 +21,12 @@ def sleep_forever(pid_file: Path) -> None:
         time.sleep(0.1)
 
 
+def sleep_with_env(pid_file: Path) -> None:
+    """`sleep_forever`, after writing this process's OMP_WAIT_POLICY next to `pid_file`."""
+    pid_file.with_suffix(".env").write_text(os.environ.get("OMP_WAIT_POLICY", "<unset>"))
+    sleep_forever(pid_file)
+
+
 def ignore_sigterm(pid_file: Path) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sleep_forever(pid_file)

@@ -5,9 +5,10 @@ Restart: the session's vLLM `b` (tiny_pair.py) serves a ~1,500-token chat prompt
 then it stops, its cache service with it, and a new vLLM process with the same
 flags and folder, whose connector starts a new service that rebuilds its index
 from the folder, must serve the prompt mostly from disk, with the same text.
-Answers matter on SmolLM2, started beside the new `b` (at most two vLLM servers
-at once): it must still say Paris, and say it again when the prompt's pages come
-back from L2 into its own KV layout.
+The new `b` stays the session's `b` (test_shared_service.py starts a second
+instance beside it: one vLLM start fewer). Answers matter on SmolLM2, started
+beside the new `b` (at most two vLLM servers at once): it must still say Paris,
+and say it again when the prompt's pages come back from L2 into its own KV layout.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def test_paris_then_restart_serves_a_long_prompt_from_disk(
     tiny_pair.stop()  # `a` and `b`, and their services
     # A new vLLM process; its connector finds no service (the first one's stopped
     # with it) and starts a new one over the same folder, which rebuilds its index.
-    second = server(tiny_pair.flags("b"), tmp_path / "second.log")
+    # The pair keeps it running after this test.
+    second = tiny_pair.new("b")
     smol = server(_flags(smollm_hf, tmp_path / "kv"), tmp_path / "smollm.log")
     try:
         start_all([second, smol])
@@ -88,5 +90,4 @@ def test_paris_then_restart_serves_a_long_prompt_from_disk(
         loaded = hit_after(second, "disk", disk, 1)
         assert loaded >= 0.9 * prompt_tokens, (loaded, prompt_tokens)
     finally:
-        for s in (second, smol):
-            s.stop()
+        smol.stop()

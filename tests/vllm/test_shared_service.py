@@ -1,11 +1,13 @@
 """Two vLLM instances with our connector share one disk folder and one cache service.
 
-`first` (the one whose engine core started the service) computes prompts;
-`second` (which never saw them) is served them from disk
-through the shared service before, during and after `first` stops on SIGINT (a
-Ctrl-C), with the same service process throughout: no gap, no respawn. Then
-`second` stops on SIGTERM, the last lease ends and the service exits; neither
-leaves a segment in /dev/shm (ours, nor multiprocessing's psm_* / sem.mp-*).
+`first` is the session's `b` (tiny_pair.py; after test_restart.py, the process it
+restarted), whose engine core started the service; `second`, a new process with
+the same flags, joins that service. `second` (which never saw `first`'s prompts)
+is served them from disk through the shared service before, during and after
+`first` stops on SIGINT (a Ctrl-C), with the same service process throughout: no
+gap, no respawn. Then `second` stops on SIGTERM, the last lease ends and the
+service exits; neither leaves a segment in /dev/shm (ours, nor multiprocessing's
+psm_* / sem.mp-*).
 """
 
 from __future__ import annotations
@@ -17,20 +19,18 @@ from pathlib import Path
 
 import pytest
 from processes import children_of, pid_alive
-from shm_leftovers import snapshot, wait_no_leftovers
+from shm_leftovers import wait_no_leftovers
 from tiny_pair import TinyPair
 from vllm_helpers import (
-    CONNECTOR,
     hit_after,
     hits,
     prompt,
     server,
-    start_all,
     stored_since,
     wait_for,
 )
 
-from asynchicache.bench.vllm_process import VllmFlags, VllmServer
+from asynchicache.bench.vllm_process import VllmServer
 from asynchicache.integrations.vllm.service_process import (
     service_holder,
     service_pid,
@@ -43,17 +43,6 @@ pytestmark = pytest.mark.timeout(900)
 N = 300  # prompt tokens: 18 full pages of 16 are loaded (vLLM computes the last token)
 PAGES = (N - 1) // 16
 PROMPTS = 4
-
-
-def _flags(model: Path, root: Path) -> VllmFlags:
-    extra = {
-        "disk_cache_dir": str(root / "kv"),
-        "cache_service": f"ipc://{root}/run/cache.sock",
-        "host_cache_gb": 4_000_000 / 2**30,
-        "lookup_timeout_s": 5.0,
-        "prefetch_timeout_s": 30.0,
-    }
-    return VllmFlags(model, kv_cache_bytes=32 << 20, connector=CONNECTOR, extra_config=extra)
 
 
 def _engine_pids(s: VllmServer) -> list[int]:
@@ -71,20 +60,19 @@ def _disk_hit(s: VllmServer, tokens: list[int], want: str) -> None:
 
 @pytest.mark.slow
 def test_the_second_instance_keeps_its_disk_hits_while_the_first_stops(
-    tiny_pair: TinyPair, tiny_hf: Path, tmp_path: Path
+    tiny_pair: TinyPair, tmp_path: Path
 ) -> None:
-    tiny_pair.stop()  # at most two vLLM servers at once
-    before = snapshot()
-    flags = _flags(tiny_hf, tmp_path)
-    address = flags.extra_config["cache_service"]
-    made = [server(flags, tmp_path / f"{n}.log") for n in ("x", "y")]
+    tiny_pair.stop("a")  # at most two vLLM servers at once
+    first = tiny_pair.server("b")
+    before = tiny_pair.shm_before["b"]  # what either leaves is new since `first` started
+    address = tiny_pair.socket("b")
+    second = server(tiny_pair.flags("b"), tmp_path / "second.log")
     try:
-        start_all(made)  # side by side; one of them started the service
+        second.start()  # it joins `first`'s service
         holder = service_holder(address)
         assert holder is not None and pid_alive(holder[0])
         service, starter = holder
-        [first] = [s for s in made if starter in _engine_pids(s)]
-        [second] = [s for s in made if s is not first]
+        assert starter in _engine_pids(first)
         prompts = [prompt(7000 + i, N) for i in range(PROMPTS)]
         base = stored_since(first, 0.0)
         texts = [first.complete(p)["choices"][0]["text"] for p in prompts]
@@ -105,5 +93,5 @@ def test_the_second_instance_keeps_its_disk_hits_while_the_first_stops(
         assert not pid_alive(service)
         assert wait_no_leftovers(before) == []
     finally:
-        for s in made:
+        for s in (first, second):
             s.stop()

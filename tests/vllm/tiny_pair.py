@@ -3,9 +3,12 @@
 `a` and `b` each have their own disk folder and cache service, as two machines
 would be, and one Redis between them. L2 is kept small (244 pages) so that a
 few other prompts push a prompt out of it. A vLLM start is the expensive part
-of these tests (~30 CPU-seconds): test_connector.py runs all its tests on one
-pair, and test_restart.py takes `b` as the vLLM it restarts. Tests keep apart
-by their prompts (their own seeds) and salts.
+of these tests (~30 CPU-seconds: three processes import vLLM and torch), so
+`b` goes on from test to test: test_connector.py runs all its tests on the
+pair; test_restart.py stops it and starts a new `b` process over the same
+folder (`new`), which test_shared_service.py then takes as the first of two
+instances on one service. Tests keep apart by their prompts (their own seeds)
+and salts.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from redis_server import RedisServer
+from shm_leftovers import snapshot
 from vllm_helpers import CONNECTOR, server, start_all
 
 from asynchicache.bench.vllm_process import VllmFlags, VllmServer
+
+NAMES = ("a", "b")
 
 
 @dataclass
@@ -27,7 +33,9 @@ class TinyPair:
     model: Path
     root: Path
     redis: RedisServer
-    running: tuple[VllmServer, VllmServer] | None = field(default=None, init=False)
+    running: dict[str, VllmServer] = field(default_factory=dict, init=False)
+    # /dev/shm as it was before each one's process was made: what it leaves is new
+    shm_before: dict[str, set[str]] = field(default_factory=dict, init=False)
     starts: int = field(default=0, init=False)
 
     def flags(self, name: str) -> VllmFlags:
@@ -51,23 +59,43 @@ class TinyPair:
         return f"ipc://{self.root / name / 'run' / 'cache.sock'}"
 
     def servers(self) -> tuple[VllmServer, VllmServer]:
-        """`a` and `b`, started side by side if they are not running."""
-        if self.running is None:
-            self.starts += 1
-            made = tuple(
-                server(self.flags(n), self.root / f"{n}-{self.starts}.log") for n in ("a", "b")
-            )
+        """`a` and `b`, started side by side where they do not run."""
+        missing = [n for n in NAMES if not self.runs(n)]
+        if missing:
             try:
-                start_all(made)
+                start_all([self.new(n) for n in missing])
             except BaseException:
-                for s in made:
-                    s.stop()
+                self.stop(*missing)
                 raise
-            self.running = (made[0], made[1])
-        return self.running
+        return self.running["a"], self.running["b"]
 
-    def stop(self) -> None:
-        if self.running is not None:
-            for s in self.running:
+    def server(self, name: str) -> VllmServer:
+        """`name` alone, started if it does not run."""
+        if not self.runs(name):
+            try:
+                self.new(name).start()
+            except BaseException:
+                self.stop(name)
+                raise
+        return self.running[name]
+
+    def new(self, name: str) -> VllmServer:
+        """A new vLLM process for `name` (its flags, its folder), not started yet, in place
+        of the one before (stopped first). The pair stops it with the others."""
+        self.stop(name)
+        self.starts += 1
+        self.shm_before[name] = snapshot()
+        made = server(self.flags(name), self.root / f"{name}-{self.starts}.log")
+        self.running[name] = made
+        return made
+
+    def runs(self, name: str) -> bool:
+        s = self.running.get(name)
+        return s is not None and s.proc is not None and s.proc.poll() is None
+
+    def stop(self, *names: str) -> None:
+        """Stop `names` (every one when none is named)."""
+        for name in names or tuple(self.running):
+            s = self.running.pop(name, None)
+            if s is not None:
                 s.stop()
-            self.running = None

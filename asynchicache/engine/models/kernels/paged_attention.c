@@ -76,6 +76,15 @@ static inline v16 qs_vec(const float *row, int32_t c) { return *(const v16 *)(ro
 
 static inline v16 vmax(v16 a, v16 b) { return vselect(a > b, a, b); }
 
+/* Whether any lane of a comparison's mask is set (an OR tree of shuffles). */
+static inline int any_lane(i16 v) {
+    v |= __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v |= __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v |= __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    v |= __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return v[0] != 0;
+}
+
 /* Horizontal max and sum as trees of shuffles (a serial chain of 16 would cost more
  * than the 16 scores it reduces). */
 static inline float hmax(v16 v) {
@@ -126,6 +135,17 @@ static inline __attribute__((always_inline)) int softmax_chunk(
         i16 valid = (lane < (int32_t)nk) & (key <= pos);
         if (window > 0) valid &= key > (int32_t)(pos - window);
         v16 sj = vselect(valid, s[q], vsplat(-FLT_MAX));
+        if (m[j] > -FLT_MAX && !any_lane(sj > m[j])) {
+            /* No score above the running max (most chunks once a row has seen a few): the
+             * max stays, the correction is exp(0) = 1, so skip the horizontal max, the
+             * scalar exp and the rescale, whose latency chain dominated the chunk. The
+             * same numbers as the general path below, bit for bit. */
+            v16 pj = vselect(valid, vexp(sj - m[j]), vsplat(0.0f));
+            l[j] += hsum(pj);
+            vstore(p[q], pj);
+            any = 1;
+            continue;
+        }
         const float cmax = hmax(sj);
         if (cmax == -FLT_MAX) { /* all outside the window */
             memset(p[q], 0, sizeof(p[q]));
