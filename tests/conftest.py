@@ -1,22 +1,41 @@
 """Suite-wide fixtures and checks: no shared-memory segment of ours outlives the tests
 (tests/support/shm_leftovers.py; tests/vllm/conftest.py checks vLLM's too); a
 strict page ledger; `make_pool` for the tests that build L2 pools; transformers' SmolLM2,
-loaded once for every test that checks the default model against it."""
+loaded once for every test that checks the default model against it; the default
+model itself (`smollm`) and its frontend (`frontend`), loaded once too."""
 
+from __future__ import annotations
+
+import importlib.util
 import os
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import torch
 from hf_reference import hf_model
+from last_user import stop_finished
 from pools import Pool, pool_factory
 from shm_leftovers import snapshot, wait_no_leftovers
 
 from asynchicache.cache.ledger import STRICT_ENV
 
+if TYPE_CHECKING:  # imported by the fixtures that need them (this file is loaded by every run)
+    from asynchicache.engine.loader import LoadedModel
+    from asynchicache.server.frontend import Frontend
+
 # An illegal page or slot transition raises in every cache the tests build, in
 # this process and in the servers it starts (production only counts and logs it).
 os.environ.setdefault(STRICT_ENV, "1")
+
+# The models this process runs (in-process engines, transformers' references) compute on
+# one torch thread: the process shares two cores with the servers it starts and, in
+# `make test`, with tests/vllm, and on busy cores torch's second OpenMP thread mostly
+# spins at barriers: an in-process 12-token generate took 5-9 CPU-s on two threads and
+# 0.5-0.6 on one (the servers' engines have their own policy, engine/threads.py).
+# The vLLM venv's pytest (tests/vllm) keeps torch's default: its owner's call.
+if importlib.util.find_spec("vllm.entrypoints") is None:
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -27,11 +46,38 @@ def _no_leaked_segments() -> Iterator[None]:
     assert not leaked, f"shared-memory segments leaked by the test suite: {leaked}"
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    """After each test's teardown, stop the shared servers it was the last user of
+    (tests/support/last_user.py)."""
+    try:
+        return (yield)
+    finally:
+        stop_finished(item)
+
+
 @pytest.fixture
 def make_pool() -> Iterator[Callable[..., Pool]]:
     """`make_pool(slots, layout=SMALL, fill=0, seed=0)`: real shared-memory pools (the first
     `fill` slots random pages), closed after the test."""
     yield from pool_factory()
+
+
+@pytest.fixture(scope="session")
+def frontend() -> Frontend:
+    """The default model's frontend (its tokenizer and config, read from the GGUF: ~2 s),
+    read once for every folder's tests."""
+    from asynchicache.server.frontend import load_frontend
+
+    return load_frontend(None)
+
+
+@pytest.fixture(scope="session")
+def smollm() -> LoadedModel:
+    """The default SmolLM2 model, loaded once (~2.5 CPU-s) for every in-process engine."""
+    from asynchicache.engine.loader import load_model
+
+    return load_model(None)
 
 
 @pytest.fixture(scope="session")

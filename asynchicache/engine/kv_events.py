@@ -30,10 +30,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import zmq
 
-from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.config import LaunchConfig
 from asynchicache.engine.kv_event_access import (
     CurveGuard,
@@ -50,8 +50,11 @@ from asynchicache.engine.kv_event_privacy import PublicChains
 from asynchicache.engine.kv_replay import ReplayLimits, ReplayServer
 from asynchicache.engine.storage_mirror import StorageMirror
 from asynchicache.storage.admin_messages import ContentsReply
-from asynchicache.storage.client.storage_client import StorageClient
 from asynchicache.tiers import STORAGE_TIERS, AllBlocksCleared, BlockStored, TierEvent
+
+if TYPE_CHECKING:  # the launcher imports this module for its config: no torch there
+    from asynchicache.cache.hierarchy import HiRadixCache
+    from asynchicache.storage.client.storage_client import StorageClient
 
 log = logging.getLogger(__name__)
 

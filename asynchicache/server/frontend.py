@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from asynchicache.engine.loader import DTYPES, default_model_path
+from asynchicache.engine.default_model import default_model_path
 from asynchicache.engine.models.config import ModelConfig
 from asynchicache.engine.models.gguf import GGUFFile
 from asynchicache.engine.models.registry import get_architecture
@@ -43,6 +43,8 @@ class Frontend:
 
     def kv_bytes_per_token(self, dtype: str) -> int:
         """Bytes of K and V per token over all layers (sizes the host tier from a token count)."""
+        from asynchicache.engine.loader import DTYPES  # torch: only when sizing by tokens
+
         c = self.config
         itemsize = DTYPES[dtype].itemsize
         return c.num_layers * 2 * c.num_kv_heads * c.head_dim * itemsize

@@ -8,13 +8,14 @@ from collections.abc import Iterator
 import pytest
 from bench_helpers import ScriptedServer
 
-from asynchicache.bench.prompts import load_tokenizer
 from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.server.frontend import Frontend
 
 
 @pytest.fixture(scope="session")
-def tokenizer() -> Tokenizer:
-    return load_tokenizer(None)
+def tokenizer(frontend: Frontend) -> Tokenizer:
+    """The default model's (`load_tokenizer(None)`'s), from the suite's one frontend."""
+    return frontend.tokenizer
 
 
 @pytest.fixture

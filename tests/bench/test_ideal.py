@@ -11,7 +11,7 @@ from asynchicache.bench.results import RequestResult
 from asynchicache.bench.workloads import make_workload
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel, load_model
+from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.tokenizer import Tokenizer
 
@@ -121,11 +121,6 @@ def test_generated_tokens_extend_what_may_hit() -> None:
     assert replay([first, [*first, *range(50, 61)]], P, decode_tokens=3).hit_tokens == 12
     with pytest.raises(ValueError):
         replay([A], P, decode_tokens=-1)
-
-
-@pytest.fixture(scope="module")
-def smollm() -> LoadedModel:
-    return load_model(None)
 
 
 def test_the_ideal_bounds_a_real_engine_and_is_reached_when_answers_repeat(

@@ -113,11 +113,6 @@ def tiny_checkpoints(
 
 
 @pytest.fixture(scope="session")
-def smollm() -> LoadedModel:
-    return load_model(None)
-
-
-@pytest.fixture(scope="session")
 def tiny_llama(tiny_checkpoints: dict[str, Path]) -> LoadedModel:
     return load_model(tiny_checkpoints["llama3-rope-tied"])
 

@@ -8,14 +8,15 @@ from collections.abc import Iterator
 import pytest
 from fault_helpers import Matrix, knob
 from live_server import LiveServer
-from traffic import make_prompts, references, tokenizer
+from traffic import make_prompts, references
 
 from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.server.frontend import Frontend
 
 
 @pytest.fixture(scope="session")
-def tok() -> Tokenizer:
-    return tokenizer()
+def tok(frontend: Frontend) -> Tokenizer:
+    return frontend.tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -8,17 +8,23 @@ with (`first_pids`).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+from last_user import stop_after_last_user
 from live_server import LiveServer
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    """Stopped after the last fuzz test that uses it (an idle server costs CPU)."""
     root = tmp_path_factory.mktemp("fuzz")
     srv = LiveServer(None, root / "server.log", "--max-model-len", "48").start()
     srv.first_pids = srv.pids()  # type: ignore[attr-defined]
+    stop_after_last_user(request, Path(__file__).parent, srv.shutdown)
     try:
         yield srv
     finally:

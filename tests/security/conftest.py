@@ -1,6 +1,6 @@
 """One live `asynchicache serve --api-key KEY --admin-api-key ADMIN_KEY` with a disk tier,
-shared by the security tests that need a real server (started on first use, stopped at
-the end of the session); its keys are in keyed_server.py."""
+shared by the security tests that need a real server (started on first use, stopped after
+its last user); its keys are in keyed_server.py."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from keyed_server import ADMIN_KEY, KEY
+from last_user import stop_after_last_user
 from live_server import LiveServer
 
 
@@ -18,9 +19,11 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def server(root: Path) -> Iterator[LiveServer]:
+def server(request: pytest.FixtureRequest, root: Path) -> Iterator[LiveServer]:
+    """Stopped after the last security test that uses it (an idle server costs CPU)."""
     srv = LiveServer(root / "kv", root / "server.log", "--admin-api-key", ADMIN_KEY,
                      api_key=KEY).start()  # fmt: skip
+    stop_after_last_user(request, Path(__file__).parent, srv.shutdown)
     try:
         yield srv
     finally:

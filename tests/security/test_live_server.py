@@ -23,17 +23,18 @@ import pytest
 from fastapi.routing import APIRoute
 from keyed_server import ADMIN_KEY, KEY, auth
 from live_server import LiveServer
-from traffic import Prompt, complete, make_prompts, tokenizer
+from traffic import Prompt, complete, make_prompts
 
 from asynchicache.bench.procwatch import descendants
 from asynchicache.server.api import ADMIN_PATHS, PUBLIC_PATHS, create_app
+from asynchicache.server.frontend import Frontend
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def prompt() -> Prompt:
-    return make_prompts(tokenizer(), "t", 1, lines=20)[0]
+def prompt(frontend: Frontend) -> Prompt:
+    return make_prompts(frontend.tokenizer, "t", 1, lines=20)[0]
 
 
 def _routes() -> list[tuple[str, str]]:
@@ -160,8 +161,8 @@ def _lookup(server: LiveServer, prompt: Prompt, salt: str | None) -> int:
     return sum(r.json()["cached_tokens_by_tier"].values())
 
 
-def test_cache_salt_isolates_tenants(server: LiveServer) -> None:
-    secret = make_prompts(tokenizer(), "tenant", 1, lines=20)[0]
+def test_cache_salt_isolates_tenants(server: LiveServer, frontend: Frontend) -> None:
+    secret = make_prompts(frontend.tokenizer, "tenant", 1, lines=20)[0]
     full = (len(secret.ids) - 1) // 16 * 16  # what a repeat can take from the cache
     assert _cached(server, secret, "tenant-a") == 0
     assert _cached(server, secret, "tenant-a") >= full - 16  # A hits its own prefix

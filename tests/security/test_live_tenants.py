@@ -20,7 +20,9 @@ import httpx
 import pytest
 from keyed_server import ADMIN_KEY, KEY, auth
 from live_server import LiveServer
-from traffic import make_prompts, tokenizer
+from traffic import make_prompts
+
+from asynchicache.server.frontend import Frontend
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -28,8 +30,8 @@ SALT = "tenant-" + secrets.token_hex(8)
 
 
 @pytest.fixture(scope="module")
-def secret_prompt() -> list[int]:
-    return list(make_prompts(tokenizer(), "secret", 1, lines=12)[0].ids)
+def secret_prompt(frontend: Frontend) -> list[int]:
+    return list(make_prompts(frontend.tokenizer, "secret", 1, lines=12)[0].ids)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Fixtures for the HTTP layer: the real tokenizer, a fake engine process, a live server."""
+"""Fixtures for the HTTP layer: a fake engine process, a live server (the real tokenizer:
+`frontend`, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,9 @@ from pathlib import Path
 import pytest
 from server_helpers import API_KEY, ThreadServer
 
-from asynchicache.server.frontend import Frontend, load_frontend
+from asynchicache.server.frontend import Frontend
 
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="session")
-def frontend() -> Frontend:
-    return load_frontend(None)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import openai
 from settling import at_most
 
 from asynchicache.engine.tokenizer import Tokenizer
-from asynchicache.server.frontend import load_frontend
 
 MAX_TOKENS = 6
 PAGE_SIZE = 16
@@ -36,10 +35,6 @@ class Prompt:
     def pages(self) -> list[tuple[int, ...]]:
         n = len(self.ids) // PAGE_SIZE
         return [self.ids[i * PAGE_SIZE : (i + 1) * PAGE_SIZE] for i in range(n)]
-
-
-def tokenizer() -> Tokenizer:
-    return load_frontend(None).tokenizer
 
 
 def make_prompts(tok: Tokenizer, tag: str, n: int, lines: int = 14) -> list[Prompt]:

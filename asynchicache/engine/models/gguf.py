@@ -11,17 +11,19 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from asynchicache.engine.models.config import ModelConfig, RopeConfig, RopeType, eos_ids_from
 from asynchicache.engine.models.registry import Architecture, get_architecture
 from asynchicache.engine.tokenizer import GGUFVocab
+
+if TYPE_CHECKING:  # the HTTP process reads the vocabulary and config without torch
+    import torch
 
 # GGUF tensor name (after "blk.N.") -> Hugging Face name (after "model.layers.N.").
 _LAYER_TENSORS = {
@@ -162,6 +164,8 @@ class GGUFFile:
 
     def hf_tensors(self, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
         """(Hugging Face name, float32 tensor) for every weight, dequantized one at a time."""
+        import torch
+
         for tensor in self.reader.tensors:
             name = _hf_name(tensor.name)
             if name is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asynchicache.engine.models.config import (
     ModelConfig,
@@ -19,7 +19,9 @@ from asynchicache.engine.models.config import (
     rope_from_hf,
     sliding_windows_from_hf,
 )
-from asynchicache.engine.models.llama import LlamaForCausalLM
+
+if TYPE_CHECKING:  # torch: the HTTP process reads configs here without it
+    from asynchicache.engine.models.llama import LlamaForCausalLM
 
 
 class BiasRule(Enum):
@@ -37,7 +39,13 @@ class Architecture:
     qk_norm: bool = False
     # llama.cpp stores Llama's Q/K rows interleaved for its rotary kernel.
     gguf_permute_qk: bool = False
-    model_class: type[LlamaForCausalLM] = LlamaForCausalLM
+
+    @property
+    def model_class(self) -> type[LlamaForCausalLM]:
+        """The module that runs it (every entry is a Llama-family decoder)."""
+        from asynchicache.engine.models.llama import LlamaForCausalLM
+
+        return LlamaForCausalLM
 
     def model_config(self, cfg: dict[str, Any]) -> ModelConfig:
         """A ModelConfig from a Hugging Face config.json dict."""
