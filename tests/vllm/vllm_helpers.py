@@ -74,8 +74,15 @@ def stored_since(s: VllmServer, before: float) -> float:
 
 
 def hit_after(s: VllmServer, tier: str, before: float, at_least: float) -> float:
-    """Wait until `tier`'s hit counter grew by `at_least`; returns the growth."""
-    wait_for(lambda: hits(s, tier) - before >= at_least, what=f"{at_least} {tier} hit tokens")
+    """Wait until `tier`'s hit counter grew by `at_least`; returns the growth. Like
+    `stored_since`, each look makes vLLM step first (a tiny request: shorter than a page,
+    so it hits nothing): a load's stats reach /metrics only with a later step."""
+
+    def grown() -> float:
+        s.complete([1, 2, 3], max_tokens=1)
+        return hits(s, tier) - before
+
+    wait_for(lambda: grown() >= at_least, what=f"{at_least} {tier} hit tokens")
     return hits(s, tier) - before
 
 
