@@ -16,10 +16,7 @@ vllm_suite() {
     tail -n 40 "$install_log"
     return 1
   fi
-  # vLLM without a connector runs in the pytest process (tests/vllm/inproc_vllm.py): its
-  # OpenMP threads must sleep between regions, not spin on the cores the main suite needs
-  # (asynchicache/engine/openmp.py); the runtime reads this as torch loads.
-  OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} .venv-vllm/bin/python -m pytest -q --durations=10 tests/vllm
+  .venv-vllm/bin/python -m pytest -q --durations=10 tests/vllm
 }
 
 bash scripts/ensure-services.sh || exit

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from tiny_pair import TinyPair
-from vllm_helpers import CONNECTOR, hit_after, hits, prompt, server, text_of
+from vllm_helpers import CONNECTOR, hit_after, hits, prompt, text_of
 
-from asynchicache.bench.vllm_process import VllmFlags
+from asynchicache.bench.vllm_process import VllmFlags, VllmServer
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
 
@@ -49,7 +49,7 @@ def test_two_ranks_save_and_load_their_own_heads(
         extra=("--tensor-parallel-size", "2"),
     )
     bind = f"{cores[0]}|{cores[1]}"
-    s = server(flags, tmp_path / "vllm.log", env={"VLLM_CPU_OMP_THREADS_BIND": bind})
+    s = VllmServer(flags, tmp_path / "vllm.log", env={"VLLM_CPU_OMP_THREADS_BIND": bind})
     shm_before = set(SHM.iterdir())
     try:
         s.start()

@@ -7,13 +7,12 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from asynchicache.bench.vllm_process import VllmFlags, VllmServer, metric_sum
-from asynchicache.engine.openmp import openmp_env
 from asynchicache.integrations.vllm.service_process import service_pid
 
 # The remote-tier tests' redis-server wrapper (one definition of it for the suite).
@@ -29,12 +28,8 @@ def start_all(servers: Sequence[VllmServer]) -> None:
             future.result()
 
 
-def server(flags: VllmFlags, log: Path, env: Mapping[str, str] | None = None) -> VllmServer:
-    """A vLLM server whose OpenMP threads sleep between parallel regions instead of
-    spinning (engine/openmp.py: on two cores shared with the main suite, spinning
-    threads burn the CPU the other processes wait for; these tests time nothing)."""
-    wait = dict(openmp_env(os.environ))
-    return VllmServer(flags, log, python=sys.executable, env={**wait, **(env or {})})
+def server(flags: VllmFlags, log: Path) -> VllmServer:
+    return VllmServer(flags, log, python=sys.executable)
 
 
 def prompt(seed: int, n: int) -> list[int]:
