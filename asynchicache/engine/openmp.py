@@ -12,7 +12,8 @@ every other at the region's closing barrier. Measured in one process, one
 512-token chunk over 512 cached tokens, best of 6, other processes' load ~4
 on 2 cores: 2 threads took 1.9-3.0 s with the default spinning (1 thread:
 0.9 s) and 0.95-1.5 s with `OMP_WAIT_POLICY=PASSIVE`, using no more CPU than
-one thread. Quiet-machine figures: docs/benchmarks.md.
+one thread. More figures (not yet from a quiet machine): docs/benchmarks.md,
+`python -m asynchicache.bench.openmp_wait`.
 
 The runtime reads these settings once, as it loads (when the engine process
 imports torch), so they go into the environment of the engine process when it
