@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Callable
 
 import numpy as np
 import redis
 from pools import DEFAULT, Pool, new_hashes, refs
-from redis_server import RedisClusterNodes
+from redis_server import RedisClusterNodes, RedisServer
 from remote_helpers import Backends
 
 
@@ -59,11 +58,8 @@ def test_resharded_slots_are_followed(
     hashes = new_hashes(32)
     assert backend.put(refs(hashes, range(32)), pool.array) == 32
     src, dst = redis_cluster.nodes[0], redis_cluster.nodes[1]
-    ids = [n.cli("cluster", "myid") for n in (src, dst)]
-    argv = ["redis-cli", "--cluster", "reshard", f"127.0.0.1:{src.port}"]
-    argv += ["--cluster-from", ids[0], "--cluster-to", ids[1], "--cluster-slots", "5461"]
-    subprocess.run([*argv, "--cluster-yes"], check=True, capture_output=True, timeout=120)
-    assert redis.Redis(port=src.port).dbsize() == 0  # everything moved off node 0
+    moved = move_keys(src, dst, redis_cluster.nodes)
+    assert moved > 0 and redis.Redis(port=src.port).dbsize() == 0  # all moved off node 0
     got = backend.get(hashes, list(range(32, 64)), pool.array)
     time.sleep(1.1)  # the slot map is re-read at most once a second
     assert backend.get(hashes, list(range(32, 64)), pool.array) == 32
@@ -73,3 +69,25 @@ def test_resharded_slots_are_followed(
     assert got < 32 and stats.extra["moved"] >= 1
     assert stats.extra["breaker_trips"] == 0
     assert backend.clear().removed == 32
+
+
+def move_keys(src: RedisServer, dst: RedisServer, nodes: list[RedisServer]) -> int:
+    """Reshard every slot that holds a key on `src` to `dst`, the way `redis-cli --cluster
+    reshard` moves a slot (IMPORTING/MIGRATING, MIGRATE, then SETSLOT NODE everywhere), but
+    only those slots: moving all 5,461 of node 0's took ~4 s. Returns the keys moved."""
+    raw = {n.port: redis.Redis(port=n.port) for n in nodes}
+    s, d = raw[src.port], raw[dst.port]
+    ids = {n.port: raw[n.port].execute_command("CLUSTER", "MYID") for n in nodes}
+    slots = {int(s.execute_command("CLUSTER", "KEYSLOT", key)) for key in s.scan_iter()}
+    moved = 0
+    for slot in sorted(slots):
+        d.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[src.port])
+        s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[dst.port])
+        keys = s.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+        s.execute_command("MIGRATE", "127.0.0.1", dst.port, "", 0, 10_000, "KEYS", *keys)
+        moved += len(keys)
+        for r in raw.values():
+            r.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[dst.port])
+    for r in raw.values():
+        r.close()
+    return moved
