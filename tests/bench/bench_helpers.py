@@ -148,8 +148,12 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--served-model-name", default="scripted")
     p.add_argument("--tokens", type=int, default=3)
+    p.add_argument("--first-delay-s", type=float, default=0.05)
+    p.add_argument("--gap-s", type=float, default=0.01)
     args, _ = p.parse_known_args()  # a peer's {model} and {disk} are not needed
-    server = ScriptedServer(tokens=args.tokens, port=args.port, model_name=args.served_model_name)
+    server = ScriptedServer(
+        args.first_delay_s, args.gap_s, args.tokens, args.port, args.served_model_name
+    )
     server.serve_forever()
 
 

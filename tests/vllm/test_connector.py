@@ -10,7 +10,7 @@ then only our disk or Redis tier can serve the prefix.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +25,9 @@ from vllm_helpers import (
     hit_after,
     hits,
     kill_service,
+    page_files,
     prompt,
+    stepped_hits,
     stored_since,
     text_of,
     wait_for,
@@ -54,14 +56,35 @@ class Instances:
     fillers: int = 0
 
     def evict_l2(self, s: VllmServer) -> None:
-        """Push everything out of `s`'s L2 (other prompts) and empty vLLM's prefix cache."""
+        """Push everything out of `s`'s L2 (other prompts) and empty vLLM's prefix cache.
+        Each filler's pages are stored before the next goes: a slot a store still reads
+        is not evicted, so on a loaded machine fillers sent back to back find L2 full,
+        skip their saves, and leave the prompt in L2."""
         for _ in range(FILLERS):
             self.fillers += 1
+            before = event(s, "pages_stored") + event(s, "saves_skipped")
             s.complete(prompt(10_000 + self.fillers, N), max_tokens=1)
+            wait_for(
+                lambda b=before: placed_since(s, b) >= LOADED // 16, what="a filler's pages stored"
+            )
         s.reset_prefix_cache()
 
     def redis_keys(self) -> int:
         return int(self.redis.cli("dbsize"))
+
+
+def soon(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Whether `check` holds within `timeout_s` (stats reach /metrics a moment later)."""
+    try:
+        wait_for(check, timeout_s)
+    except AssertionError:
+        return False
+    return True
+
+
+def placed_since(s: VllmServer, before: float) -> float:
+    """Pages stored or skipped (never placed in L2) since `before`."""
+    return stored_since(s, before) + event(s, "saves_skipped")
 
 
 @pytest.fixture(scope="module")
@@ -125,23 +148,25 @@ def test_redis_down_recomputes_and_l4_hits_resume(vllms: Instances) -> None:
     assert text_of(vllms.a, p) == want  # stored on a's disk only
     assert text_of(vllms.b, p) == want  # nothing in L4: recomputed, not failed
     vllms.redis.start()
-    keys, seed = vllms.redis_keys(), 100_000  # a range of its own: the loop may run long
+    seed, grown = 100_000, 0.0  # seeds of its own: the loop may run long
 
-    def uploaded() -> bool:  # the service's breaker probes Redis again after a backoff
-        nonlocal seed
+    def b_loads_from_l4() -> bool:
+        """a's next prompt goes up to Redis, then b asks for it. Each service's breaker
+        probes Redis again after its own backoff: b's may reopen later than a's."""
+        nonlocal seed, grown
         seed += 1
-        vllms.a.complete(prompt(seed, N), max_tokens=1)
-        return vllms.redis_keys() >= keys + LOADED // 16
+        q, keys = prompt(seed, N), vllms.redis_keys()
+        vllms.a.complete(q, max_tokens=1)
+        if not soon(lambda: vllms.redis_keys() >= keys + LOADED // 16):
+            return False  # a's link to Redis is not back yet
+        remote = hits(vllms.b, "remote")
+        assert text_of(vllms.b, q) == vllms.plain.text(q)  # from L4 or recomputed: the same
+        loaded = soon(lambda: stepped_hits(vllms.b, "remote") - remote >= LOADED)
+        grown = hits(vllms.b, "remote") - remote
+        return loaded
 
-    wait_for(uploaded, timeout_s=90, what="uploads to resume")
-    remote = hits(vllms.b, "remote")
-    q = prompt(seed, N)
-    assert text_of(vllms.b, q) == vllms.plain.text(q)
-    assert hit_after(vllms.b, "remote", remote, LOADED) == LOADED
-
-
-def _new_files(folder: Path, before: set[Path]) -> list[Path]:
-    return sorted(set(folder.rglob("*.kv")) - before)
+    wait_for(b_loads_from_l4, timeout_s=90, what="L4 hits to resume")
+    assert grown == LOADED  # the whole prompt, not a part
 
 
 def test_corrupt_and_truncated_page_files_are_misses_then_hits_resume(
@@ -151,13 +176,16 @@ def test_corrupt_and_truncated_page_files_are_misses_then_hits_resume(
     try:
         p = prompt(5, N)
         want = vllms.plain.text(p)
-        before = set(vllms.a_disk.rglob("*.kv"))
-        stored = event(vllms.a, "pages_stored")
         assert text_of(vllms.a, p) == want
-        wait_for(lambda: stored_since(vllms.a, stored) >= LOADED // 16)
-        files = _new_files(vllms.a_disk, before)
-        assert len(files) >= LOADED // 16
-        flipped, cut = files[3], files[7]
+        files: dict[int, list[Path]] = {}
+
+        def all_stored() -> bool:
+            nonlocal files
+            files = page_files(vllms.a_disk, p)
+            return len(files) >= LOADED // 16
+
+        wait_for(all_stored, what="the prompt's pages stored")
+        (flipped,), (cut,) = files[3], files[7]  # the prompt's own pages 3 and 7
         size = cut.stat().st_size
         data = bytearray(flipped.read_bytes())
         data[-100] ^= 0xFF

@@ -9,6 +9,7 @@ and killed while the load into L2 is in flight.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from collections.abc import Iterator
@@ -289,3 +290,83 @@ def test_a_service_we_start_reads_through_the_page_cache_unless_asked() -> None:
     assert "--no-direct-io" in service_args(ConnectorConfig())
     direct = ConnectorConfig.from_extra({"direct_io": "true"})
     assert "--no-direct-io" not in service_args(direct)
+
+
+def on_disk_only(
+    side: SchedulerSide, config: ConnectorConfig, tokens: list[int], **changes: float
+) -> SchedulerSide:
+    """`tokens` computed and stored by `side`, which then goes (its L2 and service with
+    it): a new instance with `changes` to the config finds the pages on disk only."""
+    blocks = list(range(1, 2 + len(tokens) // BLOCK))
+    compute_and_save(side, FakeRequest("saver", tokens), blocks)
+    stored(side, len(tokens) // PAGE)
+    side.shutdown()
+    return SchedulerSide(spec(), dataclasses.replace(config, **changes))
+
+
+def events(side: SchedulerSide, name: str) -> float:
+    stats = side.take_stats()
+    return stats.data.get(name, 0) if stats else 0
+
+
+def test_a_lookup_waits_for_l2_room_then_reads_every_page(
+    side: SchedulerSide, config: ConnectorConfig
+) -> None:
+    """L2 full of slots in use (stores and copies in flight) frees up within a step or
+    two: the lookup waits for room (vLLM asks again) instead of recomputing."""
+    tokens = list(range(2000, 2000 + 5 * BLOCK + 1))  # 10 pages
+    fresh = on_disk_only(side, config, tokens)
+    try:
+        busy = fresh.index.allocate(fresh.index.num_slots)
+        assert busy is not None
+        req = FakeRequest("r", tokens)
+
+        def waits_for_room() -> bool:
+            got = fresh.get_num_new_matched_tokens(req, 0)  # type: ignore[arg-type]
+            return got == (None, False) and fresh._lookups["r"].phase is Phase.ROOM
+
+        wait_for(waits_for_room, what="the service's answer, L2 full")
+        for _ in range(3):  # steps go by: no answer while L2 has no room
+            assert waits_for_room()
+        fresh.index.release(busy)
+        assert answer(fresh, req) == (5 * BLOCK, True)
+        assert fresh._lookups["r"].split(10).disk == 10
+        assert events(fresh, "loads_skipped") == 0
+        fresh.request_finished(req)  # type: ignore[arg-type]
+        fresh.index.check_integrity()
+    finally:
+        fresh.shutdown()
+
+
+def test_l2_without_room_by_the_deadline_is_a_counted_miss(
+    side: SchedulerSide, config: ConnectorConfig
+) -> None:
+    tokens = list(range(3000, 3000 + 5 * BLOCK + 1))
+    fresh = on_disk_only(side, config, tokens, prefetch_timeout_s=0.3)
+    try:
+        busy = fresh.index.allocate(fresh.index.num_slots)
+        assert busy is not None
+        assert answer(fresh, FakeRequest("r", tokens)) == (0, False)  # vLLM recomputes
+        assert events(fresh, "loads_skipped") == 10
+        fresh.index.release(busy)
+        assert answer(fresh, FakeRequest("again", tokens)) == (5 * BLOCK, True)
+        fresh.index.check_integrity()
+    finally:
+        fresh.shutdown()
+
+
+def test_a_chain_longer_than_l2_is_read_as_far_as_l2_holds(
+    side: SchedulerSide, config: ConnectorConfig
+) -> None:
+    """A 10-page chain and a 6-slot L2: a 6-page hit (it used to be none at all)."""
+    pool = side.pool.tensor
+    assert pool is not None
+    page_bytes = pool[0].numel() * pool.element_size()
+    tokens = list(range(4000, 4000 + 5 * BLOCK + 1))
+    fresh = on_disk_only(side, config, tokens, host_cache_gb=6.5 * page_bytes / 2**30)
+    try:
+        assert fresh.index.num_slots == 6
+        assert answer(fresh, FakeRequest("r", tokens)) == (6 * PAGE, True)
+        assert events(fresh, "loads_skipped") == 4
+    finally:
+        fresh.shutdown()

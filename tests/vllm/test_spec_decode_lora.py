@@ -22,7 +22,16 @@ import torch
 from conftest import TINY
 from inproc_vllm import PlainVllm
 from tiny_pair import TinyPair
-from vllm_helpers import CONNECTOR, hit_after, hits, prompt, server, text_of
+from vllm_helpers import (
+    CONNECTOR,
+    hit_after,
+    hits,
+    page_files,
+    prompt,
+    server,
+    text_of,
+    wait_for,
+)
 
 from asynchicache.bench.vllm_process import VllmFlags, VllmServer
 
@@ -173,6 +182,12 @@ def test_two_lora_adapters_never_share_kv_also_after_a_restart(served: Served) -
     s.reset_prefix_cache()
     assert text_of(s, p, max_tokens=16, model="b") == want["b"]  # on main: a's K/V
     assert sum(hits(s, t) for t in ("host", "disk", "remote")) == before  # no page of a's
+    # Both adapters' pages on disk before the restart (a store still in flight when
+    # vLLM stops is lost): one file per page and adapter.
+    wait_for(
+        lambda: sum(map(len, page_files(served.root / "kv", p).values())) >= 2 * LOADED // 16,
+        what="both adapters' pages stored",
+    )
     served.restart()  # L2 is gone: both adapters' pages come from disk
     s = served.server
     for name in ("b", "a"):

@@ -14,6 +14,7 @@ from typing import Any
 
 from asynchicache.bench.vllm_process import VllmFlags, VllmServer, metric_sum
 from asynchicache.integrations.vllm.service_process import service_pid
+from asynchicache.storage.header import HeaderError, decode_header, peek_header_len
 
 # The remote-tier tests' redis-server wrapper (one definition of it for the suite).
 CONNECTOR = "AsynchicacheConnector"
@@ -73,12 +74,38 @@ def hit_after(s: VllmServer, tier: str, before: float, at_least: float) -> float
     `stored_since`, each look makes vLLM step first (a tiny request: shorter than a page,
     so it hits nothing): a load's stats reach /metrics only with a later step."""
 
-    def grown() -> float:
-        s.complete([1, 2, 3], max_tokens=1)
-        return hits(s, tier) - before
-
-    wait_for(lambda: grown() >= at_least, what=f"{at_least} {tier} hit tokens")
+    wait_for(
+        lambda: stepped_hits(s, tier) - before >= at_least, what=f"{at_least} {tier} hit tokens"
+    )
     return hits(s, tier) - before
+
+
+def stepped_hits(s: VllmServer, tier: str) -> float:
+    """`tier`'s hit counter after making vLLM step once (see `hit_after`)."""
+    s.complete([1, 2, 3], max_tokens=1)
+    return hits(s, tier)
+
+
+def page_files(folder: Path, tokens: Sequence[int], page: int = 16) -> dict[int, list[Path]]:
+    """The page files under `folder` that hold pages of `tokens`, by page number, found by
+    the token ids in their headers (one page of tokens has a file per namespace, salt or
+    adapter). Files are named by hashes a test cannot make without the instance's
+    namespace, and "the files new since" also catches other prompts' stores that land
+    late on a loaded machine."""
+    pages = {tuple(tokens[i * page : (i + 1) * page]): i for i in range(len(tokens) // page)}
+    found: dict[int, list[Path]] = {}
+    for path in folder.rglob("*.kv"):
+        try:
+            with path.open("rb") as f:
+                head = f.read(4096)
+                size = peek_header_len(head)
+                head += f.read(max(0, size - len(head)))
+            tokens_in = decode_header(memoryview(head)[:size]).tokens
+        except (HeaderError, OSError):
+            continue  # a file being written, or one a test broke
+        if tokens_in in pages:
+            found.setdefault(pages[tokens_in], []).append(path)
+    return found
 
 
 def kill_service(address: str) -> int:

@@ -61,6 +61,7 @@ class HostIndex:
         self._slots = [_Slot() for _ in range(num_slots)]
         self._by_hash: dict[bytes, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # READY slots, oldest first
+        self._unread = 0  # READY slots with no reader (evictable), kept as readers change
         self.evictions = 0
         self.on_evict: Callable[[list[bytes]], None] | None = None  # the pages evicted
 
@@ -93,7 +94,10 @@ class HostIndex:
         for slot in slots:
             if self.use(slot) is not SlotUse.READY:
                 raise ValueError(f"a reader on slot {slot} in state {self.use(slot).name}")
-            self._slots[slot].readers += 1
+            s = self._slots[slot]
+            if s.readers == 0:
+                self._unread -= 1
+            s.readers += 1
         self._touch(slots)
 
     def drop_readers(self, slots: Sequence[int]) -> None:
@@ -104,6 +108,12 @@ class HostIndex:
                 use = self.use(slot).name
                 raise ValueError(f"no reader to drop on slot {slot} ({use}, {s.readers} readers)")
             s.readers -= 1
+            if s.readers == 0:
+                self._unread += 1
+
+    def room(self) -> int:
+        """How many slots `allocate` could take now: free ones and READY ones no one reads."""
+        return self._ledger.num_free + self._unread
 
     def allocate(self, n: int) -> list[int] | None:
         """`n` WRITING slots, evicting unread READY pages LRU-first; None if L2 cannot."""
@@ -125,6 +135,7 @@ class HostIndex:
         s.page_hash, s.readers = page_hash, 0
         self._by_hash[page_hash] = slot
         self._lru[slot] = None
+        self._unread += 1
         return True
 
     def release(self, slots: Sequence[int]) -> None:
@@ -151,6 +162,7 @@ class HostIndex:
             del self._lru[slot]
             s.page_hash = b""
         self._ledger.move(victims, SlotUse.READY, SlotUse.FREE)
+        self._unread -= len(victims)
         self.evictions += len(victims)
         if self.on_evict is not None:
             self.on_evict(hashes)
@@ -179,3 +191,5 @@ class HostIndex:
             else:
                 assert s.readers == 0, f"slot {i} ({use.name}) has readers"
         assert len(self._by_hash) == len(self._lru), "hash index and LRU disagree"
+        unread = sum(1 for slot in self._lru if self._slots[slot].readers == 0)
+        assert unread == self._unread, f"{unread} unread READY slots, {self._unread} counted"

@@ -4,6 +4,9 @@ A `Lookup` is what `get_num_new_matched_tokens` builds for a request and asks
 again until it is answered:
 
     ASKING   the service is asked how far the chain exists beyond L2 (`Exists`)
+    ROOM     the service holds pages, L2 has no free or unread slots for them
+             yet (its pages are being stored or copied): asked again next step,
+             until the prefetch deadline, then what fits is read
     LOADING  the existing pages are being read into L2 slots (a `Load` ticket)
     ANSWERED the hit is known: `answer_pages` pages, all verified in L2 and
              held there (readers), so the copy into vLLM's blocks cannot fail
@@ -79,6 +82,7 @@ class RequestChain:
 
 class Phase(Enum):
     ASKING = auto()
+    ROOM = auto()
     LOADING = auto()
     ANSWERED = auto()
 
@@ -105,8 +109,9 @@ class Lookup:
     host_slots: list[int] = field(default_factory=list)  # L2 hits held as readers, in chain order
     loaded_slots: list[int] = field(default_factory=list)  # held as readers, read by the prefetch
     from_remote: int = 0  # of `loaded_slots`, how many came from L4
+    service_pages: int = 0  # pages past L2's that the service holds (ROOM)
     load_job: int = 0  # the prefetch (LOADING)
-    loading_since: float = 0.0
+    loading_since: float = 0.0  # the service's answer: ROOM and LOADING share one deadline
     answer_pages: int = 0
     committed: bool = False  # vLLM took the hit (a load job holds the pins now)
 

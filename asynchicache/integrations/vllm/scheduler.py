@@ -152,6 +152,8 @@ class SchedulerSide:
         if lk.phase is Phase.ASKING and now - lk.started > self.config.lookup_timeout_s:
             self.stats.add("lookup_timeouts")
             self._answer(lk)
+        elif lk.phase is Phase.ROOM:
+            self._read(lk, now - lk.loading_since > self.config.prefetch_timeout_s)
         elif lk.phase is Phase.LOADING and now - lk.loading_since > self.config.prefetch_timeout_s:
             # Give up on it (the slots stay WRITING until the ticket ends) and recompute.
             self.stats.add("prefetch_failures")
@@ -205,24 +207,39 @@ class SchedulerSide:
         return root, (lora.lora_name if lora is not None else None)
 
     def _on_exists(self, lk: Lookup, pages: int) -> None:
-        target = lk.next_page + pages
-        slots = self.index.allocate(pages) if pages > 0 else None
-        if slots is None:
-            # No room in L2 to read them: the service's word is all we have (a corrupt
-            # file is found, removed and saved again by a later request's read).
-            self.saves.service_holds(lk.req_id, range(lk.next_page, target))
+        lk.service_pages, lk.loading_since = pages, time.monotonic()
+        lk.phase = Phase.ROOM
+        self._read(lk, give_up=False)
+
+    def _read(self, lk: Lookup, give_up: bool) -> None:
+        """Read the service's pages into L2 once it has room for all of them. L2 full of
+        pages being stored or copied frees up within a step or two, and a recompute costs
+        more than that wait; at the deadline (`give_up`), what fits is read and the rest
+        counted (`loads_skipped`). A chain longer than L2 could ever hold is read in part."""
+        pages = min(lk.service_pages, self.index.num_slots - len(lk.host_slots))
+        room = min(pages, self.index.room())
+        if room < pages and not give_up:
+            return  # still ROOM: vLLM asks again next step
+        if room < lk.service_pages:
+            self.stats.add("loads_skipped", lk.service_pages - room)
+        if room == 0:
+            # The service's word is all we have (a corrupt file is found, removed and
+            # saved again by a later request's read).
+            self.saves.service_holds(lk.req_id, range(lk.next_page, lk.next_page + pages))
             self._answer(lk)
             return
+        slots = self.index.allocate(room)
+        assert slots is not None  # room() counts exactly the slots allocate can take
         chain = self._chains[lk.req_id]
         assert isinstance(chain, RequestChain)  # refused requests never ask the service
         tokens, size = self._requests[lk.req_id].all_token_ids, self.page_size
         refs = [
             PageRef(chain.hashes[p], tuple(tokens[p * size : (p + 1) * size]), s, chain.parent(p))
-            for p, s in zip(range(lk.next_page, target), slots, strict=True)
+            for p, s in zip(range(lk.next_page, lk.next_page + room), slots, strict=True)
         ]
         job = self.host.register(Job(JobKind.PREFETCH, lk.req_id, slots, refs, lk.key))
         self.link.load(job, [r.page_hash for r in refs], slots)
-        lk.phase, lk.load_job, lk.loading_since = Phase.LOADING, job, time.monotonic()
+        lk.phase, lk.load_job = Phase.LOADING, job
 
     def _on_prefetched(self, got: Prefetched) -> None:
         lk = self._waiting.pop(got.job.lookup_key, None)

@@ -35,6 +35,7 @@ EVENTS = (
     "service_unavailable",
     "prefetch_failures",
     "load_errors",
+    "loads_skipped",
     "pages_stored",
     "store_failures",
     "saves_deferred",
