@@ -1,41 +1,49 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite. The vLLM venv (~1.5 min of pip on one core, nothing
-# to do when it is up to date) installs in the background, then the tests under a real
-# vLLM (tests/vllm, ~6 min) run beside the main suite (~15 min): the main suite leaves
-# a core idle much of the time (servers starting, waits on signals), and one after the
-# other the two took more than the 20 minutes `make test` may take here.
+# `make test`: the whole suite, in two lanes side by side (the machine has two cores; one
+# pytest run leaves a core idle much of the time: servers starting, waits on signals).
+#   lane 1: the main suite without tests/bench (~16 min).
+#   lane 2: the type checker, the vLLM venv (~1.5 min of pip; nothing to do when it is up
+#           to date), the tests under a real vLLM (tests/vllm, ~9 min), then tests/bench
+#           (~4 min of end-to-end bench runs, main venv).
+# One after the other they took more than the 20 minutes `make test` may take here; with
+# tests/vllm alone beside the main suite, lane 2 sat idle for its last ~10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MAKE=${MAKE:-make}
 install_log=.venv-vllm.install.log
-vllm_log=.venv-vllm.tests.log
+lane_log=.venv-vllm.tests.log
 
-vllm_suite() {
-  if ! "$MAKE" --no-print-directory install-vllm >"$install_log" 2>&1; then
+lane2() {
+  local rc=0
+  # The type checker (config: pyproject.toml [tool.mypy]; ~40 s cold, seconds with its cache).
+  .venv/bin/python -m mypy || rc=1
+  if "$MAKE" --no-print-directory install-vllm >"$install_log" 2>&1; then
+    .venv-vllm/bin/python -m pytest -q --durations=10 tests/vllm || rc=1
+  else
     echo "installing the vLLM venv failed:"
     tail -n 40 "$install_log"
-    return 1
+    rc=1
   fi
-  .venv-vllm/bin/python -m pytest -q --durations=10 tests/vllm
+  echo "=== tests/bench (main venv) ==="
+  # shellcheck disable=SC2086  # PYTEST_ARGS is a list of flags
+  .venv/bin/python -m pytest -q --durations=10 ${PYTEST_ARGS:-} tests/bench
+  local bench=$?
+  [ "$bench" -ne 0 ] && [ "$bench" -ne 5 ] && rc=1  # 5: PYTEST_ARGS selected none there
+  return "$rc"
 }
 
 bash scripts/ensure-services.sh || exit
 .venv/bin/ruff check asynchicache tests || exit
 .venv/bin/ruff format --check asynchicache tests || exit
-vllm_suite >"$vllm_log" 2>&1 &
-vllm_pid=$!
-# The type checker (config: pyproject.toml [tool.mypy]; ~40 s cold, seconds with its cache).
-if ! .venv/bin/python -m mypy; then
-  pkill -TERM -P "$vllm_pid" 2>/dev/null; kill "$vllm_pid" 2>/dev/null
-  exit 1
-fi
+lane2 >"$lane_log" 2>&1 &
+lane2_pid=$!
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of flags
-.venv/bin/python -m pytest -q --durations=25 ${PYTEST_ARGS:-}
+.venv/bin/python -m pytest -q --durations=25 --ignore=tests/bench ${PYTEST_ARGS:-}
 main=$?
 
-wait "$vllm_pid"
-vllm=$?
-echo "=== tests/vllm (under .venv-vllm, run beside the main suite) ==="
-cat "$vllm_log"
+wait "$lane2_pid"
+other=$?
+echo "=== mypy, tests/vllm (under .venv-vllm) and tests/bench, run beside the main suite ==="
+cat "$lane_log"
 [ "$main" -ne 0 ] && exit "$main"
-exit "$vllm"
+exit "$other"
