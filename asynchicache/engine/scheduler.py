@@ -28,6 +28,7 @@ released once the request's own match holds it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -86,6 +87,7 @@ class Scheduler:
         self.preemptions = 0
         self.loads_given_up = 0  # deadlines passed or requests aborted while loading
         self.loads_deferred = 0  # loads that waited a step for L1 room instead of recomputing
+        self.joined_tokens = 0  # prompt tokens taken from another prompt's chunks (`_join`)
         self.backing_off = False  # after a preemption, admit nothing until a request ends
         self.prefetcher = ArrivalPrefetcher(cache_config, cache, cost)
         self.quick_loads = QuickLoads(lambda pages: cost.load_seconds(pages, 0))
@@ -299,6 +301,7 @@ class Scheduler:
         self._admit()
         # L2-only loads just started land in milliseconds: in this step (prefill_policy.py).
         self.quick_loads.wait([r for t, r in self.loading.items() if t not in loading], self.poll)
+        self._join_computed_prefixes()
         batch = Batch()
         # Prompt tokens of all requests this step (--max-prefill-tokens), at most
         # --chunked-prefill-size of one request.
@@ -322,6 +325,38 @@ class Scheduler:
                 budget -= n
                 partials += n < req.remaining
         return batch
+
+    def _join_computed_prefixes(self) -> None:
+        """Prompts that computed nothing of their own yet match again: a prompt admitted
+        while another one computed its prefix (both misses, arrived together) takes those
+        pages now instead of computing them a second time (`after_forward` shares each
+        chunk's full pages as soon as they are computed)."""
+        if not self._prefix_enabled():
+            return
+        for req in self.running:
+            if req.phase is Phase.RUNNING and req.is_prefill and self._owns_nothing(req):
+                self._join(req)
+
+    def _owns_nothing(self, req: Request) -> bool:
+        """Every page `req` holds is the tree's and it computed no token past them."""
+        held = req.shared_pages
+        alone = not req.needs_whole_prompt and req.shared is None and req.group is None
+        return alone and len(req.page_table) == held and req.num_computed == held * self.page_size
+
+    def _join(self, req: Request) -> None:
+        match = self.cache.match(req.tokens, salt=req.cache_salt)
+        more = len(match.device_pages) - req.shared_pages
+        if more <= 0:
+            return
+        self.cache.lock(match.handle)
+        if req.handle is not None:
+            self.cache.unlock(req.handle)
+        self.joined_tokens += more * self.page_size
+        self.running.remove(req)
+        cached = req.cached
+        if not req.output:
+            cached = dataclasses.replace(cached, device=cached.device + more * self.page_size)
+        self._take_prefix(req, match.handle, list(match.device_pages), cached)
 
     def _pages_needed(self, req: Request, upto: int) -> int:
         return max(0, -(-upto // self.page_size) - len(req.page_table))
@@ -376,9 +411,10 @@ class Scheduler:
             req.num_computed += seq.num_new
             if req.remaining == 0:
                 ready.append(req)
-                if was_prefill and self._prefix_enabled():
-                    # Share the prompt's pages with other requests right away.
-                    self._publish_computed(req)
+            if was_prefill and self._prefix_enabled():
+                # Share the prompt's full pages with other requests right away, each
+                # chunk's too: a prompt on the same prefix joins them (`_join`).
+                self._publish_computed(req)
         return ready
 
     def finish(self, req: Request, reason: str, error: str | None = None) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler_rig import PAGE, RigMaker, tokens_for
+from scheduler_rig import PAGE, RigMaker, assert_no_locks, tokens_for
 
 from asynchicache.config import EngineConfig
 from asynchicache.engine.protocol import SamplingParams
@@ -20,8 +20,8 @@ def test_a_step_takes_the_prompts_it_finishes_and_one_chunk_of_another(
     rig = make_rig(device_pages=64, engine=config)
     one = SamplingParams(max_tokens=1, temperature=0.0)
     pages = {"long-old": 5, "short": 1, "long-new": 5, "short-new": 2}
-    for rid, n in pages.items():  # added in this order: arrival order
-        first = 10 * len(rid)
+    for i, (rid, n) in enumerate(pages.items()):  # added in this order: arrival order
+        first = 10 * i
         rig.scheduler.add(Request(rid, tokens_for(*range(first, first + n)), one))
     batch = rig.scheduler.schedule()
     taken = [(s.request.rid, s.num_new) for s in batch.seqs]
@@ -32,3 +32,34 @@ def test_a_step_takes_the_prompts_it_finishes_and_one_chunk_of_another(
     second = [(s.request.rid, s.num_new) for s in rig.scheduler.schedule().seqs]
     # (the short ones decode, one token each, ahead of the prompts)
     assert second[2:] == [("long-old", 2 * PAGE), ("long-new", 3 * PAGE)]  # the older first
+
+
+def test_two_misses_of_one_prefix_compute_it_once(make_rig: RigMaker) -> None:
+    """Two prompts on one uncached prefix, arriving together: the second takes what the
+    first computed instead of computing it again (each chunk's full pages are shared as
+    soon as they are computed, and a prompt that has computed nothing of its own yet
+    matches again before its first chunk)."""
+    config = EngineConfig(
+        min_load_tokens=0, chunked_prefill_size=3 * PAGE, max_prefill_tokens=8 * PAGE
+    )
+    rig = make_rig(device_pages=64, engine=config)
+    one = SamplingParams(max_tokens=1, temperature=0.0)
+    prefix = tokens_for(*range(10, 16))  # 6 pages: two chunks of the first prompt
+    first = Request("first", prefix + tokens_for(90), one)
+    second = Request("second", prefix + tokens_for(91), one)
+    rig.scheduler.add(first)
+    rig.scheduler.add(second)
+    computed = {"first": 0, "second": 0}
+    while rig.scheduler.has_work:
+        batch = rig.scheduler.schedule()
+        for s in batch.seqs:
+            if s.request.is_prefill:
+                computed[s.request.rid] += s.num_new
+        for req in rig.scheduler.after_forward(batch):
+            rig.scheduler.finish(req, "length")
+        rig.scheduler.drain_finished()
+    assert computed == {"first": 7 * PAGE, "second": PAGE}
+    assert second.cached.device == 6 * PAGE  # its usage reports the prefix as cached
+    assert rig.scheduler.joined_tokens == 6 * PAGE
+    rig.cache.drain()  # write-through copies of the shared chunks hold their pages till done
+    assert_no_locks(rig.cache)

@@ -131,6 +131,24 @@ def test_batch_of_mixed_requests_matches_each_alone(
     assert together == alone
 
 
+def test_prompts_on_one_uncached_prefix_together_compute_it_once_and_answer_as_alone(
+    smollm: LoadedModel, engines: list[Engine]
+) -> None:
+    """Two misses on one prefix in one batch: the second joins the first's computed chunks
+    (scheduler `_join`) and both answer exactly as computed alone without a cache."""
+    plain = _engine(smollm, enable_prefix_cache=False)
+    cached = _engine(smollm, device_cache_tokens=4096, chunked_prefill_size=64)
+    engines += [plain, cached]
+    prompts = [_prompt(smollm, 5, "Describe the sea."), _prompt(smollm, 5, "Which birds came?")]
+    alone = [plain.generate([p], GREEDY)[0].token_ids for p in prompts]
+    together = cached.generate(prompts, GREEDY)
+    assert [o.token_ids for o in together] == alone
+    common = next(i for i, (a, b) in enumerate(zip(*prompts, strict=False)) if a != b)
+    shared = common // 16 * 16
+    assert together[1].cached.device >= shared - 64  # at most one chunk computed twice
+    assert cached.computed_prompt_tokens <= sum(map(len, prompts)) - shared + 64
+
+
 def test_l1_pressure_preempts_and_still_matches(smollm: LoadedModel, engines: list[Engine]) -> None:
     tok = smollm.tokenizer
     # No shared prefix (the question first): each request needs pages of its own.
