@@ -49,7 +49,7 @@ from asynchicache.cache.jobs import LoadTicket
 from asynchicache.cache.keys import Namespace
 from asynchicache.cache.ledger import PageState, strict_from_env
 from asynchicache.cache.loads import Loader
-from asynchicache.cache.lookup import locked_l1_pages, lookup, stored_after
+from asynchicache.cache.lookup import l1_pages, locked_l1_pages, lookup, stored_after
 from asynchicache.cache.node import RadixNode
 from asynchicache.cache.ownership import check_freeable, check_insertable
 from asynchicache.cache.parts import CacheParts, snapshot
@@ -206,6 +206,31 @@ class HiRadixCache:
     def available_pages(self) -> int:
         """L1 pages `allocate` could hand out now: free plus unlocked cached ones."""
         return self.evictor.available_pages()
+
+    def join_l1_prefix(
+        self, tokens: Sequence[int], have_pages: int, salt: str = ""
+    ) -> LockedPages | None:
+        """The L1 prefix of `tokens`, locked for the caller, when it is longer than the
+        `have_pages` the caller holds (another request computed it since the caller's
+        `match`); None otherwise, then nothing is touched or split.
+
+        Cheap enough for every step: a walk of the tree, no storage lookup. Counts the
+        new pages as L1 hits (the caller's `match` counted the tokens it asked for).
+        """
+        if not self.config.enable_prefix_cache:
+            return None
+        tokens, root = _as_list(tokens), self._root(salt)
+        pages = l1_pages(self.tree, root, tokens)
+        if pages <= have_pages:
+            return None
+        path = self.tree.match(tokens, pages, root)
+        node = path[-1]
+        self.tree.touch(node)
+        self.writer.on_hit(path, len(tokens))
+        self.tree.lock(node)
+        self.counters.count_match(0, (pages - have_pages) * self.page_size, 0, 0)
+        device = [p for n in path for p in (n.device or [])]
+        return LockedPages(MatchHandle(node), device)
 
     def locked_prefix_pages(self, tokens: Sequence[int], salt: str = "") -> int:
         """Leading L1 pages of `tokens` that some lock already protects (no touch, no split).

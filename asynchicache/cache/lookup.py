@@ -1,7 +1,8 @@
 """What the tiers hold of a prompt, read without touching LRU or splitting a node.
 
-`lookup` counts it per tier, `locked_l1_pages` how much of its L1 part a lock
-protects, `stored_after` which pages after the tree's part storage holds.
+`lookup` counts it per tier, `l1_pages` and `locked_l1_pages` how much of its
+L1 part there is and a lock protects, `stored_after` which pages after the
+tree's part storage holds.
 
 The tiers are named as `usage.prompt_tokens_details.cached_tokens_by_tier` names
 them: `device` (L1) and `host` (L2) from the tree, then `disk` (L3) and `remote`
@@ -42,6 +43,16 @@ def lookup(
         disk, remote = _stored(storage, chain_hashes(last, rest, ps))
         counts["disk"], counts["remote"] = disk * ps, remote * ps
     return counts
+
+
+def l1_pages(tree: RadixTree, root: RadixNode, tokens: list[int]) -> int:
+    """Leading L1 pages of `tokens` from `root`."""
+    pages = 0
+    for node, k in tree.walk(tokens, root=root).runs:
+        if node.device is None:
+            break  # L1 is prefix-closed
+        pages += k
+    return pages
 
 
 def locked_l1_pages(tree: RadixTree, root: RadixNode, tokens: list[int]) -> int:

@@ -344,19 +344,18 @@ class Scheduler:
         return alone and len(req.page_table) == held and req.num_computed == held * self.page_size
 
     def _join(self, req: Request) -> None:
-        match = self.cache.match(req.tokens, salt=req.cache_salt)
-        more = len(match.device_pages) - req.shared_pages
-        if more <= 0:
+        joined = self.cache.join_l1_prefix(req.tokens, req.shared_pages, salt=req.cache_salt)
+        if joined is None:
             return
-        self.cache.lock(match.handle)
         if req.handle is not None:
             self.cache.unlock(req.handle)
-        self.joined_tokens += more * self.page_size
-        self.running.remove(req)
+        more = (len(joined.device_pages) - req.shared_pages) * self.page_size
+        self.joined_tokens += more
         cached = req.cached
-        if not req.output:
-            cached = dataclasses.replace(cached, device=cached.device + more * self.page_size)
-        self._take_prefix(req, match.handle, list(match.device_pages), cached)
+        if not req.output:  # a preempted request keeps the usage of its first admission
+            cached = dataclasses.replace(cached, device=cached.device + more)
+        self.running.remove(req)
+        self._take_prefix(req, joined.handle, joined.device_pages, cached)
 
     def _pages_needed(self, req: Request, upto: int) -> int:
         return max(0, -(-upto // self.page_size) - len(req.page_table))

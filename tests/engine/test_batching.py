@@ -61,5 +61,7 @@ def test_two_misses_of_one_prefix_compute_it_once(make_rig: RigMaker) -> None:
     assert computed == {"first": 7 * PAGE, "second": PAGE}
     assert second.cached.device == 6 * PAGE  # its usage reports the prefix as cached
     assert rig.scheduler.joined_tokens == 6 * PAGE
+    # Counted once as L1 hits, however many steps the second prompt looked again.
+    assert rig.cache.stats().counters.device_hit_tokens == 6 * PAGE
     rig.cache.drain()  # write-through copies of the shared chunks hold their pages till done
     assert_no_locks(rig.cache)
