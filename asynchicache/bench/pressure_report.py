@@ -11,6 +11,7 @@ engine's phases.
 
 from __future__ import annotations
 
+import math
 import statistics
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -59,24 +60,40 @@ def figures(run: ClientRun) -> dict[str, Any]:
 def match_traces(
     timings: Sequence[RequestTiming], traces: Sequence[Mapping[str, Any]]
 ) -> list[Mapping[str, Any] | None]:
-    """The engine trace of each request (None where none fits), each trace used once."""
-    free = sorted(traces, key=lambda t: t["arrived"])
-    out: list[Mapping[str, Any] | None] = []
+    """The engine trace of each request (None where none fits), each trace used once.
+
+    A trace fits a request when its prompt has the request's length, it arrived
+    between the request's send and first token, and its first token (where traced)
+    came no later than the client saw one. Prompts of one length sent together are
+    told apart by their first tokens: requests take traces in the order their
+    clients saw first tokens, each the fitting trace whose first token came last
+    (the engine's first tokens reach their clients in order, milliseconds later);
+    without first tokens, the earliest arrival.
+    """
+    out: list[Mapping[str, Any] | None] = [None] * len(timings)
     used: set[int] = set()
-    for r in timings:
-        found = None
-        if r.ttft is not None:
-            end = r.start + r.ttft
-            for i, t in enumerate(free):
-                if i in used or t["prompt_tokens"] != r.prompt_tokens:
-                    continue
-                if r.start <= t["arrived"] <= end:
-                    found = i
-                    break
-        if found is not None:
-            used.add(found)
-        out.append(None if found is None else free[found])
+    answered = [i for i, r in enumerate(timings) if r.ttft is not None]
+    for i in sorted(answered, key=lambda i: timings[i].start + (timings[i].ttft or 0)):
+        r = timings[i]
+        end = r.start + (r.ttft or 0)
+        fits = [
+            j
+            for j, t in enumerate(traces)
+            if j not in used
+            and t["prompt_tokens"] == r.prompt_tokens
+            and r.start <= t["arrived"] <= end
+            and (t.get("first_token") is None or t["first_token"] <= end)
+        ]
+        if fits:
+            j = max(fits, key=lambda j: _latest_first_token(traces[j]))
+            used.add(j)
+            out[i] = traces[j]
     return out
+
+
+def _latest_first_token(trace: Mapping[str, Any]) -> tuple[float, float]:
+    first = trace.get("first_token")
+    return (-math.inf if first is None else first, -trace["arrived"])
 
 
 def slow_requests(

@@ -58,9 +58,10 @@ class Engine:
         cache_config: CacheConfig,
         storage: StorageTier | None = None,
         loaded: LoadedModel | None = None,
-        step_threads: Callable[[int], object] | None = None,
+        step_threads: Callable[[int, int, int], object] | None = None,
     ) -> None:
-        """`step_threads(new_tokens)` is called before each forward pass (the process's
+        """`step_threads(new_tokens, kv_bytes, weight_bytes)` is called before each forward
+        pass with the KV the step reads and the model's weights in bytes (the process's
         `ThreadGovernor.for_step`: threads per step)."""
         self.config = engine_config
         self.step_threads = step_threads
@@ -77,6 +78,10 @@ class Engine:
             head_dim=mc.head_dim,
             page_size=cache_config.page_size,
             dtype=dtype,
+        )
+        self.kv_bytes_per_token = self.layout.page_bytes // cache_config.page_size
+        self.weight_bytes = sum(
+            p.numel() * p.element_size() for p in self.loaded.model.parameters()
         )
         device = torch.device(engine_config.device)
         kernel = attention_kernel(mc, dtype, device)  # its choice is part of the namespace
@@ -222,7 +227,8 @@ class Engine:
             for s in batch.seqs
         )
         if self.step_threads is not None:
-            self.step_threads(batch.num_tokens)
+            read = sum(s.request.num_computed + s.num_new for s in batch.seqs)
+            self.step_threads(batch.num_tokens, read * self.kv_bytes_per_token, self.weight_bytes)
         began, t0 = time.monotonic(), time.perf_counter()
         logits = self.runner.forward(forward)  # [seqs (+ every position of flagged), vocab]
         elapsed = time.perf_counter() - t0

@@ -35,9 +35,10 @@ machine went idle or busy is not computed on the wrong count throughout.
 
 Small steps run on one thread whatever the count (`for_step`): a step of at
 most a page of new tokens (a cache hit's partial last page, the decodes of up
-to 16 requests) reads every weight once for a few rows, so it is bound by
-memory, and a second thread buys little even alone (a 1-token forward over
-1,553 cached tokens, SmolLM2: 32 -> 27 ms) while it takes the core the HTTP
+to 16 requests) that reads less KV than weights (`small_step`) reads every
+weight once for a few rows, so it is bound by memory, and a second thread buys
+little even alone (a 1-token forward over 1,553 cached tokens, SmolLM2: 32 ->
+27 ms) while it takes the core the HTTP
 process and the client need to stream the tokens out. In the server, measured
 interleaved on 2 cores (docs/benchmarks.md, 2026-12-02): the same 1-token
 forward took 37-52 ms on two threads and 30-31 ms on one; a warm hit that
@@ -69,6 +70,14 @@ UNSURE_PREFILL_TOKENS = 256
 PROC_STAT = Path("/proc/stat")
 # Steps of at most this many new tokens run on one thread (module docstring).
 SMALL_STEP_TOKENS = 16
+
+
+def small_step(new_tokens: int, kv_bytes: int, weight_bytes: int) -> bool:
+    """A step that runs on one thread (module docstring): few new tokens, and KV reads no
+    larger than the weights' (many long decodes read more KV than weights; the attention
+    kernel splits those reads across the threads and they scale: 16 decodes of 1,032
+    tokens of SmolLM2, 761 MB of KV, 105 ms a step on one thread, 69-78 ms on two)."""
+    return new_tokens <= SMALL_STEP_TOKENS and kv_bytes <= weight_bytes
 
 
 def available_cores() -> int:
@@ -171,10 +180,11 @@ class ThreadGovernor:
         self._set(self.threads)
         return self.threads
 
-    def for_step(self, new_tokens: int) -> int:
-        """Set and return the threads of a step computing `new_tokens` tokens: one for a small
-        step (`SMALL_STEP_TOKENS`) unless `--threads` fixed the count, else the count."""
-        small = self.fixed is None and new_tokens <= SMALL_STEP_TOKENS
+    def for_step(self, new_tokens: int, kv_bytes: int = 0, weight_bytes: int = 0) -> int:
+        """Set and return the threads of a step computing `new_tokens` tokens and reading
+        `kv_bytes` of KV: one for a small step (`small_step`) unless `--threads` fixed the
+        count, else the count."""
+        small = self.fixed is None and small_step(new_tokens, kv_bytes, weight_bytes)
         want = 1 if small else self.threads
         if want != self._applied:
             self._set(want)

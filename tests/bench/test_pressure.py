@@ -62,6 +62,20 @@ def test_traces_match_the_request_the_engine_took_in_its_window() -> None:
     assert match_traces([RequestTiming(10.0, 1.0, 2.0, 99, 2)], traces) == [None]
 
 
+def test_prompts_of_one_length_sent_together_match_by_first_token() -> None:
+    """A cold burst: two prompts of one length sent together, the second answered first.
+    Each gets the trace whose first token it saw, not the one that arrived first."""
+    first_sent, second_sent = (
+        RequestTiming(0.0, 2.01, 3.0, 100, 2),
+        RequestTiming(0.001, 1.0, 2.0, 100, 2),
+    )
+    traces = [
+        {"arrived": 0.002, "prompt_tokens": 100, "first_token": 0.995},
+        {"arrived": 0.003, "prompt_tokens": 100, "first_token": 2.0},
+    ]
+    assert match_traces([first_sent, second_sent], traces) == [traces[1], traces[0]]
+
+
 def test_arms_compute_on_stated_threads(tmp_path: Path) -> None:
     model = default_model_path()
     opts = PressureOptions(tmp_path, model, TINY, threads=1)
