@@ -17,7 +17,14 @@ So, after the decodes (one token each, first as before):
 * a step computes at most one prompt it does not finish (`partial_allowed`):
   every prompt that completes in the step (first tokens) and one chunk of the
   next prompt in line, so a step holds one chunk of uncached work plus what is
-  about to answer, and the misses take turns rather than share.
+  about to answer, and the misses take turns rather than share;
+* with only long misses in hand and nothing queued or loading (`chunk_tokens`),
+  a prompt's chunk is the whole step budget (`--max-prefill-tokens`): no first
+  token waits behind the longer step, and it computes faster (a 1,032-token
+  prompt, 2 threads: 1,246 tok/s in 512-token chunks, 1,385 whole). Medians of
+  3 one-arm pressure runs (docs/benchmarks.md, 2026-12-04): 16 clients 2.87 ->
+  2.92 req/s, TTFT p90 4.39 -> 2.97 s; 4 clients 2.32 -> 2.49 req/s, p90 1.36
+  -> 1.55 s (hits wait behind the longer steps), p99 3.58 -> 3.20 s.
 
 `QuickLoads`: a load served from L2 alone is a memory copy of a few
 milliseconds (a 1,000-token prefix, 45 MB, at ~10 GB/s), but the scheduler
@@ -42,6 +49,17 @@ POLL_S = 0.0005
 def batch_order(req: Request) -> tuple[bool, int, float]:
     """Sort key of the running requests for a step: decodes, then the shortest prompts."""
     return (req.is_prefill, req.remaining if req.is_prefill else 0, req.arrival)
+
+
+def chunk_tokens(chunk: int, budget: int, prompts: Iterable[Request], queued: bool) -> int:
+    """Tokens of one prompt a step may compute: `chunk` (--chunked-prefill-size), or the
+    whole step's `budget` when every prompt in hand is a long miss and nothing else is
+    queued or loading (`queued`): no hit's first token waits behind the longer step, and
+    a longer step computes a prompt faster (one 1,032-token prompt, SmolLM2, 2 threads:
+    1,246 tok/s in 512-token chunks, 1,385 whole; bench/step_shapes.py)."""
+    if queued or any(r.remaining <= chunk for r in prompts):
+        return chunk
+    return max(chunk, budget)
 
 
 def partial_allowed(partials: int) -> bool:

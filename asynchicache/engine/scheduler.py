@@ -40,7 +40,12 @@ from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.cost import CostModel, load_deadline
 from asynchicache.engine.memory_budget import MemoryBudget
 from asynchicache.engine.prefetch import ArrivalPrefetcher, by_origin
-from asynchicache.engine.prefill_policy import QuickLoads, batch_order, partial_allowed
+from asynchicache.engine.prefill_policy import (
+    QuickLoads,
+    batch_order,
+    chunk_tokens,
+    partial_allowed,
+)
 from asynchicache.engine.protocol import CachedTokens
 from asynchicache.engine.request import Phase, Request
 from asynchicache.engine.sampler import request_generator
@@ -306,21 +311,29 @@ class Scheduler:
         # Prompt tokens of all requests this step (--max-prefill-tokens), at most
         # --chunked-prefill-size of one request.
         budget = self.config.max_prefill_tokens
-        chunk = self.config.chunked_prefill_size
         if prefill_cap is not None:
             budget = min(budget, prefill_cap)
+        prompts = [r for r in self.running if r.phase is Phase.RUNNING and r.is_prefill]
+        queued = bool(self.waiting or self.loading or self.landing)
+        chunk = chunk_tokens(self.config.chunked_prefill_size, budget, prompts, queued)
         # Decodes first (one token each), then prompts shortest remaining first, at most
         # one of them not finished in this step (prefill_policy.py).
         partials = 0
+        starts: set[tuple[object, ...]] = set()  # next pages of this step's fresh prompts
         for req in sorted(self.running, key=batch_order):
             if req.phase is not Phase.RUNNING:
                 continue  # preempted while building this batch
+            page = self._fresh_page(req) if req.is_prefill else None
+            if page in starts:
+                continue  # another prompt of the step computes it: join its pages next step
             n = 1 if not req.is_prefill else min(req.remaining, chunk, budget)
             if req.is_prefill and (n <= 0 or (n < req.remaining and not partial_allowed(partials))):
                 continue
             if not self._reserve(req, req.num_computed + n, batch):
                 continue
             batch.seqs.append(ScheduledSeq(req, n))
+            if page is not None:
+                starts.add(page)
             if req.is_prefill:
                 budget -= n
                 partials += n < req.remaining
@@ -336,6 +349,16 @@ class Scheduler:
         for req in self.running:
             if req.phase is Phase.RUNNING and req.is_prefill and self._owns_nothing(req):
                 self._join(req)
+
+    def _fresh_page(self, req: Request) -> tuple[object, ...] | None:
+        """What names the next full page of a prompt that computed nothing of its own yet:
+        the tree node its prefix ends at and the page's tokens. Two prompts with one such
+        page in a step would compute it twice; the second waits a step and joins."""
+        at = req.num_computed
+        if (not self._prefix_enabled() or req.handle is None or not self._owns_nothing(req)
+                or req.num_tokens - at < self.page_size):  # fmt: skip
+            return None
+        return (id(req.handle.node), *req.tokens[at : at + self.page_size])
 
     def _owns_nothing(self, req: Request) -> bool:
         """Every page `req` holds is the tree's and it computed no token past them."""

@@ -98,7 +98,8 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         "max_tokens; default %(default)s)",
     )
     add_config_flags(g, e, {
-        "--chunked-prefill-size": "prompt tokens of one request prefilled per step",
+        "--chunked-prefill-size": "prompt tokens of one request prefilled per step while a short "
+        "prompt is in hand or more are queued (alone, long prompts take --max-prefill-tokens)",
         "--max-prefill-tokens": "prompt tokens of all requests prefilled per step",
     })  # fmt: skip
     g.add_argument(

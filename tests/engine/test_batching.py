@@ -65,3 +65,23 @@ def test_two_misses_of_one_prefix_compute_it_once(make_rig: RigMaker) -> None:
     assert rig.cache.stats().counters.device_hit_tokens == 6 * PAGE
     rig.cache.drain()  # write-through copies of the shared chunks hold their pages till done
     assert_no_locks(rig.cache)
+
+
+def test_long_misses_alone_take_the_step_budget_and_a_short_prompt_brings_chunks_back(
+    make_rig: RigMaker,
+) -> None:
+    """With only long misses in hand a step computes up to --max-prefill-tokens of one
+    (a longer step is a faster prefill); once a short prompt (a hit's tail) is in hand,
+    prompts go in --chunked-prefill-size chunks again so its first token waits less."""
+    config = EngineConfig(
+        min_load_tokens=0, chunked_prefill_size=3 * PAGE, max_prefill_tokens=8 * PAGE
+    )
+    rig = make_rig(device_pages=64, engine=config)
+    one = SamplingParams(max_tokens=1, temperature=0.0)
+    rig.scheduler.add(Request("miss", tokens_for(*range(20)), one))
+    batch = rig.scheduler.schedule()
+    assert [(s.request.rid, s.num_new) for s in batch.seqs] == [("miss", 8 * PAGE)]
+    rig.scheduler.after_forward(batch)
+    rig.scheduler.add(Request("short", tokens_for(50), one))
+    taken = [(s.request.rid, s.num_new) for s in rig.scheduler.schedule().seqs]
+    assert taken == [("short", PAGE), ("miss", 3 * PAGE)]

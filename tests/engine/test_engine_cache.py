@@ -32,7 +32,12 @@ def _prompt(model: LoadedModel, n_repeats: int, question: str) -> list[int]:
 def _engine(model: LoadedModel, **cache: object) -> Engine:
     engine_kw = {
         k: cache.pop(k)
-        for k in ("chunked_prefill_size", "max_running_requests", "decode_reserve_tokens")
+        for k in (
+            "chunked_prefill_size",
+            "max_prefill_tokens",
+            "max_running_requests",
+            "decode_reserve_tokens",
+        )
         if k in cache
     }
     cache.setdefault("disk_cache_dir", None)
@@ -107,7 +112,9 @@ def test_chunked_prefill_and_shared_prefix_match_whole_prefill(
     smollm: LoadedModel, engines: list[Engine]
 ) -> None:
     whole = _engine(smollm, enable_prefix_cache=False, chunked_prefill_size=4096)
-    chunked = _engine(smollm, chunked_prefill_size=37, device_cache_tokens=4096)
+    chunked = _engine(
+        smollm, chunked_prefill_size=37, max_prefill_tokens=37, device_cache_tokens=4096
+    )  # 37 tokens a step, also with one prompt alone in hand
     engines += [whole, chunked]
     first = _prompt(smollm, 4, "Describe the sea.")
     second = _prompt(smollm, 4, "Which birds came?")  # same long prefix, other question

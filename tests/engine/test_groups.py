@@ -104,7 +104,8 @@ def test_abort_ends_every_member(engine: Engine, smollm: LoadedModel) -> None:
 
 
 def test_waiting_followers_end_with_an_aborted_leader(smollm: LoadedModel) -> None:
-    engine = _engine(smollm, True, chunked_prefill_size=16)  # several steps of prefill
+    # several steps of prefill (16 tokens a step, also with the prompt alone in hand)
+    engine = _engine(smollm, True, chunked_prefill_size=16, max_prefill_tokens=16)
     try:
         prompt = tuple(smollm.tokenizer.encode(TEXT))
         params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)

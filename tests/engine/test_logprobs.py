@@ -64,7 +64,7 @@ def test_prompt_targets(start: int, num_new: int, have: int, expected: range) ->
 
 def test_engine_logprobs_match_transformers(smollm: LoadedModel, hf_smollm: Any) -> None:
     engine = Engine(
-        EngineConfig(chunked_prefill_size=16),  # the prompt spans several chunks
+        EngineConfig(chunked_prefill_size=16, max_prefill_tokens=16),  # several chunks
         CacheConfig(disk_cache_dir=None, host_cache_gb=0, device_cache_tokens=2048),
         loaded=smollm,
     )

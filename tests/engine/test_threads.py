@@ -188,7 +188,8 @@ def test_under_load_it_samples_slowly_and_backs_off_when_others_get_busy(
 
 
 def test_a_prefill_cap_shortens_a_step(make_rig: RigMaker) -> None:
-    rig = make_rig(device_pages=64, engine=EngineConfig(chunked_prefill_size=8 * PAGE))
+    config = EngineConfig(chunked_prefill_size=8 * PAGE, max_prefill_tokens=8 * PAGE)
+    rig = make_rig(device_pages=64, engine=config)
     rig.scheduler.add(Request("r", tokens_for(*range(10)), SamplingParams(max_tokens=1)))
     assert [s.num_new for s in rig.scheduler.schedule(prefill_cap=2 * PAGE).seqs] == [2 * PAGE]
     assert [s.num_new for s in rig.scheduler.schedule().seqs] == [8 * PAGE]
