@@ -57,6 +57,7 @@ def measure(
     import torch
 
     from asynchicache.bench.engine import new_runner, prompt_ids
+    from asynchicache.cache.pools import KVLayout
     from asynchicache.engine.loader import load_model
     from asynchicache.engine.models.attention import KernelThreads
     from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
@@ -102,11 +103,10 @@ def measure(
     if kernel is not None:
         timed = Timed(kernel.kernel, kernel.workers)
         runner = ModelRunner(loaded.model, base.kv_pool, base.page_size, kernel=timed)
-    kv_per_token = (
-        loaded.config.num_layers * 2 * loaded.config.num_kv_heads * loaded.config.head_dim
-    )
-    kv_per_token *= torch.tensor([], dtype=dtype).element_size()
-    out["weight_bytes"] = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    c = loaded.config
+    layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, base.page_size, dtype)
+    kv_per_token = layout.page_bytes // base.page_size
+    out["weight_bytes"] = loaded.weight_bytes
     out["decode"] = {}
     for b in batches:
         step = ForwardBatch([[ids[-1]]] * b, [n] * b, tables[:b])

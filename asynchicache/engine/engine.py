@@ -80,9 +80,7 @@ class Engine:
             dtype=dtype,
         )
         self.kv_bytes_per_token = self.layout.page_bytes // cache_config.page_size
-        self.weight_bytes = sum(
-            p.numel() * p.element_size() for p in self.loaded.model.parameters()
-        )
+        self.weight_bytes = self.loaded.weight_bytes
         device = torch.device(engine_config.device)
         kernel = attention_kernel(mc, dtype, device)  # its choice is part of the namespace
         self.namespace = Namespace(

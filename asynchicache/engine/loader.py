@@ -51,6 +51,11 @@ class LoadedModel:
     dtype: str
     device: str
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every parameter (what a forward reads of the weights at least once)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
 
 def load_model(
     path: str | Path | None = None, dtype: str = "float32", device: str = "cpu"

@@ -346,7 +346,7 @@ class Scheduler:
         chunk's full pages as soon as they are computed)."""
         if not self._prefix_enabled():
             return
-        for req in self.running:
+        for req in list(self.running):  # `_join` moves a request to the end of `running`
             if req.phase is Phase.RUNNING and req.is_prefill and self._owns_nothing(req):
                 self._join(req)
 

@@ -38,8 +38,8 @@ most a page of new tokens (a cache hit's partial last page, the decodes of up
 to 16 requests) that reads less KV than weights (`small_step`) reads every
 weight once for a few rows, so it is bound by memory, and a second thread buys
 little even alone (a 1-token forward over 1,553 cached tokens, SmolLM2: 32 ->
-27 ms) while it takes the core the HTTP
-process and the client need to stream the tokens out. In the server, measured
+27 ms) while it takes the core the HTTP process and the client need to stream
+the tokens out. In the server, measured
 interleaved on 2 cores (docs/benchmarks.md, 2026-12-02): the same 1-token
 forward took 37-52 ms on two threads and 30-31 ms on one; a warm hit that
 computes a 6-15-token tail right after the cold request, median 103 ms with
