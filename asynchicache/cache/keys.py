@@ -35,8 +35,10 @@ ENGINE = "asynchicache"
 #   3: attention read in place by the native paged kernel (engine/models/native.py);
 #      an engine without it (no C compiler, another dtype or device) attends with
 #      torch and keeps 2, so the two never share a page
+#   4: the native kernel's prompt rows in lanes (scores in the same order, the softmax's
+#      running sums lane-wise): other last bits than 3
 NUMERICS_VERSION = 2
-NATIVE_NUMERICS_VERSION = 3
+NATIVE_NUMERICS_VERSION = 4
 HASH_BYTES = 16
 
 

@@ -25,6 +25,11 @@
  * 16 scores are head_dim vector FMAs; then an online softmax (running max
  * and sum, as flash attention) and the chunk's V added in with broadcast
  * weights. Exponentials are a vector polynomial (Cephes' expf: within 2 ulp).
+ *
+ * A prompt's block of one KV head (at least 16 query vectors) goes another way,
+ * `lanes_d`: its vectors 16 to a tile, one per lane, so scores need no transpose of
+ * K and the online softmax needs no horizontal max or sum (each lane keeps its own).
+ * 1,032 prompt rows of SmolLM2's shape, one thread: 11.4 -> 9.9 ms a layer.
  */
 
 #include <float.h>
@@ -296,6 +301,134 @@ static inline __attribute__((always_inline)) void block_d(
     }
 }
 
+/* Prompt rows of one KV head with at least a tile of query vectors: the vectors go 16 to
+ * a tile, one per lane (vector j = row r, query head g of the group: j = r * group + g).
+ * Scores then need no transpose of K: a key's scores for a tile's 16 vectors are head_dim
+ * FMAs of the tile's transposed queries with that key's dims broadcast, in the same order
+ * as the block path's sums. The online softmax runs lane-wise (each lane its own running
+ * max and sum, with no horizontal reduction), and V is added in with each vector's weights
+ * broadcast. A chunk of keys (up to 16, never across a page) is read once for every tile. */
+#define TILES (MAX_Q / LANES)
+
+static inline __attribute__((always_inline)) void tile_scores(
+    v16 *s, float (*qt)[LANES], const float *kp, int64_t ts, int64_t nk, const int32_t D) {
+    for (int t = 0; t < LANES; t++) s[t] = vsplat(0.0f);
+    if (nk == LANES) {
+        for (int32_t i = 0; i < D; i++) {
+            const v16 qv = vload(qt[i]);
+            for (int t = 0; t < LANES; t++) s[t] += qv * kp[t * ts + i];
+        }
+        return;
+    }
+    for (int32_t i = 0; i < D; i++) {
+        const v16 qv = vload(qt[i]);
+        for (int t = 0; t < nk; t++) s[t] += qv * kp[t * ts + i];
+    }
+}
+
+static inline __attribute__((always_inline)) void lanes_d(
+    const Pool *pool, const int64_t *table, const float *q, float *out, int64_t r0, int64_t nr,
+    int64_t pos0, int32_t h, float scale, const int32_t D) {
+    const int32_t DV = D / LANES, group = pool->heads / pool->kv_heads;
+    const int32_t nq = (int32_t)nr * group, tiles = (nq + LANES - 1) / LANES;
+    float qt[TILES][MAX_D][LANES] __attribute__((aligned(64)));
+    float acc[TILES * LANES][MAX_D] __attribute__((aligned(64)));
+    float p[LANES][LANES] __attribute__((aligned(64)));
+    v16 m[TILES], l[TILES];
+    i16 qpos[TILES];
+    int64_t lo[TILES], hi[TILES]; /* the first and last position of a tile's vectors */
+    for (int32_t b = 0; b < tiles; b++) {
+        m[b] = vsplat(-FLT_MAX);
+        l[b] = vsplat(0.0f);
+        for (int t = 0; t < LANES; t++) {
+            const int32_t j = b * LANES + t;
+            memset(acc[j], 0, sizeof(float) * D);
+            if (j >= nq) { /* padding: sees no key */
+                qpos[b][t] = -1;
+                for (int32_t i = 0; i < D; i++) qt[b][i][t] = 0.0f;
+                continue;
+            }
+            const int64_t r = j / group;
+            const float *src = q + (r0 + r) * pool->q_stride + (h * group + j % group) * D;
+            for (int32_t i = 0; i < D; i++) qt[b][i][t] = src[i] * scale;
+            qpos[b][t] = (int32_t)(pos0 + r);
+        }
+        lo[b] = pos0 + (b * LANES) / group;
+        hi[b] = pos0 + ((b * LANES + LANES < nq ? b * LANES + LANES : nq) - 1) / group;
+    }
+    const int64_t last = pos0 + nr - 1, window = pool->window;
+    int64_t first = 0;
+    if (window > 0 && pos0 - window + 1 > 0) first = pos0 - window + 1;
+    const int64_t ps = pool->page_size, ts = pool->token_stride;
+    for (int64_t k0 = first - first % ps; k0 <= last;) {
+        const int64_t page = table[k0 / ps], in_page = k0 % ps;
+        int64_t nk = ps - in_page < LANES ? ps - in_page : LANES;
+        if (k0 + nk > last + 1) nk = last + 1 - k0;
+        if (in_page == 0 && k0 + ps <= last) { /* fetch the next page while this one computes */
+            const int64_t next = table[k0 / ps + 1] * pool->page_stride;
+            for (int64_t f = 0; f < ps * ts; f += 16) {
+                __builtin_prefetch(pool->k_base + next + f);
+                __builtin_prefetch(pool->v_base + next + f);
+            }
+        }
+        const int64_t at = page * pool->page_stride + in_page * ts + (int64_t)h * D;
+        const float *kp = pool->k_base + at, *vp = pool->v_base + at;
+        for (int32_t b = 0; b < tiles; b++) {
+            if (k0 > hi[b]) continue; /* every key in the future of every vector */
+            if (window > 0 && k0 + nk - 1 <= lo[b] - window)
+                continue; /* every key too old for every vector */
+            v16 s[LANES];
+            tile_scores(s, qt[b], kp, ts, nk, D);
+            const int whole = nk == LANES && k0 + nk - 1 <= lo[b] &&
+                              (window <= 0 || k0 > hi[b] - window);
+            v16 cmax = vsplat(-FLT_MAX);
+            i16 valid[LANES];
+            for (int t = 0; t < LANES; t++) {
+                if (!whole) {
+                    const int32_t key = (int32_t)(k0 + t), in_chunk = t < nk ? -1 : 0;
+                    valid[t] = (qpos[b] >= key) & in_chunk;
+                    if (window > 0) valid[t] &= qpos[b] < key + (int32_t)window;
+                    s[t] = vselect(valid[t], s[t], vsplat(-FLT_MAX));
+                }
+                cmax = vmax(cmax, s[t]);
+            }
+            const v16 mnew = vmax(m[b], cmax);
+            const v16 corr = vexp(m[b] - mnew);
+            v16 sum = vsplat(0.0f);
+            for (int t = 0; t < LANES; t++) {
+                v16 pt = vexp(s[t] - mnew);
+                if (!whole) pt = vselect(valid[t], pt, vsplat(0.0f));
+                sum += pt;
+                vstore(p[t], pt);
+            }
+            l[b] = l[b] * corr + sum;
+            m[b] = mnew;
+            float cs[LANES] __attribute__((aligned(64)));
+            vstore(cs, corr);
+            for (int32_t c = 0; c < DV; c++) { /* the tile's 16 accumulators of 16 dims */
+                v16 a[LANES];
+                for (int t = 0; t < LANES; t++) a[t] = vload(acc[b * LANES + t] + c * LANES) * cs[t];
+                for (int64_t t = 0; t < nk; t++) {
+                    const v16 vt = vload(vp + t * ts + c * LANES);
+                    for (int u = 0; u < LANES; u++) a[u] += p[t][u] * vt;
+                }
+                for (int t = 0; t < LANES; t++) vstore(acc[b * LANES + t] + c * LANES, a[t]);
+            }
+        }
+        k0 += nk;
+    }
+    for (int32_t b = 0; b < tiles; b++) {
+        float ls[LANES] __attribute__((aligned(64)));
+        vstore(ls, l[b]);
+        for (int t = 0; t < LANES && b * LANES + t < nq; t++) {
+            const int32_t j = b * LANES + t;
+            float *dst = out + ((r0 + j / group) * pool->heads + h * group + j % group) * D;
+            const float inv = ls[t] > 0.0f ? 1.0f / ls[t] : 0.0f;
+            for (int32_t i = 0; i < D; i++) dst[i] = acc[j][i] * inv;
+        }
+    }
+}
+
 #define BLOCK_ARGS                                                                            \
     const Pool *pool, const int64_t *table, const float *q, float *out, int64_t r0, int64_t nr, \
         int64_t pos0, int32_t h0, int32_t nh, float scale
@@ -310,8 +443,22 @@ static void block_128_many(BLOCK_ARGS) { block_d(BLOCK_PASS, 128, QB); }
 static void block_any_few(BLOCK_ARGS) { block_d(BLOCK_PASS, pool->head_dim, QD); }
 static void block_any_many(BLOCK_ARGS) { block_d(BLOCK_PASS, pool->head_dim, QB); }
 
+#define LANES_ARGS                                                                            \
+    const Pool *pool, const int64_t *table, const float *q, float *out, int64_t r0, int64_t nr, \
+        int64_t pos0, int32_t h, float scale
+#define LANES_PASS pool, table, q, out, r0, nr, pos0, h, scale
+static void lanes_64(LANES_ARGS) { lanes_d(LANES_PASS, 64); }
+static void lanes_128(LANES_ARGS) { lanes_d(LANES_PASS, 128); }
+static void lanes_any(LANES_ARGS) { lanes_d(LANES_PASS, pool->head_dim); }
+
 static void block(BLOCK_ARGS) {
     const int few = nr * (pool->heads / pool->kv_heads) <= QD;
+    if (nh == 1 && nr * (pool->heads / pool->kv_heads) >= LANES) { /* a prompt's rows */
+        if (pool->head_dim == 64) lanes_64(pool, table, q, out, r0, nr, pos0, h0, scale);
+        else if (pool->head_dim == 128) lanes_128(pool, table, q, out, r0, nr, pos0, h0, scale);
+        else lanes_any(pool, table, q, out, r0, nr, pos0, h0, scale);
+        return;
+    }
     if (pool->head_dim == 64) (few ? block_64_few : block_64_many)(BLOCK_PASS);
     else if (pool->head_dim == 128) (few ? block_128_few : block_128_many)(BLOCK_PASS);
     else (few ? block_any_few : block_any_many)(BLOCK_PASS);
