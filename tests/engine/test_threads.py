@@ -171,6 +171,16 @@ def test_a_long_prefill_after_the_machine_went_idle_is_not_stuck_at_one_thread(
     assert gov.threads == 2 and gov.prefill_cap is None
 
 
+def test_a_long_prefill_on_an_idle_machine_at_every_core_is_not_cut_short(
+    machine: Machine,
+) -> None:
+    gov = governor(machine)
+    idle_for(gov, machine, 1.1, others=0.0)
+    assert gov.threads == 2
+    steps = prefill(gov, machine, tokens=1557, chunk=2048, others=0.0)
+    assert steps == [(1557, 2)]  # whole: at every core the count can only fall
+
+
 def test_under_load_it_samples_slowly_and_backs_off_when_others_get_busy(
     machine: Machine,
 ) -> None:
