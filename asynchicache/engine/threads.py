@@ -29,13 +29,15 @@ process. While the engine is idle a switch costs nothing, so it samples every
 start-up has settled (`start()` at ready: start-up itself is not measured).
 It samples again when work arrives, 0.5 s into the work, and 0.5 s after a
 proposal to confirm it. The count can only change between steps, so until
-it has sampled the work (and while a change is proposed) the engine keeps its
+it has sampled the work (and while a rise is proposed) the engine keeps its
 prefill steps short (`prefill_cap`): a long prompt that comes just after the
-machine went idle is not computed on one thread throughout. Not at every core:
-there the count can only fall, and with OpenMP's passive wait (engine/openmp.py)
-two threads beside a process busy 30% of a core were no slower than one
-(docs/benchmarks.md, 2026-12-03), while 256-token steps made a cold 1,557-token
-prompt's TTFT in the server 1.22-1.43 s (`--threads 2`, whole) -> 1.47-1.62 s.
+machine went idle is not computed on one thread throughout. Only while the count
+may rise: where it may only fall (at every core, or a fall proposed), steps stay
+whole, since with OpenMP's passive wait (engine/openmp.py) two threads beside a
+process busy 30% of a core were no slower than one (docs/benchmarks.md,
+2026-12-03), while 256-token steps made a cold 1,557-token prompt's TTFT in the
+server 1.22-1.43 s (`--threads 2`, whole) -> 1.47-1.62 s. (The HTTP process and
+the client preparing a request right after another often propose a fall.)
 
 Small steps run on one thread whatever the count (`for_step`): a step of at
 most a page of new tokens (a cache hit's partial last page, the decodes of up
@@ -176,9 +178,10 @@ class ThreadGovernor:
     @property
     def prefill_cap(self) -> int | None:
         """Prefill tokens per step the engine should keep to now (None: no limit): while
-        a change waits for confirmation, or no sample has seen the engine busy yet and
-        the count is below every core (module docstring)."""
-        unsure = self.settling or (self._last_idle and self.threads < self.cores)
+        the count may rise, i.e. a rise waits for confirmation, or no sample has seen the
+        engine busy yet and the count is below every core (module docstring)."""
+        rising = self._proposal is not None and self._proposal > self.threads
+        unsure = rising or (self._last_idle and self.threads < self.cores)
         return UNSURE_PREFILL_TOKENS if unsure and self._last is not None else None
 
     def apply(self) -> int:

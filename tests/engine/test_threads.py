@@ -179,6 +179,11 @@ def test_a_long_prefill_on_an_idle_machine_at_every_core_is_not_cut_short(
     assert gov.threads == 2
     steps = prefill(gov, machine, tokens=1557, chunk=2048, others=0.0)
     assert steps == [(1557, 2)]  # whole: at every core the count can only fall
+    # The client and the HTTP process busy just before the next request: a fall is
+    # proposed as it arrives, and the prompt is still computed whole.
+    idle_for(gov, machine, 0.3, others=0.9)
+    steps = prefill(gov, machine, tokens=1557, chunk=2048, others=0.0)
+    assert steps == [(1557, 2)], steps
 
 
 def test_under_load_it_samples_slowly_and_backs_off_when_others_get_busy(
