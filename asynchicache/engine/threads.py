@@ -22,7 +22,11 @@ likewise keeps a core for its frontend) and reads the other processes' CPU use
 from /proc/stat. `--threads N` fixes the count instead.
 
 When it samples: a new count takes effect only after two samples in a row ask
-for it (a burst of client work does not flip it back and forth). Under load a
+for it (a burst of client work does not flip it back and forth), except a rise
+seen while idle or as work arrives, taken at once: more threads than the
+machine leaves cost little with passive waits (below), and a request that comes
+right after start-up (at cores - 1) is otherwise cut into short steps for a
+second. Under load a
 sample spans 2 s, long enough to average the bursty per-step work of the HTTP
 process. While the engine is idle a switch costs nothing, so it samples every
 0.5 s: the engine meets its first request with what the machine leaves once
@@ -237,7 +241,10 @@ class ThreadGovernor:
         if threads == self.threads:
             self._proposal = None
             return None
-        if self._proposal != threads:  # the first sample asking for it: wait for a second
+        # A rise seen idle or as work arrives is taken at once (module docstring); any
+        # other change waits for a second sample to agree.
+        rise_now = threads > self.threads and self._last_idle
+        if self._proposal != threads and not rise_now:
             self._proposal = threads
             return None
         self._proposal = None
