@@ -108,6 +108,14 @@ def idle_for(gov: ThreadGovernor, machine: Machine, seconds: float, others: floa
     return changes
 
 
+def idle_at_every_core(machine: Machine) -> ThreadGovernor:
+    """A governor that sampled a quiet machine while idle: at every core (2)."""
+    gov = governor(machine)
+    idle_for(gov, machine, 1.1, others=0.0)
+    assert gov.threads == 2
+    return gov
+
+
 def test_a_rise_seen_idle_is_taken_at_once_any_other_change_after_two_samples(
     machine: Machine,
 ) -> None:
@@ -136,9 +144,7 @@ def test_start_up_is_not_measured_and_an_idle_engine_takes_the_free_cores_in_hal
 
 
 def test_a_burst_while_idle_does_not_flip_the_count(machine: Machine) -> None:
-    gov = governor(machine)
-    idle_for(gov, machine, 1.1, others=0.0)
-    assert gov.threads == 2
+    gov = idle_at_every_core(machine)
     # A client busy for one sample's span, then quiet again: proposed, not taken.
     assert idle_for(gov, machine, 0.5, others=1.0) == [] and gov.settling
     assert idle_for(gov, machine, 2.0, others=0.0) == [] and gov.threads == 2
@@ -178,9 +184,7 @@ def test_a_long_prefill_after_the_machine_went_idle_is_not_stuck_at_one_thread(
 def test_a_long_prefill_on_an_idle_machine_at_every_core_is_not_cut_short(
     machine: Machine,
 ) -> None:
-    gov = governor(machine)
-    idle_for(gov, machine, 1.1, others=0.0)
-    assert gov.threads == 2
+    gov = idle_at_every_core(machine)
     steps = prefill(gov, machine, tokens=1557, chunk=2048, others=0.0)
     assert steps == [(1557, 2)]  # whole: at every core the count can only fall
     # The client and the HTTP process busy just before the next request: a fall is
@@ -193,9 +197,7 @@ def test_a_long_prefill_on_an_idle_machine_at_every_core_is_not_cut_short(
 def test_under_load_it_samples_slowly_and_backs_off_when_others_get_busy(
     machine: Machine,
 ) -> None:
-    gov = governor(machine)
-    idle_for(gov, machine, 1.1, others=0.0)
-    assert gov.threads == 2
+    gov = idle_at_every_core(machine)
     steps = prefill(gov, machine, tokens=4096, chunk=512, others=0.0)
     assert all(threads == 2 for _, threads in steps)
     assert gov.prefill_cap is None  # sure: full chunks
