@@ -23,18 +23,17 @@ from /proc/stat. `--threads N` fixes the count instead.
 
 When it samples: a new count takes effect only after two samples in a row ask
 for it (a burst of client work does not flip it back and forth), except a rise
-seen while idle or as work arrives, taken at once: more threads than the
-machine leaves cost little with passive waits (below), and a request that comes
-right after start-up (at cores - 1) is otherwise cut into short steps for a
-second. Under load a
-sample spans 2 s, long enough to average the bursty per-step work of the HTTP
-process. While the engine is idle a switch costs nothing, so it samples every
-0.5 s: the engine meets its first request with what the machine leaves once
-start-up has settled (`start()` at ready: start-up itself is not measured).
-It samples again when work arrives, 0.5 s into the work, and 0.5 s after a
-proposal to confirm it. The count can only change between steps, so until
-it has sampled the work (and while a rise is proposed) the engine keeps its
-prefill steps short (`prefill_cap`): a long prompt that comes just after the
+seen while idle or as work arrives, taken at once: more threads than the machine
+leaves cost little with passive waits (below), and a request that comes right
+after start-up (at cores - 1) is otherwise cut into short steps for a second.
+Under load a sample spans 2 s, long enough to average the bursty per-step work
+of the HTTP process. While the engine is idle a switch costs nothing, so it
+samples every 0.5 s: the engine meets its first request with what the machine
+leaves once start-up has settled (`start()` at ready: start-up itself is not
+measured). It samples again when work arrives, 0.5 s into the work, and 0.5 s
+after a proposal to confirm it. The count can only change between steps, so
+until it has sampled the work (and while a rise is proposed) the engine keeps
+its prefill steps short (`prefill_cap`): a long prompt that comes just after the
 machine went idle is not computed on one thread throughout. Only while the count
 may rise: where it may only fall (at every core, or a fall proposed), steps stay
 whole, since with OpenMP's passive wait (engine/openmp.py) two threads beside a

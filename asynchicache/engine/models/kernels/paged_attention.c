@@ -326,8 +326,8 @@ static inline __attribute__((always_inline)) void tile_scores(
     }
 }
 
-/* One chunk of keys (kp, vp: nk of them, from position k0) into tile b's running
- * max m, sum l and accumulators acc (16 rows of D). */
+/* One chunk of keys (kp, vp: nk of them, from position k0) into a tile's running max m,
+ * sum l and accumulators acc (16 rows of D); lo, hi: the tile's first and last row. */
 static inline __attribute__((always_inline)) void tile_chunk(
     float (*qt)[LANES], float (*acc)[MAX_D], v16 *m, v16 *l, i16 qpos, int64_t lo, int64_t hi,
     const float *kp, const float *vp, int64_t ts, int64_t k0, int64_t nk, int64_t window,
@@ -449,8 +449,9 @@ static void lanes_128(LANES_ARGS) { lanes_d(LANES_PASS, 128); }
 static void lanes_any(LANES_ARGS) { lanes_d(LANES_PASS, pool->head_dim); }
 
 static void block(BLOCK_ARGS) {
-    const int few = nr * (pool->heads / pool->kv_heads) <= QD;
-    if (nh == 1 && nr * (pool->heads / pool->kv_heads) >= LANES) { /* a prompt's rows */
+    const int64_t vectors = nr * (pool->heads / pool->kv_heads); /* per KV head */
+    const int few = vectors <= QD;
+    if (nh == 1 && vectors >= LANES) { /* a prompt's rows */
         if (pool->head_dim == 64) lanes_64(pool, table, q, out, r0, nr, pos0, h0, scale);
         else if (pool->head_dim == 128) lanes_128(pool, table, q, out, r0, nr, pos0, h0, scale);
         else lanes_any(pool, table, q, out, r0, nr, pos0, h0, scale);
