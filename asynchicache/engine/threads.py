@@ -17,15 +17,25 @@ client streaming under pressure, ~0.3 of a core together, left the engine one
 thread on two cores while vLLM computed on both. A thread descheduled a third
 of the time still leaves a big step ~1.4x one thread's pace; the barrier
 stalls measured above were with the other core busy all the time; not yet
-measured on a quiet machine.) It starts at cores - 1 (vLLM's CPU backend
-likewise keeps a core for its frontend) and reads the other processes' CPU use
-from /proc/stat. `--threads N` fixes the count instead.
+measured on a quiet machine.) It reads the other processes' CPU use from
+/proc/stat; `--threads N` fixes the count instead.
+
+It starts at every core. It started at cores - 1 (as vLLM's CPU backend keeps a
+core for its frontend), but when start-up is quick a cold prompt arrives before
+the first sample has raised the count: a 1,557-token prompt right after
+start-up then ran in 256-550-token steps on one thread, 1.77-1.80 s, against
+1.22-1.31 s as one step on two; over `bench compare --no-vllm --clients 8
+--rounds 3` (docs/benchmarks.md, 2026-12-05, quiet machine) the median cold
+TTFT went 1.91 -> 1.28 s and 8 clients' tokens/s 158 -> 171. A thread more
+than the machine leaves costs little with passive waits (below), and the
+governor lowers the count within a sample and its confirmation when other
+processes keep a core busy.
 
 When it samples: a new count takes effect only after two samples in a row ask
 for it (a burst of client work does not flip it back and forth), except a rise
 seen while idle or as work arrives, taken at once: more threads than the machine
 leaves cost little with passive waits (below), and a request that comes right
-after start-up (at cores - 1) is otherwise cut into short steps for a second.
+after a busy spell is otherwise cut into short steps for a second.
 Under load a sample spans 2 s, long enough to average the bursty per-step work
 of the HTTP process. While the engine is idle a switch costs nothing, so it
 samples every 0.5 s: the engine meets its first request with what the machine
@@ -95,9 +105,10 @@ def available_cores() -> int:
 
 
 def default_threads(cores: int | None = None) -> int:
-    """The engine's starting thread count when `--threads` is not given: cores - 1, at least 1."""
+    """The engine's starting thread count when `--threads` is not given: every core
+    (module docstring)."""
     n = available_cores() if cores is None else cores
-    return max(1, n - 1)
+    return max(1, n)
 
 
 def threads_for(cores: int, others: float) -> int:

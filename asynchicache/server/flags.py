@@ -114,7 +114,7 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         help="torch threads of the engine process (default: every core the other processes "
-        "leave free, measured as it runs; it starts at cores - 1)",
+        "leave free, measured as it runs; it starts at every core)",
     )
 
 
