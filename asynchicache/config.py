@@ -208,6 +208,8 @@ class EngineConfig:
     min_load_tokens: int = 32
     seed: int = 0
     threads: int | None = None  # torch threads of the engine; None = engine.threads default
+    # Last-position logits of recent prompts (engine/prompt_logits.py); 0 turns them off.
+    prompt_logits_mib: int = 64
 
     def __post_init__(self) -> None:
         check_numbers(self)
@@ -217,6 +219,7 @@ class EngineConfig:
         _positive("--chunked-prefill-size", self.chunked_prefill_size)
         _positive("--max-prefill-tokens", self.max_prefill_tokens)
         _non_negative("--min-load-tokens", self.min_load_tokens)
+        _non_negative("--prompt-logits-mib", self.prompt_logits_mib)
         if self.max_model_len is not None:
             _positive("--max-model-len", self.max_model_len)
         if self.threads is not None:

@@ -4,9 +4,11 @@ An unbounded page-level replay of the requests in the order they were sent.
 Each prompt is cut into full pages; a page can hit when the same page, after
 the same earlier pages, was in an earlier request (a trie over pages, so the
 chain of predecessors is what matters, as with the cache's chained page
-hashes). As in the engine, the last prompt token is always computed (its
-logits give the first sample): every full page may hit, but a prompt that
-ends on a page boundary hits at most `len - 1` tokens.
+hashes). As in the engine, the last prompt token is computed (its logits
+give the first sample): every full page may hit, but a prompt that ends on a
+page boundary hits at most `len - 1` tokens; except a prompt sent before
+whole, which hits every token (the engine keeps recent prompts' last logits,
+engine/prompt_logits.py; here they are never dropped).
 
 Generated tokens are cached too: a request that decodes `decode_tokens` tokens
 leaves KV for its prompt and the first `decode_tokens - 1` of them (the last
@@ -79,6 +81,7 @@ class _Trie:
         self.decode_tokens = decode_tokens
         self.root = _Node()
         self.distinct = 0
+        self.sent: set[tuple[int, ...]] = set()  # whole prompts: their last logits are kept
 
     def pages(self, tokens: Sequence[int]) -> list[tuple[int, ...]]:
         ps = self.page_size
@@ -86,6 +89,8 @@ class _Trie:
 
     def hit_tokens(self, tokens: Sequence[int]) -> int:
         """Tokens of `tokens` an unbounded cache may serve (before adding them)."""
+        if tuple(tokens) in self.sent:
+            return len(tokens)
         node, depth, reach = self.root, 0, 0
         for page in self.pages(tokens):
             reach = max(reach, node.reach(tokens, depth * self.page_size))
@@ -100,6 +105,7 @@ class _Trie:
 
     def add(self, tokens: Sequence[int]) -> None:
         """`tokens` was sent: its pages, then its generated tokens, may be cached."""
+        self.sent.add(tuple(tokens))
         node = self.root
         for page in self.pages(tokens):
             child = node.children.get(page)

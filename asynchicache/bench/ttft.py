@@ -10,6 +10,8 @@ posix_fadvise, so the read is cold when the kernel honours it). The cache
 service runs in a process of its own, as the server runs it (in a thread of
 this process it would take the interpreter lock from the engine's loop).
 
+The hits are the KV tiers' (a prompt's kept last logits, engine/prompt_logits.py,
+are off here: they would answer the first token of a repeat without the tiers).
 Every engine warms up first as the server's does at start-up (`Engine.warm_up`).
 A hit takes tens of milliseconds, so one sample of it is at the mercy of
 whatever else ran in that moment: each hit figure is the median of `HIT_SAMPLES`
@@ -116,7 +118,10 @@ def _disk_engine(model: LoadedModel, folder: Path, cache: CacheConfig) -> _DiskE
     )
     proc.start()
     client = StorageClient(ClientConfig(service.address))
-    made = _DiskEngine(Engine(EngineConfig(), cache, storage=client, loaded=model), proc)
+    # The tiers' KV paths are measured: a repeat's first token from kept logits
+    # (engine/prompt_logits.py) would skip them.
+    engine = Engine(EngineConfig(prompt_logits_mib=0), cache, storage=client, loaded=model)
+    made = _DiskEngine(engine, proc)
     if not client.wait_ready(60):
         made.close()
         raise RuntimeError("cache service did not come up")

@@ -310,6 +310,13 @@ class HiRadixCache:
         self.writer.write_through(node, len(tokens))
         return LockedPages(MatchHandle(node), out.pages + pages[n:])
 
+    def claim_stores(self, handle: MatchHandle, prompt_tokens: int) -> None:
+        """A request that stores holds the path to `handle`'s node: pages a `cache_store:
+        false` request left there may be stored now, as `insert` does for the pages it
+        takes (a hit computes no full page of its own to insert)."""
+        if self.config.enable_prefix_cache and self.tree.is_attached(handle.node):
+            self.writer.claim(handle.node, prompt_tokens)
+
     # -- loads --------------------------------------------------------------------------------
 
     def load(self, match: MatchResult) -> LoadTicket | None:

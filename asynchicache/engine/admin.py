@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.keys import Namespace, chain_hashes
 from asynchicache.cache.pins import PinnedChain
+from asynchicache.engine.prompt_logits import PromptLogits
 from asynchicache.engine.protocol import AdminReply, AdminRequest
 from asynchicache.storage.admin_messages import ClearReply, PinReply, PinsReply
 from asynchicache.storage.client.admin import AdminRequests
@@ -59,6 +60,7 @@ class AdminSubject(Protocol):
 
     cache: HiRadixCache
     namespace: Namespace
+    prompt_logits: PromptLogits
 
     @property
     def model_name(self) -> str: ...
@@ -128,6 +130,8 @@ class EngineAdmin:
                              "bad_request")  # fmt: skip
         done = self.cache.clear_tiers(Tier.DEVICE in wanted, Tier.HOST in wanted, salt or None,
                                       include_pinned)  # fmt: skip
+        if Tier.DEVICE in wanted:  # a cleared prompt misses: its kept logits go with its pages
+            self.engine.prompt_logits.clear(salt or None)
         out: dict[str, dict[str, Any]] = {
             tier: {"removed": t.removed, "kept_in_use": t.kept_in_use,
                    "kept_pinned": t.kept_pinned, "error": None}

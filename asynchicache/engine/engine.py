@@ -23,6 +23,7 @@ from asynchicache.engine.group import Forker, make_members
 from asynchicache.engine.isolation import fail_requests, failure_message, pick_isolated
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.logprobs import collect_prompt_logprobs
+from asynchicache.engine.prompt_logits import PromptLogits
 from asynchicache.engine.protocol import (
     AdminReply,
     AdminRequest,
@@ -31,7 +32,7 @@ from asynchicache.engine.protocol import (
     SamplingParams,
     TokenOutput,
 )
-from asynchicache.engine.request import Request
+from asynchicache.engine.request import Phase, Request
 from asynchicache.engine.runner import (
     ForwardBatch,
     ModelRunner,
@@ -104,9 +105,12 @@ class Engine:
         self.device_tokens = self.cache.stats().device.total * cache_config.page_size
         self.last_batch_size = 0
         self.eos_ids = frozenset(self.loaded.tokenizer.eos_token_ids)
-        self.steps = 0
+        self.steps = 0  # steps that ran the scheduler and a forward (when it had a batch)
+        self._generate_calls = 0
         self.computed_prompt_tokens = 0  # prompt tokens fed to the model (cache misses)
         self.failed_requests = 0  # ended by an error inside a step (engine/isolation.py)
+        self.prompt_logits = PromptLogits(self.namespace, engine_config.prompt_logits_mib)
+        self._early: list[Request] = []  # added since the last step, their prompt's logits kept
         self.admin_ops = EngineAdmin(self)
         self.tracer = Tracer()  # where each request's time to first token goes (trace.py)
 
@@ -160,6 +164,8 @@ class Engine:
         leader = make_members(msg)[0]
         self.scheduler.add(leader)
         self.tracer.arrived(leader)
+        if self.cache_config.enable_prefix_cache and PromptLogits.usable(leader):
+            self._early.append(leader)
         return None
 
     def abort(self, rid: str, index: int | None = None) -> bool:
@@ -175,16 +181,21 @@ class Engine:
 
     # -------------------------------------------------------------------- step
     def step(self, prefill_cap: int | None = None) -> list[TokenOutput]:
-        """Run one scheduler step and one forward pass; returns new tokens.
+        """Run one scheduler step and one forward pass; returns new tokens. A step that
+        draws first tokens from kept logits (engine/prompt_logits.py) returns those alone,
+        before any forward: they go out now, not after the next forward.
 
         `prefill_cap`: at most this many prompt tokens this step (`Scheduler.schedule`)."""
         self.tracer.step_began()
-        batch = self.scheduler.schedule(prefill_cap)
-        self.tracer.scheduled(self.scheduler.quick_loads.landed)
-        self.last_batch_size = len(batch.seqs)
-        outputs: list[TokenOutput] = []
-        if batch.seqs:
-            outputs += self._run_isolated(batch)
+        outputs = self._answer_early()
+        self.last_batch_size = len(outputs)  # requests this step served
+        if not outputs:
+            batch = self.scheduler.schedule(prefill_cap)
+            self.tracer.scheduled(self.scheduler.quick_loads.landed)
+            self.last_batch_size = len(batch.seqs)
+            if batch.seqs:
+                outputs += self._run_isolated(batch)
+            self.steps += 1
         while finished := self.scheduler.drain_finished():
             for req in finished:
                 if req.group is not None:  # a leader ended before its prompt was computed
@@ -193,7 +204,25 @@ class Engine:
                     outputs.append(self._final_output(req, ()))
                 self.tracer.finished(req)
         self.tracer.step_ended()
-        self.steps += 1
+        return outputs
+
+    def _answer_early(self) -> list[TokenOutput]:
+        """First tokens of requests whose prompt's last logits are kept, drawn before any
+        forward (engine/prompt_logits.py); they then queue on as preempted requests do."""
+        fresh, self._early = self._early, []
+        ready = [r for r in fresh if r.phase is Phase.WAITING and not r.output]
+        found = [(r, self.prompt_logits.get(r)) for r in ready]
+        hits = [(r, row) for r, row in found if row is not None]
+        if not hits:
+            return []
+        rows = torch.stack([row for _, row in hits])
+        picks = pick_isolated(rows, [r for r, _ in hits])
+        for req, _ in hits:
+            # Nothing of the prompt computed so far; its match sets this when it goes on.
+            req.cached = CachedTokens(device=len(req.prompt))
+        outputs = [self._append(r, p) for (r, _), p in zip(hits, picks, strict=True)]
+        for req, _ in hits:
+            self.tracer.answered(req)
         return outputs
 
     def _run_isolated(self, batch: Batch) -> list[TokenOutput]:
@@ -247,8 +276,17 @@ class Engine:
         outputs = [self._prompt_only(r) for r in ready if r.sampling.max_tokens == 0]
         ready = [r for r in ready if r.sampling.max_tokens > 0]
         rows = logits[[index[id(r)] for r in ready]]
+        self._keep_prompt_logits(ready, rows)
         picks = pick_isolated(rows, ready)  # a row that fails to sample fails alone
         return outputs + [self._append(req, p) for req, p in zip(ready, picks, strict=True)]
+
+    def _keep_prompt_logits(self, ready: list[Request], rows: torch.Tensor) -> None:
+        """Keep the raw last-position logits of prompts about to draw their first token."""
+        if self.prompt_logits.budget_bytes <= 0 or not self.cache_config.enable_prefix_cache:
+            return
+        for i, req in enumerate(ready):
+            if not req.output and req.index == 0:
+                self.prompt_logits.put(req, rows[i])
 
     def _collect_prompt_logprobs(self, batch: Batch, logits: torch.Tensor) -> None:
         """Prompt logprobs from the extra rows the runner returned (see `ForwardBatch`)."""
@@ -307,7 +345,8 @@ class Engine:
     ) -> list[TokenOutput]:
         """Run prompts together to completion; returns each request's final output,
         with `token_ids` holding every generated token (tests and benchmarks)."""
-        rids = [f"gen-{self.steps}-{i}" for i in range(len(prompts))]
+        self._generate_calls += 1  # a call may run no forward (kept logits): not `steps`
+        rids = [f"gen-{self._generate_calls}-{i}" for i in range(len(prompts))]
         tokens: dict[str, list[int]] = {rid: [] for rid in rids}
         final: dict[str, TokenOutput] = {}
         for rid, prompt in zip(rids, prompts, strict=True):
@@ -354,6 +393,7 @@ class Engine:
             "loads_deferred": self.scheduler.loads_deferred,
             "computed_prompt_tokens": self.computed_prompt_tokens,
             "failed_requests": self.failed_requests,
+            "prompt_logits": _plain(self.prompt_logits.stats()),
             # Locks held on cached pages (0 when idle: every request released its own).
             "cache_lock_refs": sum(node.lock_ref for node in self.cache.tree.iter_nodes()),
             "prefill_tok_s_estimate": self.cost.prefill_tok_s.value,

@@ -66,6 +66,7 @@ class Request:
     load_ticket: LoadTicket | None = None  # while LOADING
     load_deadline: float | None = None
     cached: CachedTokens = field(default_factory=CachedTokens)
+    usage_final: bool = False  # `cached` was set at its first admission (it was preempted)
     # Prompt tokens its arrival prefetch moved into L2, by the tier they came from
     # (engine/prefetch.py): its usage counts them there, not as L2 hits.
     prefetched: CachedTokens = field(default_factory=CachedTokens)

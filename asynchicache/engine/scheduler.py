@@ -178,11 +178,14 @@ class Scheduler:
         req.handle = handle
         req.page_table = pages
         req.shared_pages = len(pages)
+        if handle is not None and pages and req.cache_store:
+            self.cache.claim_stores(handle, len(req.prompt))
         req.num_computed = len(pages) * self.page_size
         if req.num_computed >= req.num_tokens:
             cached = self._recompute_last_token(req, cached)
-        if not req.output:  # a preempted request keeps the usage of its first admission
-            req.cached = cached
+        if not req.usage_final:  # a preempted request keeps the usage of its first admission
+            # A first token drawn early (engine/prompt_logits.py) may sit on a cached page.
+            req.cached = cached.less(max(0, cached.total - len(req.prompt)))
         req.phase = Phase.RUNNING
         self.running.append(req)
 
@@ -375,7 +378,7 @@ class Scheduler:
         more = (len(joined.device_pages) - req.shared_pages) * self.page_size
         self.joined_tokens += more
         cached = req.cached
-        if not req.output:  # a preempted request keeps the usage of its first admission
+        if not req.usage_final:  # a preempted request keeps the usage of its first admission
             cached = dataclasses.replace(cached, device=cached.device + more)
         self.running.remove(req)
         self._take_prefix(req, joined.handle, joined.device_pages, cached)
@@ -417,6 +420,7 @@ class Scheduler:
         again into the same shortage would preempt another (a storm)."""
         self.preemptions += 1
         self.backing_off = True
+        req.usage_final = True
         self._release(req, keep_cached=True)
         self.running.remove(req)
         req.phase = Phase.WAITING

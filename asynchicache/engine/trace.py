@@ -180,6 +180,14 @@ class Tracer:
             if seconds > trace.max_step_s:
                 trace.max_step_s, trace.max_step_tokens = seconds, tokens
 
+    def answered(self, req: Request) -> None:
+        """`req` got its first token before any forward (engine/prompt_logits.py)."""
+        entry = self._open.get(id(req))
+        if entry is not None and entry[1].first_token is None:
+            now = self._clock()
+            entry[1].admitted = entry[1].admitted or now
+            entry[1].first_token = now
+
     def step_ended(self) -> None:
         """The step is over: its time outside the forward is its requests' overhead, and
         those that have a token now (or ended: a prompt-only request) got it now."""

@@ -85,6 +85,12 @@ counter scheduler_preemptions preemptions
     Requests preempted for memory.
 counter scheduler_loads_given_up loads_given_up
     Prefix loads the scheduler stopped waiting for (deadline or abort); recomputed.
+counter prompt_logits_hits prompt_logits\.hits
+    First tokens drawn from a kept prompt's last-position logits, before any forward.
+counter prompt_logits_stored prompt_logits\.stored
+    Prompts whose last-position logits were kept (engine/prompt_logits.py).
+gauge prompt_logits prompt_logits\.(?P<what>entries|bytes)
+    Prompts whose last-position logits are kept, and their bytes.
 """
 
 

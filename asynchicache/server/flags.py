@@ -109,6 +109,8 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     add_config_flags(g, e, {
         "--min-load-tokens": "load a prefix from L2/L3/L4 only when it has at least this "
         "many tokens",
+        "--prompt-logits-mib": "memory for the last-position logits of recent prompts: a "
+        "prompt seen again draws its first token from them before any forward (0: off)",
     })  # fmt: skip
     g.add_argument(
         "--threads",

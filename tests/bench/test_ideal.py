@@ -36,11 +36,15 @@ def test_hand_made_sequence() -> None:
 
 
 def test_short_prompts_and_repeats() -> None:
-    assert replay([[1, 2, 3]] * 3, P).hit_tokens == 0  # no full page, nothing cached
+    assert replay([[1, 2, 3], [1, 2, 4]], P).hit_tokens == 0  # no full page, nothing cached
     five = [1, 2, 3, 4, 5]
-    assert replay([five, five], P).hit_tokens == 4  # its one full page
+    assert replay([five, [*five, 6]], P).hit_tokens == 4  # its one full page
     four = [1, 2, 3, 4]
-    assert replay([four, four], P).hit_tokens == 3  # its page, less the last token
+    assert replay([four, [*four, 9, 9, 9, 9]], P).hit_tokens == 4  # its page
+    assert replay([[*four, 9, 9, 9, 9], four], P).hit_tokens == 3  # less the last token
+    # A prompt sent before whole hits every token (its last logits are kept).
+    assert replay([[1, 2, 3]] * 3, P).hit_tokens == 6
+    assert replay([five, five], P).hit_tokens == 5 and replay([four, four], P).hit_tokens == 4
     assert replay([], P).hit_rate == 0.0
     with pytest.raises(ValueError):
         replay([A], 0)
@@ -166,20 +170,22 @@ def test_the_ideal_bounds_a_real_engine_and_is_reached_when_answers_repeat(
     assert ideal.hit_tokens == sum(cached)
 
 
-def test_a_prompt_cached_whole_hits_all_but_its_last_token(
-    smollm: LoadedModel, tokenizer: Tokenizer
+@pytest.mark.parametrize("kept_logits", [True, False])
+def test_a_prompt_cached_whole_hits_every_token_or_all_but_its_last(
+    smollm: LoadedModel, tokenizer: Tokenizer, kept_logits: bool
 ) -> None:
-    """The engine computes only the last token of a page-aligned prompt it holds whole;
-    the ideal counts the same, so it still bounds the engine (and equals it here)."""
+    """A page-aligned prompt sent again: with its last logits kept the engine computes no
+    prompt token, without them only the last; the ideal counts every token, so it bounds
+    the engine both ways (and equals it with the logits kept)."""
     sampling = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    engine = Engine(
-        EngineConfig(), CacheConfig(disk_cache_dir=None, host_cache_gb=0), loaded=smollm
-    )
+    config = EngineConfig(prompt_logits_mib=64 if kept_logits else 0)
+    engine = Engine(config, CacheConfig(disk_cache_dir=None, host_cache_gb=0), loaded=smollm)
     try:
         prompt = tokenizer.encode("The harbour lights came on one by one. " * 12)
         prompt = prompt[: len(prompt) // 16 * 16]
         cached = [engine.generate([prompt], sampling)[0].cached.total for _ in range(2)]
     finally:
         engine.close()
-    assert cached == [0, len(prompt) - 1]
-    assert replay([prompt, prompt], 16, decode_tokens=2).hit_tokens == sum(cached)
+    assert cached == [0, len(prompt) if kept_logits else len(prompt) - 1]
+    ideal = replay([prompt, prompt], 16, decode_tokens=2).hit_tokens
+    assert ideal == len(prompt) >= sum(cached)

@@ -267,7 +267,8 @@ def test_the_engine_sets_each_steps_threads_before_its_forward(
         reads.append((kv_bytes, weight_bytes))
 
     cache = CacheConfig(disk_cache_dir=None)
-    engine = Engine(EngineConfig(), cache, loaded=tiny_llama, step_threads=record)
+    config = EngineConfig(prompt_logits_mib=0)  # the whole hit computes its last token
+    engine = Engine(config, cache, loaded=tiny_llama, step_threads=record)
     page = cache.page_size
     try:
         prompt = list(range(3, 3 + 3 * page))  # three whole pages

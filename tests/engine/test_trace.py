@@ -15,7 +15,8 @@ GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 @pytest.fixture
 def engine(tiny_llama: LoadedModel) -> Engine:
     made = Engine(
-        EngineConfig(chunked_prefill_size=32, max_prefill_tokens=32),
+        # Repeats here follow their KV through the tiers: no first token from kept logits.
+        EngineConfig(chunked_prefill_size=32, max_prefill_tokens=32, prompt_logits_mib=0),
         CacheConfig(disk_cache_dir=None, host_cache_gb=0.01, device_cache_tokens=512),
         loaded=tiny_llama,
     )
