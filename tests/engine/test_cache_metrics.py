@@ -14,6 +14,9 @@ EXPORTED = (
     "asynchicache_cache_illegal_transitions_total 0.0",
     'asynchicache_cache_events_total{what="slots_quarantined"} 2.0',
     "asynchicache_scheduler_loads_given_up_total 1.0",
+    "asynchicache_prompt_logits_hits_total 3.0",
+    "asynchicache_prompt_logits_stored_total 5.0",
+    'asynchicache_prompt_logits{what="bytes"} 4096.0',
 )
 
 
@@ -33,7 +36,8 @@ def test_quarantine_and_ledger_states_are_exported(make_rig: RigMaker) -> None:
     assert ticket.handle is not None
     cache.unlock(ticket.handle)
     payload = {"cache": cache.stats().to_dict(), "queues": {"given_up_loads": 0},
-               "loads_given_up": 1}  # fmt: skip
+               "loads_given_up": 1,
+               "prompt_logits": {"entries": 2, "bytes": 4096, "hits": 3, "stored": 5}}  # fmt: skip
     text = ServerMetrics().render(payload).decode()
     assert [line for line in EXPORTED if line not in text] == []
 
