@@ -17,6 +17,7 @@ import pytest
 import scheduler_rig
 import torch
 
+from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel, default_model_path, load_model
 
 TINY = {
@@ -130,3 +131,16 @@ def make_rig() -> Iterator[scheduler_rig.RigMaker]:
     yield make
     for rig in made:
         rig.close()
+
+
+@pytest.fixture
+def engines() -> Iterator[list[Engine]]:
+    """Engines a test makes: each checked (integrity, no L1 page left in use) and closed."""
+    made: list[Engine] = []
+    yield made
+    for engine in made:
+        engine.cache.check_integrity()
+        assert engine.cache.stats().device.in_use == 0, "a finished request kept L1 pages"
+        engine.close()
+        if engine.cache.storage is not None:
+            engine.cache.storage.close()

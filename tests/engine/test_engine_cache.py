@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,18 +43,6 @@ def _engine(model: LoadedModel, **cache: object) -> Engine:
     cache.setdefault("disk_cache_dir", None)
     cache.setdefault("host_cache_gb", 0.25)
     return Engine(EngineConfig(**engine_kw), CacheConfig(**cache), loaded=model)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def engines() -> Iterator[list[Engine]]:
-    made: list[Engine] = []
-    yield made
-    for engine in made:
-        engine.cache.check_integrity()
-        assert engine.cache.stats().device.in_use == 0, "a finished request kept L1 pages"
-        engine.close()
-        if engine.cache.storage is not None:
-            engine.cache.storage.close()
 
 
 def test_hits_from_l1_and_l2_give_the_recomputed_tokens(

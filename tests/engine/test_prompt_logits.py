@@ -3,9 +3,6 @@ any forward, and then gives exactly the tokens a recompute gives."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import torch
 
 from asynchicache.cache.keys import Namespace
@@ -24,16 +21,6 @@ def _prompt(model: LoadedModel, repeats: int = 4, question: str = "What did he l
     tok = model.tokenizer
     messages = [{"role": "user", "content": TEXT * repeats + question}]
     return tok.encode(tok.apply_chat_template(messages))
-
-
-@pytest.fixture
-def engines() -> Iterator[list[Engine]]:
-    made: list[Engine] = []
-    yield made
-    for engine in made:
-        engine.cache.check_integrity()
-        assert engine.cache.stats().device.in_use == 0, "a finished request kept L1 pages"
-        engine.close()
 
 
 def _engine(model: LoadedModel, made: list[Engine], mib: int = 64, prefix: bool = True) -> Engine:
