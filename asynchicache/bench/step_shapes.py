@@ -59,7 +59,7 @@ def measure(
     from asynchicache.bench.engine import new_runner, prompt_ids
     from asynchicache.cache.pools import KVLayout
     from asynchicache.engine.loader import load_model
-    from asynchicache.engine.models.attention import KernelThreads
+    from asynchicache.engine.models.native import KernelThreads
     from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
 
     loaded = load_model(model)

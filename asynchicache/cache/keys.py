@@ -37,8 +37,10 @@ ENGINE = "asynchicache"
 #      torch and keeps 2, so the two never share a page
 #   4: the native kernel's prompt rows in lanes (scores in the same order, the softmax's
 #      running sums lane-wise): other last bits than 3
+#   5: with the native kernel, the row-wise steps (RMSNorm, residual add, SiLU * up,
+#      rotary) in the native row kernels (engine/models/row_ops.py): other last bits
 NUMERICS_VERSION = 2
-NATIVE_NUMERICS_VERSION = 4
+NATIVE_NUMERICS_VERSION = 5
 HASH_BYTES = 16
 
 

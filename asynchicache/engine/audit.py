@@ -46,7 +46,7 @@ from asynchicache.cache.keys import (
     namespace_digest,
 )
 from asynchicache.engine.loader import LoadedModel, load_model
-from asynchicache.engine.models.attention import KernelThreads
+from asynchicache.engine.models.native import KernelThreads
 from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.disk.admin import (

@@ -30,13 +30,13 @@ from asynchicache.engine.models import native
 from asynchicache.engine.models.attention import (
     AttentionMetadata,
     DecodeGroup,
-    KernelThreads,
     PagedAttention,
     PrefillSpan,
 )
 from asynchicache.engine.models.config import ModelConfig
 from asynchicache.engine.models.llama import LlamaForCausalLM
-from asynchicache.engine.models.native import KernelWork
+from asynchicache.engine.models.native import KernelThreads, KernelWork
+from asynchicache.engine.models.row_ops import NativeRowOps, RowOps
 
 
 def attention_kernel(
@@ -129,6 +129,8 @@ class ModelRunner:
         self.num_pages = kv_pool.shape[0]
         self.device = weight.device
         self.kernel = kernel
+        # The native row kernels come with the attention kernel (one library, one namespace).
+        self.ops = NativeRowOps(kernel) if kernel is not None else RowOps()
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -136,11 +138,12 @@ class ModelRunner:
         every new token of each sequence flagged in `every_position`, in batch order."""
         plan = _BatchPlan(batch, self.page_size, self.num_pages)
         meta = plan.metadata(self.device, self.model.config if self.kernel else None)
-        attn = PagedAttention(self.kv_pool, meta, self.model.config.sliding_windows, self.kernel)
+        windows = self.model.config.sliding_windows
+        attn = PagedAttention(self.kv_pool, meta, windows, self.kernel, self.ops)
         input_ids = self._tensor(plan.input_ids)
         positions = self._tensor(plan.positions)
         logit_rows = self._tensor(plan.last_rows)
-        return self.model(input_ids, positions, attn, logit_rows)
+        return self.model(input_ids, positions, attn, logit_rows, self.ops)
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device, non_blocking=True)

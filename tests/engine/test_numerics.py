@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from asynchicache.cache.keys import NATIVE_NUMERICS_VERSION, NUMERICS_VERSION
-from asynchicache.engine.models import llama as llama_module
+from asynchicache.engine.models import row_ops as row_ops_module
 from asynchicache.engine.models.config import ModelConfig, RopeConfig, RopeType
 from asynchicache.engine.models.llama import LlamaForCausalLM
 from asynchicache.engine.models.registry import get_architecture
@@ -154,7 +154,7 @@ def test_a_numerics_change_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
         x[..., 1::2] = odd * cos + even * sin
         return x
 
-    monkeypatch.setattr(llama_module, "apply_rotary_", interleaved_rotary_)
+    monkeypatch.setattr(row_ops_module, "apply_rotary_", interleaved_rotary_)
     assert drift(json.loads(REFERENCE.read_text())) > TOLERANCE
 
 

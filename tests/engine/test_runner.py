@@ -12,7 +12,7 @@ from engine_helpers import make_pool
 
 from asynchicache.engine import runner as runner_module
 from asynchicache.engine.loader import LoadedModel, load_model
-from asynchicache.engine.models.attention import KernelThreads
+from asynchicache.engine.models.native import KernelThreads
 from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel, length_groups
 
 PAGE = 8

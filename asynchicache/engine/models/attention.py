@@ -24,14 +24,14 @@ Two ways to attend, chosen per forward by the runner:
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from asynchicache.engine.models.native import KernelWork, PagedAttentionKernel
+from asynchicache.engine.models.native import KernelThreads, KernelWork
+from asynchicache.engine.models.row_ops import RowOps
 
 
 class AttentionBackend(Protocol):
@@ -68,31 +68,6 @@ class DecodeGroup:
 
 
 @dataclass(frozen=True)
-class KernelThreads:
-    """The native kernel and the threads that share each of its calls: the calling
-    thread and `workers` (ctypes releases the GIL, so they run at once)."""
-
-    kernel: PagedAttentionKernel
-    workers: Executor | None = None
-
-    def run(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
-            work: KernelWork, window: int) -> None:  # fmt: skip
-        parts = torch.get_num_threads() if self.workers is not None else 1
-        parts = min(parts, work.tasks)
-        if parts <= 1:
-            self.kernel(k, v, q, out, work, window)
-            return
-        assert self.workers is not None
-        others = [
-            self.workers.submit(self.kernel, k, v, q, out, work, window, part, parts)
-            for part in range(1, parts)
-        ]
-        self.kernel(k, v, q, out, work, window, 0, parts)
-        for done in others:
-            done.result()
-
-
-@dataclass(frozen=True)
 class AttentionMetadata:
     """Everything about a batch that is the same for every layer: the kernel's work,
     or the torch path's prefill spans and decode groups."""
@@ -113,12 +88,14 @@ class PagedAttention:
         meta: AttentionMetadata,
         sliding_windows: tuple[int | None, ...],
         kernel: KernelThreads | None = None,
+        ops: RowOps | None = None,
     ) -> None:
         self.pool = kv_pool  # [pages, layers, 2, page_size, kv_heads, hd]
         self.page_size = kv_pool.shape[3]
         self.meta = meta
         self.windows = sliding_windows
         self.kernel = kernel if meta.kernel_work is not None else None
+        self.ops = ops or RowOps()
         # Masks depend on the batch and the window only: built once, shared by layers.
         self._decode_masks: dict[tuple[int, int | None], torch.Tensor] = {}
         self._prefill_masks: dict[tuple[int, int | None], torch.Tensor] = {}
@@ -144,9 +121,9 @@ class PagedAttention:
 
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k/v [T, kv_heads, hd] at their pages and offsets, in place."""
-        index = (self.meta.write_pages, self.meta.write_offsets)
-        self.pool[:, layer, 0].index_put_(index, k)  # view [pages, page_size, kv_heads, hd]
-        self.pool[:, layer, 1].index_put_(index, v)
+        pages, offsets = self.meta.write_pages, self.meta.write_offsets
+        self.ops.scatter_(self.pool[:, layer, 0], k, pages, offsets)  # [pages, page, kvh, hd]
+        self.ops.scatter_(self.pool[:, layer, 1], v, pages, offsets)
 
     def _gather(self, layer: int, page_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """page_ids [n] -> k, v [n * page_size, kv_heads, hd] (views of one gathered copy)."""

@@ -22,7 +22,8 @@ from torch import nn
 from asynchicache.engine.models import gemm
 from asynchicache.engine.models.attention import AttentionBackend
 from asynchicache.engine.models.config import ModelConfig
-from asynchicache.engine.models.rotary import RotaryEmbedding, apply_rotary_
+from asynchicache.engine.models.rotary import RotaryEmbedding
+from asynchicache.engine.models.row_ops import RowOps, rms_norm
 
 
 class Linear(nn.Module):
@@ -63,11 +64,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., dim]: normalized in float32 like the reference, scaled in x's dtype."""
-        xf = x.float()
-        # One reduction pass (vector_norm) instead of pow + mean: cheaper on CPU.
-        norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)  # [..., 1]
-        inv_rms = norm.square_().div_(x.shape[-1]).add_(self.eps).rsqrt_()
-        return torch.mul(xf, inv_rms).to(x.dtype).mul_(self.weight)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -84,7 +81,12 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionBackend,
+        ops: RowOps,
     ) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         t = x.shape[0]
@@ -96,10 +98,10 @@ class Attention(nn.Module):
         v = v.view(t, kv_heads, hd)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-            apply_rotary_(q, cos, sin)
-            apply_rotary_(k, cos, sin)
+            ops.rotary_(q, cos, sin)
+            ops.rotary_(k, cos, sin)
         else:  # q and k side by side in qkv: rotate both in one pass
-            apply_rotary_(
+            ops.rotary_(
                 qkv[:, : self.split[0] + self.split[1]].view(t, heads + kv_heads, hd), cos, sin
             )
         out = attn.attend(self.layer, q, k, v)  # [T, heads, hd]
@@ -115,9 +117,8 @@ class MLP(nn.Module):
         )
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # [T, inter] each
-        return self.down_proj(F.silu(gate).mul_(up))
+    def forward(self, x: torch.Tensor, ops: RowOps) -> torch.Tensor:
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))  # gate, up: [T, inter] each
 
 
 class DecoderLayer(nn.Module):
@@ -129,10 +130,26 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionBackend,
+        ops: RowOps,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        """x [T, hidden], the residual stream, still without the previous layer's output
+        `delta` (None for the first layer): both are added in place here, each addition
+        in the same pass as the RMSNorm after it. Returns this layer's MLP output, the
+        next layer's `delta`."""
+        norm = self.input_layernorm
+        if delta is None:
+            h = ops.rms_norm(x, norm.weight, norm.eps)
+        else:
+            h = ops.add_rms_norm(x, delta, norm.weight, norm.eps)
+        attended = self.self_attn(h, cos, sin, attn, ops)
+        norm = self.post_attention_layernorm
+        return self.mlp(ops.add_rms_norm(x, attended, norm.weight, norm.eps), ops)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -158,16 +175,23 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         attn: AttentionBackend,
         logit_rows: torch.Tensor,
+        ops: RowOps | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions [T]; logit_rows [n] rows whose logits to compute.
+        """input_ids, positions [T]; logit_rows [n] rows whose logits to compute; `ops`
+        the row-wise steps (torch's by default, the runner's native ones with its kernel).
 
         Returns float32 logits [n, vocab].
         """
-        x = self.embed_tokens(input_ids)  # [T, hidden]
+        ops = ops or RowOps()
+        x = self.embed_tokens(input_ids)  # [T, hidden]: a fresh tensor, added to in place
         cos, sin = self.rotary.cos_sin(positions, x.dtype)  # [T, 1, hd/2]
+        delta = None
         for layer in self.layers:
-            x = layer(x, cos, sin, attn)
-        x = self.norm(x.index_select(0, logit_rows))  # [n, hidden]
+            delta = layer(x, delta, cos, sin, attn, ops)
+        x = x.index_select(0, logit_rows)  # [n, hidden]: the last layer's output added
+        if delta is not None:  # to these rows alone
+            x += delta.index_select(0, logit_rows)
+        x = self.norm(x)
         return gemm.linear(x, self.output_weight, self.output_packed, None).float()  # [n, vocab]
 
     @property

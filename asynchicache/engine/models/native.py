@@ -2,7 +2,10 @@
 
 The paged attention kernel (`kernels/paged_attention.c`) reads K and V where
 they lie in the page pool; torch has no operation that attends over a page
-table without first gathering the pages into a contiguous copy. It is built
+table without first gathering the pages into a contiguous copy. The row
+kernels (`kernels/row_ops.c`, used through `row_ops.py`) do a decoder layer's
+row-wise steps in one pass each. Both go into one library (so a process has
+both or neither: one numerics version), built
 with `cc -O3 -march=native` (the vector code then fits this CPU) into a cache
 folder (`$ASYNCHICACHE_KERNEL_DIR`, else `$XDG_CACHE_HOME/asynchicache/kernels`,
 else `~/.cache/asynchicache/kernels`), named by a hash of the source, the
@@ -26,6 +29,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +37,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernels") / "paged_attention.c"
+KERNELS = Path(__file__).with_name("kernels")
+SOURCES = (KERNELS / "paged_attention.c", KERNELS / "row_ops.c")
+HEADERS = (KERNELS / "vec16.h",)
 MAX_Q = 96  # query vectors per block (the C source's MAX_Q)
 MAX_D = 256  # largest head_dim (MAX_D)
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno")
@@ -57,9 +63,9 @@ def _compiler() -> str | None:
 
 def _build(cc: str, folder: Path) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
     key = hashlib.sha256(source + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:20]
-    target = folder / f"paged_attention-{key}.so"
+    target = folder / f"kernels-{key}.so"
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
@@ -67,7 +73,9 @@ def _build(cc: str, folder: Path) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True
+            [cc, *FLAGS, "-I", str(KERNELS), "-o", tmp, *map(str, SOURCES), "-lm"],
+            capture_output=True,
+            text=True,
         )
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-2000:]}")
@@ -78,11 +86,65 @@ def _build(cc: str, folder: Path) -> Path:
 
 
 @dataclass(frozen=True)
+class RowKernels:
+    """The row kernels of the built library (`kernels/row_ops.c`), each over rows [r0, r1)
+    of float32 CPU tensors whose rows are contiguous (strides in floats)."""
+
+    lib: ctypes.CDLL
+
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, eps: float,
+                 r0: int, r1: int) -> None:  # fmt: skip
+        self.lib.rms_norm_f32(x.data_ptr(), x.stride(0), w.data_ptr(), out.data_ptr(),
+                              out.stride(0), x.shape[1], eps, r0, r1)  # fmt: skip
+
+    def add_rms_norm(self, res: torch.Tensor, delta: torch.Tensor, w: torch.Tensor,
+                     out: torch.Tensor, eps: float, r0: int, r1: int) -> None:  # fmt: skip
+        self.lib.add_rms_norm_f32(res.data_ptr(), res.stride(0), delta.data_ptr(),
+                                  delta.stride(0), w.data_ptr(), out.data_ptr(), out.stride(0),
+                                  res.shape[1], eps, r0, r1)  # fmt: skip
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor, r0: int, r1: int) -> None:
+        self.lib.silu_mul_f32(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(),
+                              out.stride(0), out.shape[1], r0, r1)  # fmt: skip
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, r0: int,
+               r1: int) -> None:  # fmt: skip
+        """x [T, heads, head_dim] (heads contiguous in a row); cos/sin [T, head_dim / 2]."""
+        self.lib.rotary_f32(x.data_ptr(), x.stride(0), x.shape[1], x.shape[2], cos.data_ptr(),
+                            sin.data_ptr(), cos.stride(0), r0, r1)  # fmt: skip
+
+    def scatter_rows(self, pool: torch.Tensor, src: torch.Tensor, pages: torch.Tensor,
+                     offsets: torch.Tensor, r0: int, r1: int) -> None:  # fmt: skip
+        """pool: a layer's K or V view [pages, page_size, kv_heads, hd]; src [T, kv_heads, hd]."""
+        self.lib.scatter_rows_f32(pool.data_ptr(), pool.stride(0), pool.stride(1),
+                                  src.data_ptr(), src.stride(0), src.shape[1] * src.shape[2],
+                                  pages.data_ptr(), offsets.data_ptr(), r0, r1)  # fmt: skip
+
+    @staticmethod
+    def bind(lib: ctypes.CDLL) -> RowKernels:
+        """Declare the row kernels' ctypes signatures (every one returns nothing)."""
+        signatures = {
+            "rms_norm_f32": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _f32, _i64, _i64],
+            "add_rms_norm_f32": [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64, _f32, _i64, _i64],
+            "silu_mul_f32": [_ptr, _i64, _ptr, _i64, _i64, _i64, _i64],
+            "rotary_f32": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _i64],
+            "scatter_rows_f32": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i64],
+        }
+        for name, argtypes in signatures.items():
+            fn = getattr(lib, name)
+            fn.restype = None
+            fn.argtypes = argtypes
+        return RowKernels(lib)
+
+
+@dataclass(frozen=True)
 class PagedAttentionKernel:
-    """`paged_attention_f32` of the built library, with its ctypes signature."""
+    """`paged_attention_f32` of the built library, with its ctypes signature, and the
+    library's row kernels beside it (`rows`)."""
 
     library: Path
     fn: ctypes._CFuncPtr  # type: ignore[name-defined]
+    rows: RowKernels
 
     def __call__(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
                  work: KernelWork, window: int, part: int = 0, parts: int = 1) -> None:  # fmt: skip
@@ -126,6 +188,35 @@ class KernelWork:
         return sum(1 if n * heads <= MAX_Q else kv_heads * -(-n // per_block) for n in rows)
 
 
+@dataclass(frozen=True)
+class KernelThreads:
+    """The native kernel and the threads that share each of its calls: the calling
+    thread and `workers` (ctypes releases the GIL, so they run at once)."""
+
+    kernel: PagedAttentionKernel
+    workers: Executor | None = None
+
+    def parts(self) -> int:
+        """Threads a call may be split among: the calling one and the workers (at most
+        torch's thread count, which the engine's governor sets)."""
+        return torch.get_num_threads() if self.workers is not None else 1
+
+    def run(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
+            work: KernelWork, window: int) -> None:  # fmt: skip
+        parts = min(self.parts(), work.tasks)
+        if parts <= 1:
+            self.kernel(k, v, q, out, work, window)
+            return
+        assert self.workers is not None
+        others = [
+            self.workers.submit(self.kernel, k, v, q, out, work, window, part, parts)
+            for part in range(1, parts)
+        ]
+        self.kernel(k, v, q, out, work, window, 0, parts)
+        for done in others:
+            done.result()
+
+
 def supports(dtype: torch.dtype, device: torch.device, head_dim: int, group: int) -> bool:
     """Shapes the kernel takes (see the C source: MAX_D, MAX_Q); the rest use torch.
     `group`: query heads per KV head."""
@@ -140,8 +231,9 @@ def supports(dtype: torch.dtype, device: torch.device, head_dim: int, group: int
 
 @functools.cache
 def load() -> PagedAttentionKernel | None:
-    """The paged attention kernel, built on first use (once per process: a loaded library
-    is the process's anyway); None where it cannot be built, with the reason logged."""
+    """The paged attention kernel (and the row kernels), built on first use (once per
+    process: a loaded library is the process's anyway); None where it cannot be built,
+    with the reason logged."""
     cc = _compiler()
     if cc is None:
         log.warning("no C compiler: attention gathers pages and uses torch (slower)")
@@ -156,4 +248,4 @@ def load() -> PagedAttentionKernel | None:
     fn.restype = _i32
     fn.argtypes = [_ptr, _ptr, _i64, _i64, _i32, _i32, _i32, _i32, _i64, _f32, _ptr, _i64,
                    _ptr, _ptr, _ptr, _i64, _i64, _i64]  # fmt: skip
-    return PagedAttentionKernel(path, fn)
+    return PagedAttentionKernel(path, fn, RowKernels.bind(lib))
