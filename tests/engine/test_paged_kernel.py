@@ -77,6 +77,7 @@ CASES = {
     "pages of 8 (half a chunk)": (8, 4, 4, 64, [(5, 30), (0, 1)]),
     "pages of 20 (a chunk and a part)": (20, 6, 1, 128, [(3, 50), (61, 1)]),
     "group of 7 query heads": (16, 7, 1, 64, [(10, 60)]),
+    "head_dim 48 (an odd count of 16-dim chunks), odd tiles": (16, 4, 2, 48, [(0, 9), (3, 44)]),
 }
 
 
