@@ -39,6 +39,7 @@ from pathlib import Path
 from setproctitle import setproctitle
 
 from asynchicache.config import GIB, CacheConfig, LaunchConfig, ServiceTuning
+from asynchicache.engine.allocator import allocator_env
 from asynchicache.engine.kv_events import KvEventsConfig, kv_events_config
 from asynchicache.engine.openmp import openmp_env
 from asynchicache.engine.process import EngineProcessConfig, run_engine
@@ -153,7 +154,7 @@ def _engine_spec(
     # A crash within a minute of its start counts toward the crash loop that ends the
     # server: loading the model alone takes a good part of that.
     return ChildSpec("engine", run_engine, proc_config, restart=True, stable_s=ENGINE_STABLE_S,
-                     env=openmp_env(os.environ))  # fmt: skip
+                     env=openmp_env(os.environ) + allocator_env(os.environ))  # fmt: skip
 
 
 def _kv_events(config: LaunchConfig) -> KvEventsConfig | None:
