@@ -12,8 +12,7 @@ builds), OpenMP's wait policy as the engine process has it (set it before runnin
   whole, and two such prompts in one step: tokens per second;
 * one decode step of `--batch` requests, each over the whole prompt, at 1 and at 2
   threads: milliseconds a step, the attention kernel's share of it, and the KV it
-  read (the engine's `small_step` rule in engine/threads.py compares that to the
-  weights' bytes, also printed).
+  read (beside the weights' bytes, also printed).
 
 Prints one JSON object with the medians of `--repeats` runs and the load average.
 """

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 
 import torch
@@ -59,13 +58,8 @@ class Engine:
         cache_config: CacheConfig,
         storage: StorageTier | None = None,
         loaded: LoadedModel | None = None,
-        step_threads: Callable[[int, int, int], object] | None = None,
     ) -> None:
-        """`step_threads(new_tokens, kv_bytes, weight_bytes)` is called before each forward
-        pass with the KV the step reads and the model's weights in bytes (the process's
-        `ThreadGovernor.for_step`: threads per step)."""
         self.config = engine_config
-        self.step_threads = step_threads
         self.cache_config = cache_config
         self.loaded = loaded or load_model(
             engine_config.model, engine_config.dtype, engine_config.device
@@ -80,8 +74,6 @@ class Engine:
             page_size=cache_config.page_size,
             dtype=dtype,
         )
-        self.kv_bytes_per_token = self.layout.page_bytes // cache_config.page_size
-        self.weight_bytes = self.loaded.weight_bytes
         device = torch.device(engine_config.device)
         kernel = attention_kernel(mc, dtype, device)  # its choice is part of the namespace
         self.namespace = Namespace(
@@ -253,9 +245,6 @@ class Engine:
             max(0, min(s.num_new, len(s.request.prompt) - s.request.num_computed))
             for s in batch.seqs
         )
-        if self.step_threads is not None:
-            read = sum(s.request.num_computed + s.num_new for s in batch.seqs)
-            self.step_threads(batch.num_tokens, read * self.kv_bytes_per_token, self.weight_bytes)
         began, t0 = time.monotonic(), time.perf_counter()
         logits = self.runner.forward(forward)  # [seqs (+ every position of flagged), vocab]
         elapsed = time.perf_counter() - t0

@@ -196,7 +196,7 @@ def run_engine(config: EngineProcessConfig) -> None:
     governor = ThreadGovernor(config.engine.threads)
     threads = governor.apply()  # before the model exists: its first pool size
     storage = _connect_storage(config)
-    engine = Engine(config.engine, config.cache, storage, step_threads=governor.for_step)
+    engine = Engine(config.engine, config.cache, storage)
     engine.warm_up()
     upkeep = Upkeep.start(engine, config.kv_events, ctx)
     loop = EngineLoop(engine, pull, push, upkeep, governor)

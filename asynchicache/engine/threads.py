@@ -52,18 +52,17 @@ process busy 30% of a core were no slower than one (docs/benchmarks.md,
 server 1.22-1.43 s (`--threads 2`, whole) -> 1.47-1.62 s. (The HTTP process and
 the client preparing a request right after another often propose a fall.)
 
-Small steps run on one thread whatever the count (`for_step`): a step of at
-most a page of new tokens (a cache hit's partial last page, the decodes of up
-to 16 requests) that reads less KV than weights (`small_step`) reads every
-weight once for a few rows, so it is bound by memory, and a second thread buys
-little even alone (a 1-token forward over 1,553 cached tokens, SmolLM2: 32 ->
-27 ms) while it takes the core the HTTP process and the client need to stream
-the tokens out. In the server, measured
-interleaved on 2 cores (docs/benchmarks.md, 2026-12-02): the same 1-token
-forward took 37-52 ms on two threads and 30-31 ms on one; a warm hit that
-computes a 6-15-token tail right after the cold request, median 103 ms with
-such steps on two threads and 82 ms on one; 8 clients decoding 64 tokens each,
-98-118 completion tokens/s on two threads and 115-126 on one.
+Every step runs on the count, small ones too. Steps of at most 16 new tokens that
+read less KV than weights (decodes, a hit's partial last page) used to run on one
+thread, to leave the HTTP process and the client a core to stream the tokens out
+(measured 2026-12-02 on another host: 8 decoding clients 115-126 tokens/s on one
+thread, 98-118 on two). With the engine's allocator settings (engine/allocator.py:
+freed blocks kept, weights on huge pages) a batch-8 decode step of SmolLM2 is 72 ms
+on one thread and 60 ms on two in one process, and in the server (`bench compare
+--no-vllm --clients 8 --rounds 2`, twice each, 2026-12-05) 8 clients got 96-98
+tokens/s with the rule and 102-103 without it (104-105 with `--threads 2`); the
+governor still gives a core up when other processes keep one busy. A warm hit no
+longer waits for its tail's forward (engine/prompt_logits.py).
 """
 
 from __future__ import annotations
@@ -87,16 +86,6 @@ MIN_SAMPLE_S = 0.2
 # default model here (339 tok/s), so the next sample comes within a long prompt.
 UNSURE_PREFILL_TOKENS = 256
 PROC_STAT = Path("/proc/stat")
-# Steps of at most this many new tokens run on one thread (module docstring).
-SMALL_STEP_TOKENS = 16
-
-
-def small_step(new_tokens: int, kv_bytes: int, weight_bytes: int) -> bool:
-    """A step that runs on one thread (module docstring): few new tokens, and KV reads no
-    larger than the weights' (many long decodes read more KV than weights; the attention
-    kernel splits those reads across the threads and they scale: 16 decodes of 1,032
-    tokens of SmolLM2, 761 MB of KV, 105 ms a step on one thread, 69-78 ms on two)."""
-    return new_tokens <= SMALL_STEP_TOKENS and kv_bytes <= weight_bytes
 
 
 def available_cores() -> int:
@@ -180,7 +169,6 @@ class ThreadGovernor:
         self._last_idle = True  # the last sample saw no work (taken idle or as work arrived)
         self._idle = True
         self._proposal: int | None = None
-        self._applied: int | None = None  # what torch was last set to by us
         self.changes = 0
         self.start()
 
@@ -199,22 +187,9 @@ class ThreadGovernor:
         return UNSURE_PREFILL_TOKENS if unsure and self._last is not None else None
 
     def apply(self) -> int:
-        self._set(self.threads)
+        """Set torch's thread count to the governed count (between steps); returns it."""
+        torch.set_num_threads(self.threads)
         return self.threads
-
-    def for_step(self, new_tokens: int, kv_bytes: int = 0, weight_bytes: int = 0) -> int:
-        """Set and return the threads of a step computing `new_tokens` tokens and reading
-        `kv_bytes` of KV: one for a small step (`small_step`) unless `--threads` fixed the
-        count, else the count."""
-        small = self.fixed is None and small_step(new_tokens, kv_bytes, weight_bytes)
-        want = 1 if small else self.threads
-        if want != self._applied:
-            self._set(want)
-        return want
-
-    def _set(self, threads: int) -> None:
-        torch.set_num_threads(threads)
-        self._applied = threads
 
     def start(self) -> None:
         """Measure from now on (call when the engine is ready: model loading is not load)."""

@@ -11,13 +11,10 @@ import pytest
 import torch
 from scheduler_rig import PAGE, RigMaker, tokens_for
 
-from asynchicache.config import CacheConfig, EngineConfig
-from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel
+from asynchicache.config import EngineConfig
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.request import Request
 from asynchicache.engine.threads import (
-    SMALL_STEP_TOKENS,
     CpuSample,
     ThreadGovernor,
     available_cores,
@@ -227,61 +224,3 @@ def test_a_prefill_cap_shortens_a_step(make_rig: RigMaker) -> None:
     rig.scheduler.add(Request("r", tokens_for(*range(10)), SamplingParams(max_tokens=1)))
     assert [s.num_new for s in rig.scheduler.schedule(prefill_cap=2 * PAGE).seqs] == [2 * PAGE]
     assert [s.num_new for s in rig.scheduler.schedule().seqs] == [8 * PAGE]
-
-
-def test_small_steps_run_on_one_thread_unless_the_count_is_fixed(machine: Machine) -> None:
-    gov = governor(machine)
-    assert gov.threads == 2  # the machine leaves both cores
-    small, big = SMALL_STEP_TOKENS, SMALL_STEP_TOKENS + 1
-    assert [gov.for_step(n) for n in (1, small, big, 512, 1)] == [1, 1, 2, 2, 1]
-    assert torch.get_num_threads() == 1  # the last step's count is torch's
-    assert gov.threads == 2  # the governed count itself is unchanged
-    fixed = ThreadGovernor(fixed=2, cores=2)
-    assert [fixed.for_step(n) for n in (1, big)] == [2, 2] and torch.get_num_threads() == 2
-
-
-def test_a_small_step_reading_more_kv_than_weights_runs_on_every_thread(
-    machine: Machine,
-) -> None:
-    """Decodes of many long contexts: the attention kernel's KV reads dominate and split
-    across the threads (16 x 1,032 tokens of SmolLM2: 105 -> 69-78 ms a step here)."""
-    gov = governor(machine)
-    assert gov.threads == 2
-    weights = 540 * 2**20
-    assert gov.for_step(16, kv_bytes=weights, weight_bytes=weights) == 1
-    assert gov.for_step(16, kv_bytes=weights + 1, weight_bytes=weights) == 2
-    assert gov.for_step(1, kv_bytes=0, weight_bytes=weights) == 1
-
-
-def test_the_engine_sets_each_steps_threads_before_its_forward(
-    tiny_llama: LoadedModel,
-) -> None:
-    """A whole cache hit computes one token; its decode steps one each; a prompt all of it."""
-    seen: list[tuple[int, int]] = []  # (new tokens, steps run before this forward)
-    reads: list[tuple[int, int]] = []  # (KV bytes the step reads, the weights' bytes)
-    engine: Engine | None = None
-
-    def record(new_tokens: int, kv_bytes: int, weight_bytes: int) -> None:
-        assert engine is not None
-        seen.append((new_tokens, engine.steps))
-        reads.append((kv_bytes, weight_bytes))
-
-    cache = CacheConfig(disk_cache_dir=None)
-    config = EngineConfig(prompt_logits_mib=0)  # the whole hit computes its last token
-    engine = Engine(config, cache, loaded=tiny_llama, step_threads=record)
-    page = cache.page_size
-    try:
-        prompt = list(range(3, 3 + 3 * page))  # three whole pages
-        sampling = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-        engine.generate([prompt], sampling)
-        engine.generate([prompt], sampling)  # the prompt is cached: its last token, then 2 decodes
-    finally:
-        engine.close()
-    assert [n for n, _ in seen] == [3 * page, 1, 1, 1, 1, 1]
-    assert [s for _, s in seen] == list(range(6))  # once per step, before the step ends
-    # KV read: every position up to the step's last token; the weights: every parameter.
-    per_token = engine.layout.page_bytes // page
-    contexts = [3 * page, 3 * page + 1, 3 * page + 2] * 2
-    assert [kv for kv, _ in reads] == [n * per_token for n in contexts]
-    weights = sum(p.numel() * p.element_size() for p in tiny_llama.model.parameters())
-    assert {w for _, w in reads} == {weights}
