@@ -46,6 +46,7 @@ from asynchicache.engine.prefill_policy import (
     chunk_tokens,
     partial_allowed,
 )
+from asynchicache.engine.prefix_join import fresh_page, owns_nothing
 from asynchicache.engine.protocol import CachedTokens
 from asynchicache.engine.request import Phase, Request
 from asynchicache.engine.sampler import request_generator
@@ -350,24 +351,13 @@ class Scheduler:
         if not self._prefix_enabled():
             return
         for req in list(self.running):  # `_join` moves a request to the end of `running`
-            if req.phase is Phase.RUNNING and req.is_prefill and self._owns_nothing(req):
+            if req.phase is Phase.RUNNING and req.is_prefill and owns_nothing(req, self.page_size):
                 self._join(req)
 
     def _fresh_page(self, req: Request) -> tuple[object, ...] | None:
-        """What names the next full page of a prompt that computed nothing of its own yet:
-        the tree node its prefix ends at and the page's tokens. Two prompts with one such
-        page in a step would compute it twice; the second waits a step and joins."""
-        at = req.num_computed
-        if (not self._prefix_enabled() or req.handle is None or not self._owns_nothing(req)
-                or req.num_tokens - at < self.page_size):  # fmt: skip
-            return None
-        return (id(req.handle.node), *req.tokens[at : at + self.page_size])
-
-    def _owns_nothing(self, req: Request) -> bool:
-        """Every page `req` holds is the tree's and it computed no token past them."""
-        held = req.shared_pages
-        alone = not req.needs_whole_prompt and req.shared is None and req.group is None
-        return alone and len(req.page_table) == held and req.num_computed == held * self.page_size
+        """The next full page of a fresh prompt (prefix_join.py): two prompts with one
+        such page in a step would compute it twice; the second waits a step and joins."""
+        return fresh_page(req, self.page_size) if self._prefix_enabled() else None
 
     def _join(self, req: Request) -> None:
         joined = self.cache.join_l1_prefix(req.tokens, req.shared_pages, salt=req.cache_salt)

@@ -28,7 +28,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,20 +201,24 @@ class KernelThreads:
         torch's thread count, which the engine's governor sets)."""
         return torch.get_num_threads() if self.workers is not None else 1
 
-    def run(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
-            work: KernelWork, window: int) -> None:  # fmt: skip
-        parts = min(self.parts(), work.tasks)
-        if parts <= 1:
-            self.kernel(k, v, q, out, work, window)
+    def share(self, call: Callable[[int, int], object], parts: int) -> None:
+        """call(part, parts) for each part: part 0 on this thread, the others on the
+        workers at once; returns when every part did (parts <= 1: one call here)."""
+        if parts <= 1 or self.workers is None:
+            call(0, 1)
             return
-        assert self.workers is not None
-        others = [
-            self.workers.submit(self.kernel, k, v, q, out, work, window, part, parts)
-            for part in range(1, parts)
-        ]
-        self.kernel(k, v, q, out, work, window, 0, parts)
+        others = [self.workers.submit(call, part, parts) for part in range(1, parts)]
+        call(0, parts)
         for done in others:
             done.result()
+
+    def run(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
+            work: KernelWork, window: int) -> None:  # fmt: skip
+        """Attention of `work` over one layer, its tasks shared by the threads."""
+        self.share(
+            lambda part, parts: self.kernel(k, v, q, out, work, window, part, parts),
+            min(self.parts(), work.tasks),
+        )
 
 
 def supports(dtype: torch.dtype, device: torch.device, head_dim: int, group: int) -> bool:

@@ -119,17 +119,7 @@ class NativeRowOps(RowOps):
         """call(r0, r1) over x's rows, shared by the kernel's threads when worth it."""
         n = x.shape[0]
         parts = min(self.threads.parts(), x.numel() // MIN_PART_FLOATS, n)
-        if parts <= 1:
-            call(0, n)
-            return
-        bounds = [n * i // parts for i in range(parts + 1)]
-        assert self.threads.workers is not None  # parts() > 1 only with workers
-        others = [
-            self.threads.workers.submit(call, bounds[i], bounds[i + 1]) for i in range(1, parts)
-        ]
-        call(bounds[0], bounds[1])
-        for done in others:
-            done.result()
+        self.threads.share(lambda i, p: call(n * i // p, n * (i + 1) // p), parts)
 
 
 def _fits(*tensors: torch.Tensor) -> bool:
