@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 
 import torch
@@ -58,8 +59,12 @@ class Engine:
         cache_config: CacheConfig,
         storage: StorageTier | None = None,
         loaded: LoadedModel | None = None,
+        step_threads: Callable[[int], object] | None = None,
     ) -> None:
+        """`step_threads(new_tokens)` is called before each forward pass (the engine
+        process's `ThreadGovernor.for_step`: threads per step, engine/threads.py)."""
         self.config = engine_config
+        self.step_threads = step_threads
         self.cache_config = cache_config
         self.loaded = loaded or load_model(
             engine_config.model, engine_config.dtype, engine_config.device
@@ -172,17 +177,15 @@ class Engine:
         self.scheduler.poll(idle=True)
 
     # -------------------------------------------------------------------- step
-    def step(self, prefill_cap: int | None = None) -> list[TokenOutput]:
+    def step(self) -> list[TokenOutput]:
         """Run one scheduler step and one forward pass; returns new tokens. A step that
         draws first tokens from kept logits (engine/prompt_logits.py) returns those alone,
-        before any forward: they go out now, not after the next forward.
-
-        `prefill_cap`: at most this many prompt tokens this step (`Scheduler.schedule`)."""
+        before any forward: they go out now, not after the next forward."""
         self.tracer.step_began()
         outputs = self._answer_early()
         self.last_batch_size = len(outputs)  # requests this step served
         if not outputs:
-            batch = self.scheduler.schedule(prefill_cap)
+            batch = self.scheduler.schedule()
             self.tracer.scheduled(self.scheduler.quick_loads.landed)
             self.last_batch_size = len(batch.seqs)
             if batch.seqs:
@@ -245,6 +248,8 @@ class Engine:
             max(0, min(s.num_new, len(s.request.prompt) - s.request.num_computed))
             for s in batch.seqs
         )
+        if self.step_threads is not None:
+            self.step_threads(batch.num_tokens)
         began, t0 = time.monotonic(), time.perf_counter()
         logits = self.runner.forward(forward)  # [seqs (+ every position of flagged), vocab]
         elapsed = time.perf_counter() - t0

@@ -150,24 +150,24 @@ class EngineLoop:
     def _idle_wait_ms(self) -> int:
         return IDLE_POLL_MS if self.engine.cache.pending else QUIET_POLL_MS
 
-    def _govern_threads(self) -> int | None:
-        """Adjust the threads between steps; returns this step's prefill cap (threads.py)."""
+    def _govern_threads(self) -> None:
+        """Sample the machine between steps (engine/threads.py)."""
         if self.threads is None:
-            return None
+            return
         changed = self.threads.poll(idle=not self.engine.has_work)
         if changed is not None:
-            log.info("torch threads now %d (what the other processes leave free)", changed)
-        return self.threads.prefill_cap
+            log.info("torch threads of small steps now %d (what the other processes leave free)",
+                     changed)  # fmt: skip
 
     def run(self) -> None:
         while not self.stopping:
             self._drain(0 if self.engine.has_work else self._idle_wait_ms())
-            prefill_cap = self._govern_threads()  # after the drain: it sees work arriving
+            self._govern_threads()  # after the drain: it sees work arriving
             self.upkeep.tick()  # KV events out, pins refreshed (engine/upkeep.py)
             if not self.engine.has_work:
                 self.engine.poll()  # finish write-throughs and stores while idle
                 continue
-            outputs: list[TokenOutput] = self.engine.step(prefill_cap)
+            outputs: list[TokenOutput] = self.engine.step()
             if outputs:  # one message per step (see StepOutputs)
                 self._send(StepOutputs(tuple(outputs)))
             if self.engine.last_batch_size == 0:
@@ -196,7 +196,7 @@ def run_engine(config: EngineProcessConfig) -> None:
     governor = ThreadGovernor(config.engine.threads)
     threads = governor.apply()  # before the model exists: its first pool size
     storage = _connect_storage(config)
-    engine = Engine(config.engine, config.cache, storage)
+    engine = Engine(config.engine, config.cache, storage, step_threads=governor.for_step)
     engine.warm_up()
     upkeep = Upkeep.start(engine, config.kv_events, ctx)
     loop = EngineLoop(engine, pull, push, upkeep, governor)

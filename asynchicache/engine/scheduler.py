@@ -298,9 +298,8 @@ class Scheduler:
             self.landing.remove(req)
 
     # ------------------------------------------------------------- batching
-    def schedule(self, prefill_cap: int | None = None) -> Batch:
-        """The next batch; `prefill_cap` caps this step's prompt tokens (engine/threads.py:
-        a short step lets the thread count change sooner)."""
+    def schedule(self) -> Batch:
+        """The next batch."""
         # Landed loads first: a load that arrived is used even if its deadline passed
         # while the engine was busy; then the ones still out past their deadline go.
         self.poll()
@@ -315,8 +314,6 @@ class Scheduler:
         # Prompt tokens of all requests this step (--max-prefill-tokens), at most
         # --chunked-prefill-size of one request.
         budget = self.config.max_prefill_tokens
-        if prefill_cap is not None:
-            budget = min(budget, prefill_cap)
         prompts = [r for r in self.running if r.phase is Phase.RUNNING and r.is_prefill]
         queued = bool(self.waiting or self.loading or self.landing)
         chunk = chunk_tokens(self.config.chunked_prefill_size, budget, prompts, queued)

@@ -4,65 +4,44 @@ On CPU the model's matmuls run on an OpenMP pool that ends each parallel
 region at a barrier: if one of its threads is descheduled, every other thread
 waits. The HTTP process (detokenizing, streaming), the cache service and a
 benchmark's client run on the same cores, and so may anything else on the
-machine. Measured here (one process, best of 3, other processes' load ~3.7 on
-2 cores): 2 threads made a batch-8 decode step 70 -> 53 ms and a 256-token
-prefill 615 -> 340 ms, but with both cores busy elsewhere a batch-8 step took
-1.6-2.7 s instead of 0.23 s with 1 thread.
+machine. (With OpenMP's default spin wait, both cores busy elsewhere made a
+batch-8 decode step 1.6-2.7 s on 2 threads instead of 0.23 s on 1; the engine
+waits passively since, engine/openmp.py.)
 
-So by default the thread count follows what the machine leaves free
-(`ThreadGovernor`): every core when the other processes use less than half
-of one, one core less for each core they keep busy, and never below one.
-(It was a quarter: then the HTTP process, the cache service and a benchmark
-client streaming under pressure, ~0.3 of a core together, left the engine one
-thread on two cores while vLLM computed on both. A thread descheduled a third
-of the time still leaves a big step ~1.4x one thread's pace; the barrier
-stalls measured above were with the other core busy all the time; not yet
-measured on a quiet machine.) It reads the other processes' CPU use from
-/proc/stat; `--threads N` fixes the count instead.
-
-It starts at every core. It started at cores - 1 (as vLLM's CPU backend keeps a
-core for its frontend), but when start-up is quick a cold prompt arrives before
-the first sample has raised the count: a 1,557-token prompt right after
-start-up then ran in 256-550-token steps on one thread, 1.77-1.80 s, against
-1.22-1.31 s as one step on two; over `bench compare --no-vllm --clients 8
---rounds 3` (docs/benchmarks.md, 2026-12-05, quiet machine) the median cold
-TTFT went 1.91 -> 1.28 s and 8 clients' tokens/s 158 -> 171. A thread more
-than the machine leaves costs little with passive waits (below), and the
-governor lowers the count within a sample and its confirmation when other
-processes keep a core busy.
+So by default the count for the steps that read the weights (below) follows
+what the machine leaves free (`ThreadGovernor`): every core when the other
+processes use less than half of one, one core less for each core they keep
+busy, and never below one. It reads the other processes' CPU use from
+/proc/stat; `--threads N` fixes the count of every step instead. It starts at
+every core: a cold prompt right after a quick start-up comes before the first
+sample (starting at cores - 1 made the median cold TTFT of `bench compare
+--no-vllm` 1.91 s against 1.28 s).
 
 When it samples: a new count takes effect only after two samples in a row ask
 for it (a burst of client work does not flip it back and forth), except a rise
-seen while idle or as work arrives, taken at once: more threads than the machine
-leaves cost little with passive waits (below), and a request that comes right
-after a busy spell is otherwise cut into short steps for a second.
-Under load a sample spans 2 s, long enough to average the bursty per-step work
-of the HTTP process. While the engine is idle a switch costs nothing, so it
-samples every 0.5 s: the engine meets its first request with what the machine
-leaves once start-up has settled (`start()` at ready: start-up itself is not
-measured). It samples again when work arrives, 0.5 s into the work, and 0.5 s
-after a proposal to confirm it. The count can only change between steps, so
-until it has sampled the work (and while a rise is proposed) the engine keeps
-its prefill steps short (`prefill_cap`): a long prompt that comes just after the
-machine went idle is not computed on one thread throughout. Only while the count
-may rise: where it may only fall (at every core, or a fall proposed), steps stay
-whole, since with OpenMP's passive wait (engine/openmp.py) two threads beside a
-process busy 30% of a core were no slower than one (docs/benchmarks.md,
-2026-12-03), while 256-token steps made a cold 1,557-token prompt's TTFT in the
-server 1.22-1.43 s (`--threads 2`, whole) -> 1.47-1.62 s. (The HTTP process and
-the client preparing a request right after another often propose a fall.)
+seen while idle or as work arrives, taken at once. Under load a sample spans 2 s,
+long enough to average the bursty per-step work of the HTTP process. While the
+engine is idle it samples every 0.5 s (`start()` at ready: start-up itself is not
+measured), again when work arrives, and 0.5 s after a proposal to confirm it.
 
-Every step runs on the count, small ones too. Steps of at most 16 new tokens that
-read less KV than weights (decodes, a hit's partial last page) used to run on one
-thread, to leave the HTTP process and the client a core to stream the tokens out
-(measured 2026-12-02 on another host: 8 decoding clients 115-126 tokens/s on one
-thread, 98-118 on two). With the engine's allocator settings (engine/allocator.py:
-freed blocks kept, weights on huge pages) a batch-8 decode step of SmolLM2 is 72 ms
-on one thread and 60 ms on two in one process, and in the server (`bench compare
---no-vllm --clients 8 --rounds 2`, twice each, 2026-12-05) 8 clients got 96-98
-tokens/s with the rule and 102-103 without it (104-105 with `--threads 2`); the
-governor still gives a core up when other processes keep one busy. A warm hit no
-longer waits for its tail's forward (engine/prompt_logits.py).
+Which steps it governs (`for_step`): only the steps bound by reading the weights,
+those of fewer than 64 new tokens (decodes, a hit's last tokens; at ~350 GFLOPS and
+~14 GB/s here a step turns arithmetic-bound near 50 rows). Bigger steps run on every
+core whatever the others do. Measured with `python -m asynchicache.bench.contention`
+(docs/benchmarks.md, 2026-12-05), 2 threads against 1: a 1,024-token prefill step
+beside a busy core 2.22 vs 2.40 s, beside one and a half 2.56 vs 2.43 s, beside two
+2.51 vs 2.75 s (two threads get two shares of the time-sliced cores); a batch-8
+decode step quiet 79 vs 104 ms, beside a busy core 116 vs 104 ms, beside one and a
+half 132 vs 104 ms (OpenMP's barriers wait for a descheduled thread many times a step).
+Under a pressure run the governor used to fall to one thread for seconds while the
+benchmark client prepared its requests, and the prompts that came then took 1.5-1.8x
+their time; it also cut prompts into short steps while the count might rise. Both
+are gone: a long prompt never waits on a sample.
+
+Every weight-bound step runs on the governed count: decodes on one thread to leave
+the HTTP process and the client a core (the rule until 2026-12-05) got 96-98 tokens/s
+with 8 clients in the server against 102-103 on the count (104-105 with `--threads
+2`). A warm hit no longer waits for its tail's forward (engine/prompt_logits.py).
 """
 
 from __future__ import annotations
@@ -82,9 +61,8 @@ SAMPLE_EVERY_S = 2.0  # a sample's span while busy with no change proposed
 QUICK_SAMPLE_S = 0.5  # while idle, just after work arrived, or to confirm a proposal
 # A shorter span when work arrives is mostly the request's own tokenization: wait.
 MIN_SAMPLE_S = 0.2
-# Prefill tokens per step while unsure (`prefill_cap`): ~0.75 s at one thread on the
-# default model here (339 tok/s), so the next sample comes within a long prompt.
-UNSURE_PREFILL_TOKENS = 256
+# Steps with this many new tokens or more are bound by arithmetic: every core.
+ARITHMETIC_BOUND_TOKENS = 64
 PROC_STAT = Path("/proc/stat")
 
 
@@ -170,6 +148,7 @@ class ThreadGovernor:
         self._idle = True
         self._proposal: int | None = None
         self.changes = 0
+        self._applied: int | None = None
         self.start()
 
     @property
@@ -177,19 +156,21 @@ class ThreadGovernor:
         """A new count is proposed and waits for a second sample to agree."""
         return self._proposal is not None
 
-    @property
-    def prefill_cap(self) -> int | None:
-        """Prefill tokens per step the engine should keep to now (None: no limit): while
-        the count may rise, i.e. a rise waits for confirmation, or no sample has seen the
-        engine busy yet and the count is below every core (module docstring)."""
-        rising = self._proposal is not None and self._proposal > self.threads
-        unsure = rising or (self._last_idle and self.threads < self.cores)
-        return UNSURE_PREFILL_TOKENS if unsure and self._last is not None else None
+    def apply(self, threads: int | None = None) -> int:
+        """Set torch's thread count (the governed count by default); returns it."""
+        n = self.threads if threads is None else threads
+        if n != self._applied:
+            torch.set_num_threads(n)
+            self._applied = n
+        return n
 
-    def apply(self) -> int:
-        """Set torch's thread count to the governed count (between steps); returns it."""
-        torch.set_num_threads(self.threads)
-        return self.threads
+    def for_step(self, new_tokens: int) -> int:
+        """Set and return the threads of a step computing `new_tokens` (before its
+        forward): the governed count for weight-bound steps, every core for the others
+        unless the count is fixed (module docstring)."""
+        if self.fixed is None and new_tokens >= ARITHMETIC_BOUND_TOKENS:
+            return self.apply(self.cores)
+        return self.apply()
 
     def start(self) -> None:
         """Measure from now on (call when the engine is ready: model loading is not load)."""
@@ -197,7 +178,7 @@ class ThreadGovernor:
         self._proposal = None
 
     def poll(self, idle: bool = False) -> int | None:
-        """The new thread count when it changed (already applied), else None.
+        """The new governed count when it changed, else None (`for_step` applies it).
 
         `idle`: the engine has no work now."""
         arrived = self._idle and not idle
@@ -235,4 +216,4 @@ class ThreadGovernor:
         self._proposal = None
         self.threads = threads
         self.changes += 1
-        return self.apply()
+        return threads

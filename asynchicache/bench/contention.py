@@ -1,0 +1,118 @@
+"""How a step's thread count fares with other processes on the cores (engine/threads.py
+chose its per-step rule from this).
+
+    python -m asynchicache.bench.contention [--repeats 5] [--model PATH]
+
+For each load beside it (none; 0.3 of a core in 2 ms bursts; one core; one and a half;
+both), a fresh process with the engine process's environment (OpenMP's passive wait,
+engine/openmp.py; the allocator settings, engine/allocator.py) loads the model and
+times, alternating 1 and 2 threads, a 1,024-token prefill step over 1,000 cached tokens
+and a decode step of 8 requests over 1,000 tokens each (the mean of 10). Prints one JSON
+object: per load and case, the median seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from asynchicache.bench.openmp_wait import busy
+from asynchicache.engine.allocator import allocator_env
+from asynchicache.engine.openmp import openmp_env
+
+# Busy shares of one core, one process each, beside the measured one.
+LOADS: dict[str, tuple[float, ...]] = {
+    "quiet": (),
+    "0.3 core": (0.3,),
+    "1 core": (1.0,),
+    "1.5 cores": (1.0, 0.5),
+    "2 cores": (1.0, 1.0),
+}
+CACHED, PREFILL, BATCH, DECODE_REPEATS = 1000, 1024, 8, 10
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asynchicache.bench.contention")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--model", default=None, help="GGUF or HF folder (default: SmolLM2)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--busy", type=float, default=0.0, help=argparse.SUPPRESS)
+    return parser
+
+
+def step_times(model: str | None, repeats: int) -> dict[str, float]:
+    """In this process: the two steps at 1 and 2 threads, median seconds."""
+    import torch
+
+    from asynchicache.bench.engine import new_runner, prompt_ids
+    from asynchicache.engine.loader import load_model
+    from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
+
+    loaded = load_model(model)
+    base, tables = new_runner(loaded, CACHED + PREFILL + 1, BATCH)
+    kernel = attention_kernel(loaded.config, loaded.model.embed_tokens.weight.dtype,
+                              torch.device(loaded.device))  # fmt: skip
+    runner = ModelRunner(loaded.model, base.kv_pool, base.page_size, kernel=kernel)
+    ids = prompt_ids(loaded, CACHED + PREFILL, 0)
+    for table in tables:
+        runner.forward(ForwardBatch([ids[:CACHED]], [0], [table]))
+    prefill = ForwardBatch([ids[CACHED:]], [CACHED], tables[:1])
+    decode = ForwardBatch([[ids[CACHED]]] * BATCH, [CACHED] * BATCH, tables)
+    cases: dict[str, tuple[Callable[[], Any], int]] = {
+        f"prefill_{PREFILL}": (lambda: runner.forward(prefill), 1),
+        f"decode_{BATCH}": (lambda: runner.forward(decode), DECODE_REPEATS),
+    }
+    seen: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for name, (run, times) in cases.items():
+                began = time.perf_counter()
+                for _ in range(times):
+                    run()
+                seen.setdefault(f"{name}@{threads}", []).append(
+                    (time.perf_counter() - began) / times
+                )
+    return {k: round(statistics.median(v), 4) for k, v in seen.items()}
+
+
+def _under(load: tuple[float, ...], args: argparse.Namespace) -> dict[str, float]:
+    me = [sys.executable, "-m", "asynchicache.bench.contention"]
+    beside = [subprocess.Popen([*me, "--busy", str(duty)]) for duty in load]
+    env = dict(os.environ)
+    env.update(openmp_env(os.environ) + allocator_env(os.environ))
+    argv = [*me, "--child", "--repeats", str(args.repeats)]
+    argv += ["--model", args.model] if args.model else []
+    try:
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    finally:
+        for proc in beside:
+            proc.kill()
+            proc.wait()
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.busy > 0:
+        busy(args.busy)
+        return 0
+    if args.child:
+        print(json.dumps(step_times(args.model, args.repeats)))
+        return 0
+    report: dict[str, Any] = {"load_avg_1m_before": os.getloadavg()[0]}
+    report["loads"] = {name: _under(load, args) for name, load in LOADS.items()}
+    report["load_avg_1m_after"] = os.getloadavg()[0]
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
