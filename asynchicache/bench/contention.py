@@ -2,13 +2,14 @@
 chose its per-step rule from this).
 
     python -m asynchicache.bench.contention [--repeats 5] [--model PATH]
+        [--loads "quiet,0.3 core,1 core,1.5 cores,2 cores"] [--cached 1000] [--prefill 1024]
 
 For each load beside it (none; 0.3 of a core in 2 ms bursts; one core; one and a half;
 both), a fresh process with the engine process's environment (OpenMP's passive wait,
 engine/openmp.py; the allocator settings, engine/allocator.py) loads the model and
-times, alternating 1 and 2 threads, a 1,024-token prefill step over 1,000 cached tokens
-and a decode step of 8 requests over 1,000 tokens each (the mean of 10). Prints one JSON
-object: per load and case, the median seconds.
+times, alternating 1 and 2 threads, a `--prefill`-token step over `--cached` cached
+tokens and a decode step of 8 requests over `--cached` tokens each (the mean of 10).
+Prints one JSON object: per load and case, the median seconds.
 """
 
 from __future__ import annotations
@@ -35,19 +36,24 @@ LOADS: dict[str, tuple[float, ...]] = {
     "1.5 cores": (1.0, 0.5),
     "2 cores": (1.0, 1.0),
 }
-CACHED, PREFILL, BATCH, DECODE_REPEATS = 1000, 1024, 8, 10
+BATCH, DECODE_REPEATS = 8, 10
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asynchicache.bench.contention")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--model", default=None, help="GGUF or HF folder (default: SmolLM2)")
+    parser.add_argument("--loads", default=",".join(LOADS), help="comma-separated, of these")
+    parser.add_argument("--cached", type=int, default=1000, help="tokens already in the pool")
+    parser.add_argument("--prefill", type=int, default=1024, help="the prefill step's tokens")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--busy", type=float, default=0.0, help=argparse.SUPPRESS)
     return parser
 
 
-def step_times(model: str | None, repeats: int) -> dict[str, float]:
+def step_times(
+    model: str | None, repeats: int, cached: int, prefill_tokens: int
+) -> dict[str, float]:
     """In this process: the two steps at 1 and 2 threads, median seconds."""
     import torch
 
@@ -56,17 +62,17 @@ def step_times(model: str | None, repeats: int) -> dict[str, float]:
     from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
 
     loaded = load_model(model)
-    base, tables = new_runner(loaded, CACHED + PREFILL + 1, BATCH)
+    base, tables = new_runner(loaded, cached + prefill_tokens + 1, BATCH)
     kernel = attention_kernel(loaded.config, loaded.model.embed_tokens.weight.dtype,
                               torch.device(loaded.device))  # fmt: skip
     runner = ModelRunner(loaded.model, base.kv_pool, base.page_size, kernel=kernel)
-    ids = prompt_ids(loaded, CACHED + PREFILL, 0)
+    ids = prompt_ids(loaded, cached + prefill_tokens, 0)
     for table in tables:
-        runner.forward(ForwardBatch([ids[:CACHED]], [0], [table]))
-    prefill = ForwardBatch([ids[CACHED:]], [CACHED], tables[:1])
-    decode = ForwardBatch([[ids[CACHED]]] * BATCH, [CACHED] * BATCH, tables)
+        runner.forward(ForwardBatch([ids[:cached]], [0], [table]))
+    prefill = ForwardBatch([ids[cached:]], [cached], tables[:1])
+    decode = ForwardBatch([[ids[cached]]] * BATCH, [cached] * BATCH, tables)
     cases: dict[str, tuple[Callable[[], Any], int]] = {
-        f"prefill_{PREFILL}": (lambda: runner.forward(prefill), 1),
+        f"prefill_{prefill_tokens}": (lambda: runner.forward(prefill), 1),
         f"decode_{BATCH}": (lambda: runner.forward(decode), DECODE_REPEATS),
     }
     seen: dict[str, list[float]] = {}
@@ -88,7 +94,8 @@ def _under(load: tuple[float, ...], args: argparse.Namespace) -> dict[str, float
     beside = [subprocess.Popen([*me, "--busy", str(duty)]) for duty in load]
     env = dict(os.environ)
     env.update(openmp_env(os.environ) + allocator_env(os.environ))
-    argv = [*me, "--child", "--repeats", str(args.repeats)]
+    argv = [*me, "--child", "--repeats", str(args.repeats), "--cached", str(args.cached),
+            "--prefill", str(args.prefill)]  # fmt: skip
     argv += ["--model", args.model] if args.model else []
     try:
         out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
@@ -105,10 +112,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         busy(args.busy)
         return 0
     if args.child:
-        print(json.dumps(step_times(args.model, args.repeats)))
+        print(json.dumps(step_times(args.model, args.repeats, args.cached, args.prefill)))
         return 0
     report: dict[str, Any] = {"load_avg_1m_before": os.getloadavg()[0]}
-    report["loads"] = {name: _under(load, args) for name, load in LOADS.items()}
+    names = [n.strip() for n in args.loads.split(",") if n.strip()]
+    unknown = [n for n in names if n not in LOADS]
+    if unknown:
+        raise SystemExit(f"unknown loads {unknown}; known: {', '.join(LOADS)}")
+    report["loads"] = {name: _under(LOADS[name], args) for name in names}
     report["load_avg_1m_after"] = os.getloadavg()[0]
     print(json.dumps(report, indent=1))
     return 0
