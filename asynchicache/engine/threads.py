@@ -28,11 +28,12 @@ Which steps it governs (`for_step`): only the steps bound by reading the weights
 those of fewer than 64 new tokens (decodes, a hit's last tokens; at ~350 GFLOPS and
 ~14 GB/s here a step turns arithmetic-bound near 50 rows). Bigger steps run on every
 core whatever the others do. Measured with `python -m asynchicache.bench.contention`
-(docs/benchmarks.md, 2026-12-05), 2 threads against 1: a 1,024-token prefill step
-beside a busy core 2.22 vs 2.40 s, beside one and a half 2.56 vs 2.43 s, beside two
-2.51 vs 2.75 s (two threads get two shares of the time-sliced cores); a batch-8
-decode step quiet 79 vs 104 ms, beside a busy core 116 vs 104 ms, beside one and a
-half 132 vs 104 ms (OpenMP's barriers wait for a descheduled thread many times a step).
+(docs/benchmarks.md, 2026-12-05 13:14 UTC), 2 threads against 1: a 1,024-token prefill
+step quiet 1.20 vs 2.27 s, beside 0.3 of a core 1.68 vs 2.41 s, beside one busy core
+2.20 vs 2.36 s, one and a half 2.53 vs 2.41 s, both 2.53 vs 2.55 s (at most 5% slower,
+up to 1.9x faster: on time-sliced cores two threads get two shares); a batch-8 decode step quiet 76 vs 101 ms, beside 0.3
+of a core 106 vs 103 ms, one core 113 vs 103 ms, both 124 vs 103 ms (OpenMP's barriers
+wait for a descheduled thread many times a step).
 Under a pressure run the governor used to fall to one thread for seconds while the
 benchmark client prepared its requests, and the prompts that came then took 1.5-1.8x
 their time; it also cut prompts into short steps while the count might rise. Both
