@@ -31,9 +31,9 @@ core whatever the others do. Measured with `python -m asynchicache.bench.content
 (docs/benchmarks.md, 2026-12-05 13:14 UTC), 2 threads against 1: a 1,024-token prefill
 step quiet 1.20 vs 2.27 s, beside 0.3 of a core 1.68 vs 2.41 s, beside one busy core
 2.20 vs 2.36 s, one and a half 2.53 vs 2.41 s, both 2.53 vs 2.55 s (at most 5% slower,
-up to 1.9x faster: on time-sliced cores two threads get two shares); a batch-8 decode step quiet 76 vs 101 ms, beside 0.3
-of a core 106 vs 103 ms, one core 113 vs 103 ms, both 124 vs 103 ms (OpenMP's barriers
-wait for a descheduled thread many times a step).
+up to 1.9x faster: on time-sliced cores two threads get two shares); a batch-8 decode
+step quiet 76 vs 101 ms, beside 0.3 of a core 106 vs 103 ms, one core 113 vs 103 ms,
+both 124 vs 103 ms (OpenMP's barriers wait for a descheduled thread many times a step).
 Under a pressure run the governor used to fall to one thread for seconds while the
 benchmark client prepared its requests, and the prompts that came then took 1.5-1.8x
 their time; it also cut prompts into short steps while the count might rise. Both
@@ -120,7 +120,8 @@ def others_cores(before: CpuSample, after: CpuSample, cores_on_machine: int) -> 
 
 
 class ThreadGovernor:
-    """Adjusts torch's threads to the cores other processes leave (module docstring).
+    """Torch's threads per step (module docstring): `for_step` before each forward;
+    `threads`, the count of weight-bound steps, follows the cores other processes leave.
 
     `poll(idle)` is cheap (a clock read) between samples; call it once per
     engine step or idle turn. `sampler` and `clock` are there for tests.
