@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from loop_harness import LoopHarness
 from storage_doubles import MemoryStorage
 
@@ -12,6 +13,7 @@ from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
+from asynchicache.engine.runner import ForwardBatch
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 from asynchicache.storage.service.server import ServiceConfig
 
@@ -301,7 +303,20 @@ def test_warming_up_leaves_the_cache_as_it_was_and_answers_unchanged(
     cold = _engine(smollm)
     warm = _engine(smollm)
     engines += [cold, warm]
+    steps: list[int] = []
+    forward = warm.runner.forward
+
+    def counted(batch: ForwardBatch) -> torch.Tensor:
+        steps.append(sum(len(ids) for ids in batch.token_ids))
+        return forward(batch)
+
+    warm.runner.forward = counted  # type: ignore[method-assign]
     warm.warm_up()
+    warm.runner.forward = forward  # type: ignore[method-assign]
+    page = warm.cache_config.page_size
+    # The short prompt, one token, then a prompt of the largest step (heap and L1 warm).
+    longest = min(warm.config.max_prefill_tokens, warm.device_tokens, warm.max_model_len - 1)
+    assert steps == [page - 1, 1, longest] and longest > page
     stats = warm.cache.stats().device
     assert stats.in_use == 0 and stats.cached == 0 and warm.computed_prompt_tokens == 0
     assert (
