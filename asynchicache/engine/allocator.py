@@ -10,9 +10,11 @@ then faulted in again, 4 KiB at a time, inside the matmul that writes it. With
 the mmap threshold at 32 MiB (its largest) and the trim threshold at 64 MiB, a
 freed block stays in the heap for the next layer. Measured in one process (that
 prompt's forward, 2 threads, medians of 5, alternating): 1.64 s -> 1.47-1.52 s with a
-4 GiB trim threshold, 1.64 -> 1.57 s with today's 64 MiB (load ~2, one pair).
-The memory kept is the forward's peak of activations; the KV pool and the weights
-are above the threshold and mapped once.
+4 GiB trim threshold, 1.64 -> 1.57 s with today's 64 MiB (load ~2, one pair); a
+later alternating run of steady forwards (64 MiB, 256 MiB, 1 GiB, 4 GiB, twice each,
+docs/benchmarks.md 2026-12-05 13:40) saw no difference between the trim thresholds
+beyond its noise (1.42-1.56 s). The memory kept is the forward's peak of activations;
+the KV pool and the weights are above the threshold and mapped once.
 
 It also asks glibc to back its large blocks with transparent huge pages
 (`glibc.malloc.hugetlb=1`, glibc 2.35 and later; where the kernel's THP mode is
