@@ -57,15 +57,12 @@ def step_times(
     """In this process: the two steps at 1 and 2 threads, median seconds."""
     import torch
 
-    from asynchicache.bench.engine import new_runner, prompt_ids
+    from asynchicache.bench.engine import native_runner, prompt_ids
     from asynchicache.engine.loader import load_model
-    from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
+    from asynchicache.engine.runner import ForwardBatch
 
     loaded = load_model(model)
-    base, tables = new_runner(loaded, cached + prefill_tokens + 1, BATCH)
-    kernel = attention_kernel(loaded.config, loaded.model.embed_tokens.weight.dtype,
-                              torch.device(loaded.device))  # fmt: skip
-    runner = ModelRunner(loaded.model, base.kv_pool, base.page_size, kernel=kernel)
+    runner, tables = native_runner(loaded, cached + prefill_tokens + 1, BATCH)
     ids = prompt_ids(loaded, cached + prefill_tokens, 0)
     for table in tables:
         runner.forward(ForwardBatch([ids[:cached]], [0], [table]))

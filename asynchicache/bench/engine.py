@@ -34,7 +34,7 @@ from asynchicache.bench import ttft
 from asynchicache.bench.output import add_output_arguments, print_report, write_report
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.protocol import SamplingParams
-from asynchicache.engine.runner import ForwardBatch, ModelRunner
+from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
 from asynchicache.engine.sampler import sample
 
 PAGE_SIZE = 16
@@ -154,6 +154,16 @@ def new_runner(loaded: LoadedModel, tokens: int, seqs: int) -> tuple[ModelRunner
     )
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(seqs)]
     return ModelRunner(loaded.model, pool, PAGE_SIZE), tables
+
+
+def native_runner(
+    loaded: LoadedModel, tokens: int, seqs: int
+) -> tuple[ModelRunner, list[list[int]]]:
+    """`new_runner` with the native attention kernel where it fits, as the engine has it."""
+    base, tables = new_runner(loaded, tokens, seqs)
+    dtype = loaded.model.embed_tokens.weight.dtype
+    kernel = attention_kernel(loaded.config, dtype, torch.device(loaded.device))
+    return ModelRunner(loaded.model, base.kv_pool, base.page_size, kernel=kernel), tables
 
 
 def our_prefill(loaded: LoadedModel, args: BenchArgs) -> Callable[[], float]:

@@ -56,15 +56,12 @@ def forward_times(model: str | None, repeats: int) -> dict[str, dict[str, float]
     """In this process: the two cases at 1 and 2 threads, best and median seconds."""
     import torch
 
-    from asynchicache.bench.engine import new_runner, prompt_ids
+    from asynchicache.bench.engine import native_runner, prompt_ids
     from asynchicache.engine.loader import load_model
-    from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
+    from asynchicache.engine.runner import ForwardBatch
 
     loaded = load_model(model)
-    base, tables = new_runner(loaded, 1100, 1)
-    kernel = attention_kernel(loaded.config, loaded.model.embed_tokens.weight.dtype,
-                              torch.device(loaded.device))  # fmt: skip
-    runner = ModelRunner(loaded.model, base.kv_pool, base.page_size, kernel=kernel)
+    runner, tables = native_runner(loaded, 1100, 1)
     ids = prompt_ids(loaded, 1100, 0)
     runner.forward(ForwardBatch([ids[:1000]], [0], tables))
     cases: dict[str, Callable[[], Any]] = {

@@ -39,10 +39,10 @@ benchmark client prepared its requests, and the prompts that came then took 1.5-
 their time; it also cut prompts into short steps while the count might rise. Both
 are gone: a long prompt never waits on a sample.
 
-Every weight-bound step runs on the governed count: decodes on one thread to leave
-the HTTP process and the client a core (the rule until 2026-12-05) got 96-98 tokens/s
-with 8 clients in the server against 102-103 on the count (104-105 with `--threads
-2`). A warm hit no longer waits for its tail's forward (engine/prompt_logits.py).
+Weight-bound steps run on the governed count, not on one thread: a rule that put
+decodes on one thread (to leave the HTTP process and the client a core) gave 8 clients
+96-98 tokens/s in the server against 102-103 on the count (104-105 with `--threads 2`),
+and was dropped on 2026-12-05.
 """
 
 from __future__ import annotations
