@@ -257,8 +257,38 @@ class BlockCopier:
             else:
                 self._save_range(run, pool, own)
         if whole_ids:
-            self._save_blocks(whole_ids, pool, whole_slots)
+            self._save_whole(whole_ids, pool, whole_slots)
         return len(slots) * math.prod(self.page_shape) * self.dtype.itemsize
+
+    def _save_whole(self, ids: Sequence[int], pool: torch.Tensor, slots: Sequence[int]) -> None:
+        """Whole kernel blocks `ids` into `slots` (k per block, in order). On the host, runs
+        of consecutive blocks over consecutive slots (a prompt's fresh slots) are copied
+        straight into L2, the transposes inside the one pass (half the time of gather,
+        transpose and scatter: 24 -> 12 ms for a 1,024-token SmolLM2 prompt on one
+        thread); the rest, and blocks on a device, are gathered."""
+        if self.device.type != "cpu":
+            self._save_blocks(ids, pool, slots)
+            return
+        k = self.pages_per_kernel_block
+        rest_ids: list[int] = []
+        rest_slots: list[int] = []
+        for start, n in _direct_runs(ids, slots, k):
+            if n:
+                self._save_run(pool, slots[start * k], ids[start], n)
+            else:
+                rest_ids.append(ids[start])
+                rest_slots += slots[start * k : (start + 1) * k]
+        if rest_ids:
+            self._save_blocks(rest_ids, pool, rest_slots)
+
+    def _save_run(self, pool: torch.Tensor, first_slot: int, first_block: int, n: int) -> None:
+        """`n` kernel blocks from `first_block` on into the `n * k` slots from `first_slot`."""
+        k = self.pages_per_kernel_block
+        _, two, p, h, d = self.page_shape
+        dst = pool[first_slot : first_slot + n * k].view(n, k, self.num_layers, two, p, h, d)
+        for layer, pair in enumerate(self.views):
+            for kv, view in enumerate(pair):
+                dst[:, :, layer, kv].copy_(view[first_block : first_block + n].unflatten(1, (k, p)))
 
     def _kernel_runs(self, block_ids: Sequence[int], first_page: int, n: int) -> list[_Run]:
         """The job's `n` pages from page `first_page` of `block_ids`, as runs of pages

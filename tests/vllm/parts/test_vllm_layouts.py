@@ -182,6 +182,28 @@ def test_load_mixing_runs_of_consecutive_slots_and_scattered_ones(name: str) -> 
         torch.testing.assert_close(view[4], before[layer][4], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", BUILDERS)
+def test_save_mixing_runs_of_consecutive_slots_and_scattered_ones(name: str) -> None:
+    """On the host a run of consecutive blocks over consecutive slots is copied straight
+    into L2; blocks with scattered slots are gathered; every page lands right and no
+    other slot is written."""
+    _, fmt = BUILDERS[name]
+    tensors, truths = _layers(name, 6)
+    copier = BlockCopier(tensors, fmt, ratio=1, page_size=P)
+    pool = torch.zeros(12, *copier.page_shape)
+    # Blocks 2, 3 into slots 0-3 (one run), block 5 into 4-5 (a run of its own: block 4
+    # is not saved), block 0 into 9, 6 (scattered), block 1's first page into slot 7.
+    slots, blocks = [0, 1, 2, 3, 4, 5, 9, 6, 7], [2, 3, 5, 0, 1]
+    copier.save(blocks, pool, slots)
+    for i, slot in enumerate(slots):
+        block, page = blocks[i // 2], i % 2
+        for layer, (k, v) in enumerate(truths):
+            rows = slice(page * P, (page + 1) * P)
+            torch.testing.assert_close(pool[slot, layer, 0], k[block, rows], rtol=0, atol=0)
+            torch.testing.assert_close(pool[slot, layer, 1], v[block, rows], rtol=0, atol=0)
+    assert not pool[[8, 10, 11]].any()
+
+
 def test_kernel_blocks_split_a_manager_block() -> None:
     """A tensor with ratio x the manager blocks: block b is kernel blocks b*r .. b*r+r-1."""
     k, v = truth(3)  # B kernel blocks of N tokens = B/2 manager blocks of 2N tokens

@@ -1,0 +1,22 @@
+"""`python -m asynchicache.bench.block_copies` end to end on a small shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asynchicache.bench import block_copies
+
+
+def test_the_bench_times_both_ways_of_each_copy(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--tokens", "64", "--repeats", "2", "--layers", "2", "--block-size", "32"]
+    assert block_copies.main([*argv, "--kv-heads", "2", "--head-dim", "8", "--page-size", "8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"] == 64
+    # 8 pages of [2 layers, K and V, 8 tokens, 2 heads, 8 dims] float32
+    assert out["bytes"] == 8 * 2 * 2 * 8 * 2 * 8 * 4
+    for copy in ("save", "load"):
+        for way in ("consecutive", "scattered"):
+            assert out[f"{copy}_{way}_ms"] > 0
+            assert out[f"{copy}_{way}_GBps"] > 0
