@@ -222,6 +222,78 @@ def test_salted_chains_do_not_meet(side: SchedulerSide) -> None:
     assert answer(side, FakeRequest("d", tokens, cache_salt="tenant-a")) == (3 * BLOCK, True)
 
 
+def _empty_step() -> SimpleNamespace:
+    """A SchedulerOutput that scheduled nothing (ends one schedule() call)."""
+    cached = SimpleNamespace(req_ids=[], resumed_req_ids=set(), num_computed_tokens=[])
+    return SimpleNamespace(
+        scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={}
+    )
+
+
+def _prompt(name: str, first_token: int) -> FakeRequest:
+    return FakeRequest(name, list(range(first_token, first_token + 2 * BLOCK + 1)))
+
+
+def _spy_asks(side: SchedulerSide, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The lookup keys `side` asks the service about, from now on."""
+    asked: list[int] = []
+    ask = side.link.ask_exists
+    monkeypatch.setattr(side.link, "ask_exists", lambda key, h: (asked.append(key), ask(key, h)))
+    return asked
+
+
+def test_requests_arriving_together_are_asked_about_at_once_and_answered_in_one_step(
+    side: SchedulerSide, config: ConnectorConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of prompts: each lookup starts on arrival, so the scheduler's first visit
+    of each, all in one step, has its answer (a lookup started only at the visit took a
+    step per request beyond the first, and vLLM ran a burst of cold prompts in smaller
+    steps than without the connector). A disk hit's pages are read into L2 only once
+    the scheduler reaches it."""
+    on_disk = _prompt("on-disk", 900)
+    fresh = on_disk_only(side, config, on_disk.all_token_ids)
+    try:
+        asked = _spy_asks(fresh, monkeypatch)
+        loads: list[int] = []
+        load = fresh.link.load
+        monkeypatch.setattr(
+            fresh.link, "load", lambda job, h, s: (loads.append(job), load(job, h, s))
+        )
+        monkeypatch.setattr(scheduler_module, "_YIELD_S", 10.0)  # one step's wait, slow hosts
+        fresh.build_connector_meta(_empty_step())  # type: ignore[arg-type]
+        burst = [on_disk, _prompt("new-1", 100), _prompt("new-2", 200)]
+        for req in burst:
+            fresh.on_new_request(req)  # type: ignore[arg-type]
+        assert len(asked) == 3  # before the scheduler reached any of them
+        wait_for(lambda: fresh.link.has_events(), what="the service's first answer")
+        fresh.take_stats()  # polls the answers in: still no read
+        assert loads == []
+        got = [fresh.get_num_new_matched_tokens(req, 0) for req in burst]  # type: ignore[arg-type]
+        assert got == [(2 * BLOCK, True), (0, False), (0, False)]
+        assert len(asked) == 3  # answered, not asked again
+        assert len(loads) == 1
+    finally:
+        fresh.shutdown()
+
+
+def test_lookups_start_on_arrival_only_up_to_a_bound(
+    side: SchedulerSide, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `EARLY_LOOKUPS` requests not yet reached by the scheduler, a lookup starts
+    when the scheduler reaches the request (early lookups pin their L2 pages)."""
+    monkeypatch.setattr(scheduler_module, "EARLY_LOOKUPS", 2)
+    asked = _spy_asks(side, monkeypatch)
+    reqs = [_prompt(f"q-{i}", i * 100) for i in range(4)]
+    for req in reqs[:3]:
+        side.on_new_request(req)  # type: ignore[arg-type]
+    assert len(asked) == 2
+    assert answer(side, reqs[0]) == (0, False)  # reached: room for another early one
+    side.on_new_request(reqs[3])  # type: ignore[arg-type]
+    assert len(asked) == 3
+    assert answer(side, reqs[2]) == (0, False)  # started when reached
+    assert len(asked) == 4
+
+
 def test_service_killed_mid_load_is_a_miss_then_hits_resume(
     side: SchedulerSide, config: ConnectorConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,7 +7,14 @@ non-blocking `_poll()` at the start of each entry point.
 * Lookups (`get_num_new_matched_tokens`): the prompt's full pages (never the
   last token) are named by our chained hashes; L2 hits are pinned, the
   service is asked how far the chain goes on, and the pages are read into L2
-  slots; until then the answer is None (vLLM asks again next step). Only
+  slots; until then the answer is None (vLLM asks again next step). A lookup
+  starts when the request arrives (`on_new_request`, up to `EARLY_LOOKUPS` not
+  yet reached by the scheduler), so requests that arrive together are asked
+  about together and answered by the time the scheduler reaches them: a lookup
+  started only then would take one step per request beyond the first (vLLM
+  skips a request whose answer is None for the step), splitting a burst of
+  cold prompts into smaller steps than vLLM alone would run. Its pages are read
+  into L2 only once the scheduler reaches the request. Only
   pages verified in L2 are offered (see `lookup.py`). A hit is counted in our
   pages, not in vLLM's blocks: its last block may be loaded in part (vLLM
   computes the rest of it), so a restart recomputes less than a page.
@@ -56,10 +63,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # While a lookup waits on the service, vLLM asks again at once, in a loop that on
-# a small machine leaves the service and our link thread no CPU. So a waiting
-# lookup sleeps (yields the CPU and the GIL) once per scheduler step, at most
-# this long, and wakes as soon as the answer is in.
+# a small machine leaves the service and our link thread no CPU. So waiting
+# lookups sleep (yield the CPU and the GIL) at most this long per scheduler step
+# in all, each until its answer is in.
 _YIELD_S = 0.002
+# Lookups started at arrival and not yet reached by the scheduler: they pin their
+# L2 pages early, so a long queue starts the rest when the scheduler reaches them.
+EARLY_LOOKUPS = 16
 
 
 class SchedulerSide:
@@ -100,7 +110,8 @@ class SchedulerSide:
         self.saves = SavePlanner(
             config.page_size, self.pages_per_block, self.index, self.stats, self.host.register
         )
-        self._yielded = False  # a waiting lookup slept in this scheduler step
+        self._yield_left_s = _YIELD_S  # what waiting lookups may still sleep this step
+        self._early: set[str] = set()  # requests whose lookup started at arrival, not yet asked
         log.info(
             "asynchicache connector: %d L2 slots of %d tokens in %s, service %s",
             self.index.num_slots,
@@ -131,7 +142,12 @@ class SchedulerSide:
     # -- lookups ------------------------------------------------------------
 
     def on_new_request(self, request: Request) -> None:
-        self._requests[request.request_id] = request
+        req_id = request.request_id
+        self._requests[req_id] = request
+        if len(self._early) < EARLY_LOOKUPS and req_id not in self._lookups:
+            self._poll()
+            self._early.add(req_id)
+            self._start(request, 0)
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -143,11 +159,14 @@ class SchedulerSide:
         if lk is None or lk.committed or lk.first_page != first_page:
             if lk is not None and not lk.committed:
                 self._drop(lk)
+            self._early.discard(request.request_id)
             lk = self._start(request, first_page)
-        if lk.phase is not Phase.ANSWERED and not self._yielded:
-            self._yielded = True
-            self.link.wait_events(_YIELD_S)
-            self._poll()
+        elif request.request_id in self._early:
+            self._early.discard(request.request_id)
+            if lk.phase is Phase.ROOM:  # answered before the visit: read now
+                lk.loading_since = time.monotonic()
+                self._read(lk, give_up=False)
+        self._wait_for(lk)
         now = time.monotonic()
         if lk.phase is Phase.ASKING and now - lk.started > self.config.lookup_timeout_s:
             self.stats.add("lookup_timeouts")
@@ -163,6 +182,14 @@ class SchedulerSide:
             return None, False
         tokens = lk.answer_pages * self.page_size
         return (tokens, self.config.load_async) if tokens else (0, False)
+
+    def _wait_for(self, lk: Lookup) -> None:
+        """Sleep until `lk` is answered, within what is left of this step's budget."""
+        while lk.phase is not Phase.ANSWERED and self._yield_left_s > 0:
+            began = time.monotonic()
+            self.link.wait_events(self._yield_left_s)
+            self._yield_left_s -= time.monotonic() - began
+            self._poll()
 
     def _start(self, request: Request, first_page: int) -> Lookup:
         tokens = request.all_token_ids
@@ -209,7 +236,11 @@ class SchedulerSide:
     def _on_exists(self, lk: Lookup, pages: int) -> None:
         lk.service_pages, lk.loading_since = pages, time.monotonic()
         lk.phase = Phase.ROOM
-        self._read(lk, give_up=False)
+        # A lookup started at arrival reads only once the scheduler reaches the request:
+        # by then vLLM's own prefix cache may hold the first pages (the lookup starts
+        # again from there), and a long queue must not fill L2 with pinned reads.
+        if lk.req_id not in self._early:
+            self._read(lk, give_up=False)
 
     def _read(self, lk: Lookup, give_up: bool) -> None:
         """Read the service's pages into L2 once it has room for all of them. L2 full of
@@ -321,7 +352,7 @@ class SchedulerSide:
 
     def build_connector_meta(self, out: SchedulerOutput) -> AsynchicacheMetadata:
         self._poll()
-        self._yielded = False  # one schedule() call ends here
+        self._yield_left_s = _YIELD_S  # one schedule() call ends here
         meta = AsynchicacheMetadata(self.pool.name, self._loads, [], self.config.load_async)
         self._loads = []
         for new in out.scheduled_new_reqs:
@@ -381,6 +412,7 @@ class SchedulerSide:
         lk = self._lookups.pop(req_id, None)
         if lk is not None and not lk.committed:
             self._drop(lk)
+        self._early.discard(req_id)
         self._requests.pop(req_id, None)
         self._chains.pop(req_id, None)
         self._load_failed.discard(req_id)
