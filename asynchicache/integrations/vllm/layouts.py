@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
@@ -283,12 +283,21 @@ class BlockCopier:
 
     def _save_run(self, pool: torch.Tensor, first_slot: int, first_block: int, n: int) -> None:
         """`n` kernel blocks from `first_block` on into the `n * k` slots from `first_slot`."""
+        for pages, blocks in self._run_parts(pool, first_slot, first_block, n):
+            pages.copy_(blocks)
+
+    def _run_parts(
+        self, pool: torch.Tensor, first_slot: int, first_block: int, n: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, K then V: the `n * k` slots from `first_slot` and the `n` kernel
+        blocks from `first_block`, both as `[n, k, P, H, D]` views (a run's one-pass copy)."""
         k = self.pages_per_kernel_block
         _, two, p, h, d = self.page_shape
-        dst = pool[first_slot : first_slot + n * k].view(n, k, self.num_layers, two, p, h, d)
+        slots = pool[first_slot : first_slot + n * k].view(n, k, self.num_layers, two, p, h, d)
         for layer, pair in enumerate(self.views):
             for kv, view in enumerate(pair):
-                dst[:, :, layer, kv].copy_(view[first_block : first_block + n].unflatten(1, (k, p)))
+                blocks = view[first_block : first_block + n].unflatten(1, (k, p))
+                yield slots[:, :, layer, kv], blocks
 
     def _kernel_runs(self, block_ids: Sequence[int], first_page: int, n: int) -> list[_Run]:
         """The job's `n` pages from page `first_page` of `block_ids`, as runs of pages
@@ -373,13 +382,10 @@ class BlockCopier:
 
     def _load_run(self, pool: torch.Tensor, first_slot: int, first_block: int, n: int) -> int:
         """`n` kernel blocks from `first_block` on, from the `n * k` slots from `first_slot`."""
+        for pages, blocks in self._run_parts(pool, first_slot, first_block, n):
+            blocks.copy_(pages)
         k = self.pages_per_kernel_block
-        _, two, p, h, d = self.page_shape
-        src = pool[first_slot : first_slot + n * k].view(n, k, self.num_layers, two, p, h, d)
-        for layer, pair in enumerate(self.views):
-            for kv, view in enumerate(pair):
-                view[first_block : first_block + n].unflatten(1, (k, p)).copy_(src[:, :, layer, kv])
-        return src.numel() * src.element_size()
+        return n * k * math.prod(self.page_shape) * self.dtype.itemsize
 
     def _load_gathered(self, pool: torch.Tensor, slots: Sequence[int], ids: torch.Tensor) -> int:
         """Kernel blocks `ids`: one batched gather from L2 and one scatter per layer."""
