@@ -1,4 +1,4 @@
-"""`python -m asynchicache.bench.block_copies` end to end on a small shape."""
+"""`python -m asynchicache.integrations.vllm.block_copies_bench` end to end on a small shape."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import json
 
 import pytest
 
-from asynchicache.bench import block_copies
+from asynchicache.integrations.vllm import block_copies_bench
 
 
 def test_the_bench_times_both_ways_of_each_copy(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--tokens", "64", "--repeats", "2", "--layers", "2", "--block-size", "32"]
-    assert block_copies.main([*argv, "--kv-heads", "2", "--head-dim", "8", "--page-size", "8"]) == 0
+    argv += ["--kv-heads", "2", "--head-dim", "8", "--page-size", "8"]
+    assert block_copies_bench.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == 64
     # 8 pages of [2 layers, K and V, 8 tokens, 2 heads, 8 dims] float32

@@ -1,12 +1,13 @@
 """The connector's copies between vLLM's blocks and L2 pages, on vLLM's CPU layout.
 
-    python -m asynchicache.bench.block_copies [--tokens 1024] [--threads 1] [--repeats 20]
-        [--layers 30] [--kv-heads 3] [--head-dim 64] [--block-size 128] [--page-size 16]
+    python -m asynchicache.integrations.vllm.block_copies_bench [--tokens 1024] [--threads 1]
+        [--repeats 20] [--layers 30] [--kv-heads 3] [--head-dim 64] [--block-size 128]
+        [--page-size 16]
 
 SmolLM2-135M's shape by default (CPU_ATTN's head-major blocks, K transposed). A
 prompt of `--tokens` (whole blocks) is saved from vLLM's blocks into L2 slots and
 loaded back, two ways each: over consecutive slots (a prompt's fresh slots: the
-one-pass copy, integrations/vllm/layouts.py) and over scattered slots (the gather,
+one-pass copy, layouts.py) and over scattered slots (the gather,
 transpose and scatter path). Saves run in vLLM's worker right after the forward
 pass, so their time is on every step that computes a prompt. Prints one JSON
 object: the median milliseconds of each copy and its GB/s.
@@ -77,7 +78,8 @@ def measure(shape: Shape, tokens: int, repeats: int) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m asynchicache.bench.block_copies")
+    prog = "python -m asynchicache.integrations.vllm.block_copies_bench"
+    p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--threads", type=int, default=1, help="torch threads (vLLM's worker: 1-2)")
     p.add_argument("--repeats", type=int, default=20)
