@@ -70,8 +70,11 @@ def partial_allowed(partials: int) -> bool:
 class QuickLoads:
     """Waits (bounded) for L2-only loads started in this step (module docstring)."""
 
-    def __init__(self, copy_seconds: Callable[[int], float]) -> None:
+    def __init__(
+        self, copy_seconds: Callable[[int], float], max_wait_s: float = QUICK_LOAD_MAX_WAIT_S
+    ) -> None:
         self._copy_seconds = copy_seconds  # expected seconds of an L2 -> L1 copy of n pages
+        self._max_wait_s = max_wait_s
         # This step's requests whose load landed while waited for, and the seconds waited
         # (the engine's trace counts them as load time: engine/trace.py).
         self.landed: list[tuple[Request, float]] = []
@@ -82,14 +85,18 @@ class QuickLoads:
         quick = [r for r in started if _host_only(r)]
         if not quick:
             return
-        pages = sum(r.load_ticket.pages_from_host for r in quick if r.load_ticket is not None)
-        budget = min(QUICK_LOAD_MAX_WAIT_S, 2 * self._copy_seconds(pages))
+        budget = self.budget_s(quick)
         began = time.monotonic()
         while any(r.phase is Phase.LOADING for r in quick) and time.monotonic() - began < budget:
             time.sleep(POLL_S)
             poll()
         waited = time.monotonic() - began
         self.landed = [(r, waited) for r in quick if r.phase is not Phase.LOADING]
+
+    def budget_s(self, quick: list[Request]) -> float:
+        """Seconds a step waits for `quick`'s copies: twice their expected time, bounded."""
+        pages = sum(r.load_ticket.pages_from_host for r in quick if r.load_ticket is not None)
+        return min(self._max_wait_s, 2 * self._copy_seconds(pages))
 
 
 def _host_only(req: Request) -> bool:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from asynchicache.cache.jobs import LoadTicket
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel
+from asynchicache.engine.prefill_policy import QUICK_LOAD_MAX_WAIT_S, QuickLoads
 from asynchicache.engine.protocol import SamplingParams
+from asynchicache.engine.request import Phase, Request
 
 GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 
@@ -59,23 +62,37 @@ def test_chunked_prefills_show_their_steps_and_the_wait_of_the_second(engine: En
 def test_an_l2_hit_shows_its_load(engine: Engine) -> None:
     prompt = list(range(1, 65))
     engine.generate([prompt], GREEDY)
-    taken = []
-    for _ in range(3):
-        engine.cache.drain()
-        engine.cache.evict(engine.cache.stats().device.total)  # the prompt is on L2 alone now
-        steps = engine.steps
-        engine.generate([prompt], GREEDY)
-        taken.append(engine.steps - steps)
-        if taken[-1] == 3:
-            break
+    engine.cache.drain()
+    engine.cache.evict(engine.cache.stats().device.total)  # the prompt is on L2 alone now
+    # The step waits for the copy as long as it takes: the production bound (20 ms at most)
+    # is met or missed by the OS's scheduling of the copy thread (missed three tries in a
+    # row beside make test's other lane in CI), and test_quick_load_budget checks the bound.
+    engine.scheduler.quick_loads = QuickLoads(lambda pages: 60.0, max_wait_s=60.0)
+    steps = engine.steps
+    engine.generate([prompt], GREEDY)
     # The L2 -> L1 copy landed in the step that admitted it (prefill_policy.QuickLoads):
     # three steps for three tokens (it used to take a step more, collected a step later).
-    # The wait is bounded (20 ms): beside make test's other lane the copy thread may miss
-    # it once (seen in a fresh clone), so it must hold in one of three tries.
-    assert 3 in taken, taken
+    assert engine.steps - steps == 3
     hit = engine.tracer.traces()[-1]
     assert hit.cached.get("host") == 63  # its last token is computed again (copy-on-write)
     assert hit.load_s > 0 and hit.computed_tokens == 1
     assert hit.queue_s + hit.load_s + hit.wait_s + hit.step_s + hit.overhead_s == pytest.approx(
         hit.ttft_s, abs=1e-6
     )
+
+
+def test_quick_load_budget() -> None:
+    """A step holds for twice an L2 copy's expected time, never past the bound."""
+
+    def loading(pages: int) -> Request:
+        req = Request(rid=str(pages), prompt=[1], sampling=GREEDY, phase=Phase.LOADING)
+        req.load_ticket = LoadTicket(id=pages, pages_from_host=pages, pages_from_storage=0)
+        return req
+
+    quick = QuickLoads(lambda pages: pages * 0.001)  # 1 ms a page
+    assert quick.budget_s([loading(2), loading(3)]) == pytest.approx(0.010)
+    assert quick.budget_s([loading(500)]) == QUICK_LOAD_MAX_WAIT_S
+    # A copy that does not land in time leaves the request loading, and the step goes on.
+    stuck = loading(1)
+    quick.wait([stuck], poll=lambda: None)
+    assert stuck.phase is Phase.LOADING and quick.landed == []
