@@ -40,7 +40,7 @@ from asynchicache.engine.runner import (
     numerics_version,
 )
 from asynchicache.engine.sampler import Pick
-from asynchicache.engine.scheduler import Batch, Scheduler
+from asynchicache.engine.scheduler import Batch, ScheduledSeq, Scheduler
 from asynchicache.engine.trace import Tracer
 from asynchicache.storage.base import PageLayout, StorageTier
 
@@ -247,7 +247,9 @@ class Engine:
 
     def _run_isolated(self, batch: Batch) -> list[TokenOutput]:
         """`_run`; if it raises, the step's requests end with an error and the engine goes
-        on (engine/isolation.py). Their final outputs come from the scheduler's drain."""
+        on (engine/isolation.py; a forward that fails because of one request's input
+        fails that request alone, `_forward_isolated`). Their final outputs come from
+        the scheduler's drain."""
         try:
             return self._run(batch)
         except Exception as exc:
@@ -258,9 +260,10 @@ class Engine:
             )
             return []
 
-    def _run(self, batch: Batch) -> list[TokenOutput]:
+    @staticmethod
+    def _forward_input(batch: Batch) -> ForwardBatch:
         every = [s.request.needs_whole_prompt for s in batch.seqs]
-        forward = ForwardBatch(
+        return ForwardBatch(
             token_ids=[
                 s.request.tokens[s.request.num_computed : s.request.num_computed + s.num_new]
                 for s in batch.seqs
@@ -269,6 +272,40 @@ class Engine:
             page_tables=[s.request.page_table for s in batch.seqs],
             every_position=every if any(every) else (),
         )
+
+    def _forward_isolated(self, batch: Batch) -> tuple[Batch, torch.Tensor | None]:
+        """The batch's forward: the batch that ran and its logits (None: nothing left to
+        run). If it raises, `_without_culprits` runs again what it can."""
+        try:
+            return batch, self.runner.forward(self._forward_input(batch))
+        except Exception as exc:
+            log.exception("a forward of %d sequences failed; running each alone", len(batch.seqs))
+            rest = self._without_culprits(batch, exc)
+        if not rest.seqs:
+            return rest, None
+        return rest, self.runner.forward(self._forward_input(rest))
+
+    def _without_culprits(self, batch: Batch, exc: Exception) -> Batch:
+        """Each sequence of a failed forward runs alone; those that fail end with an error,
+        the others are returned to run again together (a forward is idempotent: it writes
+        the same KV to the same slots). Raises `exc` when no sequence can be told apart
+        (every one of several fails alone): then the step fails as a whole."""
+        culprits = {s.request.rid for s in batch.seqs if self._fails_alone(s)}
+        if len(batch.seqs) > 1 and len(culprits) == len({s.request.rid for s in batch.seqs}):
+            raise exc
+        message = failure_message("computing a step", exc)
+        self.failed_requests += fail_requests(self.scheduler, culprits, message)
+        return Batch([s for s in batch.seqs if s.request.rid not in culprits])
+
+    def _fails_alone(self, seq: ScheduledSeq) -> bool:
+        try:
+            self.runner.forward(self._forward_input(Batch([seq])))
+        except Exception as exc:
+            log.error("request %s fails the forward alone: %r", seq.request.rid, exc)
+            return True
+        return False
+
+    def _run(self, batch: Batch) -> list[TokenOutput]:
         self.computed_prompt_tokens += sum(
             max(0, min(s.num_new, len(s.request.prompt) - s.request.num_computed))
             for s in batch.seqs
@@ -276,13 +313,16 @@ class Engine:
         if self.step_threads is not None:
             self.step_threads(batch.num_tokens)
         began, t0 = time.monotonic(), time.perf_counter()
-        logits = self.runner.forward(forward)  # [seqs (+ every position of flagged), vocab]
+        ran, logits = self._forward_isolated(batch)  # [seqs (+ every position...), vocab]
         elapsed = time.perf_counter() - t0
+        if logits is None:
+            return []
+        clean, batch = ran is batch, ran  # a forward run again does not time the model
         self.tracer.forward([(s.request, s.num_new) for s in batch.seqs], began, elapsed)
         prefill_tokens = sum(s.num_new for s in batch.seqs if s.num_new > 1)
-        if prefill_tokens >= 64 and prefill_tokens > len(batch.seqs):
+        if clean and prefill_tokens >= 64 and prefill_tokens > len(batch.seqs):
             self.cost.prefill_tok_s.observe(batch.num_tokens, elapsed)
-        if any(every):
+        if any(s.request.needs_whole_prompt for s in batch.seqs):
             self._collect_prompt_logprobs(batch, logits)
         ready = self.scheduler.after_forward(batch)
         if not ready:

@@ -7,8 +7,11 @@ engine must not die with it: that would end every client's stream.
 
 * Sampling: the batch is picked at once; if that raises, each row is picked
   alone and only the rows that still raise fail.
-* Anything else in a step (the forward pass, prompt logprobs, forking a group)
-  cannot be pinned on one row: every request of that step fails (with the
+* The forward pass: if it raises, each sequence runs alone; those that still
+  raise fail, the others run again together (`Engine._forward_isolated`). A
+  failure that comes back for every sequence alone cannot be pinned on one.
+* Anything else in a step (prompt logprobs, forking a group), and a forward no
+  sequence can be blamed for, fails every request of that step (with the
   members of their groups), the step's pages are released as for any finished
   request, and the next step runs as usual.
 

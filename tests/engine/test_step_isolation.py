@@ -5,8 +5,11 @@ nan or element < 0") ended the engine process, and every other client's stream
 with it. Here a request carries a value no validation caught (a corrupted
 `top_p`, set past the frozen dataclass) among greedy and seeded requests: it
 ends with an error, the others give exactly the tokens they give without it. A
-forward pass that raises ends that step's requests, and the engine serves the
-next ones as before, with every page and lock released.
+forward pass that raises because of one request's input ends that request alone
+(issue 39: each sequence runs alone to find it, then the others run again); one
+that raises for every request ends the step's requests, one that raises once
+fails nobody; the engine serves the next ones as before, with every page and
+lock released.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
+from asynchicache.engine.runner import ForwardBatch
 
 PROMPTS = {
     "greedy": "The capital of France is",
@@ -60,14 +64,16 @@ def _requests(engine: Engine, with_bad: bool) -> list[GenerateRequest]:
     return reqs
 
 
-def _run(engine: Engine, reqs: list[GenerateRequest]) -> dict[tuple[str, int], dict]:
+def _run(
+    engine: Engine, reqs: list[GenerateRequest], corrupt: bool = True
+) -> dict[tuple[str, int], dict]:
     """Step until every member of every request finished: {(rid, index): outcome}."""
     got = {
         (r.rid, i): {"tokens": [], "reason": None, "error": None} for r in reqs for i in range(r.n)
     }
     for req in reqs:
         assert engine.add_request(req) is None
-    if any(r.rid == "bad" for r in reqs):
+    if any(r.rid == "bad" for r in reqs) and corrupt:
         _corrupt(engine, "bad")
     steps = 0
     while any(o["reason"] is None for o in got.values()):
@@ -102,17 +108,17 @@ def test_a_request_that_fails_to_sample_fails_alone(engine: Engine) -> None:
     _assert_released(engine)
 
 
-def test_a_failed_forward_pass_ends_its_step_and_the_engine_goes_on(
+def test_a_forward_pass_that_always_fails_ends_its_step_and_the_engine_goes_on(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reference = _run(engine, _requests(engine, with_bad=False))
     engine.cache.clear()
     real_forward = engine.runner.forward
-    calls = {"n": 0}
+    calls = {"n": 0, "armed": True}
 
     def failing_forward(batch: object) -> object:
         calls["n"] += 1
-        if calls["n"] == 3:  # mid-decode, every request in the batch
+        if calls["n"] >= 3 and calls["armed"]:  # mid-decode, every request, alone or not
             raise RuntimeError("a kernel failed")
         return real_forward(batch)  # type: ignore[arg-type]
 
@@ -121,7 +127,56 @@ def test_a_failed_forward_pass_ends_its_step_and_the_engine_goes_on(
     assert {o["reason"] for o in failed.values()} == {"error"}
     assert all("RuntimeError" in o["error"] for o in failed.values())
     _assert_released(engine)
+    calls["armed"] = False
     again = _run(engine, _requests(engine, with_bad=False))
     assert again[("greedy", 0)] == reference[("greedy", 0)]
     assert again == reference
+    _assert_released(engine)
+
+
+def test_a_forward_pass_that_fails_once_is_retried(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39, finding 14: a failure no request can be blamed for (it does not come back
+    when each sequence runs alone) fails nobody: the forward runs again."""
+    reference = _run(engine, _requests(engine, with_bad=False))
+    engine.cache.clear()
+    real_forward = engine.runner.forward
+    calls = {"n": 0}
+
+    def flaky_forward(batch: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("a kernel failed once")
+        return real_forward(batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.runner, "forward", flaky_forward)
+    assert _run(engine, _requests(engine, with_bad=False)) == reference
+    assert engine.stats()["failed_requests"] == 0
+    _assert_released(engine)
+
+
+def test_a_request_that_fails_the_forward_pass_fails_alone(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39, finding 14: one request whose tokens make the forward raise (a kernel error
+    tied to its input) ends with an error; the forward runs again without it, and the
+    others of its step give exactly the tokens they give without it."""
+    alone = _run(engine, _requests(engine, with_bad=False))
+    engine.cache.clear()
+    poison = list(engine.loaded.tokenizer.encode(PROMPTS["bad"]))
+    real_forward = engine.runner.forward
+
+    def forward(batch: ForwardBatch) -> object:
+        if any(list(ids) == poison for ids in batch.token_ids):
+            raise RuntimeError("a kernel failed on this input")
+        return real_forward(batch)
+
+    monkeypatch.setattr(engine.runner, "forward", forward)
+    together = _run(engine, _requests(engine, with_bad=True), corrupt=False)
+    bad = together.pop(("bad", 0))
+    assert bad["reason"] == "error" and bad["tokens"] == []
+    assert "RuntimeError" in bad["error"] and PROMPTS["bad"] not in bad["error"]
+    assert together == alone
+    assert engine.stats()["failed_requests"] == 1
     _assert_released(engine)
