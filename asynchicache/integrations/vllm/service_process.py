@@ -36,7 +36,12 @@ from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.storage.liveness import pid_alive
 from asynchicache.storage.messages import ServiceSettings
 from asynchicache.storage.service import cli as service_cli
-from asynchicache.storage.service.config import default_runtime_dir, prepare_address, service_argv
+from asynchicache.storage.service.config import (
+    default_runtime_dir,
+    prepare_address,
+    prepare_runtime_dir,
+    service_argv,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +110,7 @@ def spawn_service(config: ConnectorConfig) -> subprocess.Popen:
     address = config.service_address
     prepare_address(address)
     lock = lock_path(address)
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    prepare_runtime_dir(lock.parent)
     cmd = [
         sys.executable,
         "-m",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,13 +48,33 @@ def default_address() -> str:
 
 def prepare_address(address: str) -> None:
     """Create the private (0700) folder of an `ipc://` address, refusing a foreign one."""
-    if not address.startswith("ipc://"):
-        return
-    folder = Path(address[len("ipc://") :]).parent
-    make_private_dir(folder)
-    st = folder.stat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise PermissionError(f"socket folder {folder} must be private to this user")
+    if address.startswith("ipc://"):
+        prepare_runtime_dir(Path(address[len("ipc://") :]).parent)
+
+
+def prepare_runtime_dir(folder: Path) -> None:
+    """Make `folder` (0700) when missing; refuse it unless it is a real folder of this
+    user's that no one else may enter, as mkdtemp's would be. Its default path is
+    predictable: another local user may have made it first, or planted a symlink there
+    (which passes every check made through it, then points elsewhere)."""
+    if not os.path.lexists(folder):
+        make_private_dir(folder)
+    st = os.lstat(folder)
+    why = None
+    if stat.S_ISLNK(st.st_mode):
+        why = "is a symlink"
+    elif not stat.S_ISDIR(st.st_mode):
+        why = "is not a folder"
+    elif st.st_uid != os.getuid():
+        why = f"belongs to uid {st.st_uid}, not to this user (uid {os.getuid()})"
+    elif st.st_mode & 0o077:
+        why = f"is not private (mode {stat.S_IMODE(st.st_mode):04o}, not 0700)"
+    if why is not None:
+        raise PermissionError(
+            f"the socket folder {folder} {why}: whoever controls it could read or serve this "
+            "cache's pages. Remove it, or set XDG_RUNTIME_DIR (or --socket) to a folder "
+            "of your own"
+        )
 
 
 @dataclass(frozen=True)
