@@ -1,31 +1,42 @@
-"""vLLM's paged KV tensors <-> our pages: formats, canonical views, batched copies.
+"""vLLM's paged KV tensors <-> our pages: formats, tiled views, batched copies.
 
 Our page is `[layers, 2, page_size, kv_heads, head_dim]` (cache.pools.KVLayout),
 so a vLLM block of `block_size` tokens is `block_size // page_size` of our pages.
 vLLM hands `register_kv_caches` one tensor per attention layer; what its
-dimensions mean depends on the attention backend (vLLM 0.32):
+dimensions mean depends on the attention backend (vLLM 0.32) and, for the CPU
+backend, on the kernel (ISA) it picked:
 
-* CPU_ATTN: `[blocks, kv_heads, block_size, 2 * head_dim]`; the memory of one
-  (block, head) is K transposed, `[head_dim, block_size]`, then V,
-  `[block_size, head_dim]` ("head-major, K transposed"): where its kernel
-  `cpu_attn_reshape_and_cache` (ISAs vec and vec16) writes token t's K[d] and
-  V[d] (tests/vllm/test_cpu_kernel_layout.py checks it against the kernel). So
-  K of a 16-token page is spread over the whole block: only a view that knows
-  this copies a part of a block right.
+* CPU_ATTN with kernels vec and vec16: `[blocks, kv_heads, block_size, 2 * head_dim]`;
+  the memory of one (block, head) is K transposed, `[head_dim, block_size]`, then
+  V, `[block_size, head_dim]` ("head-major, K transposed"): where its kernel
+  `cpu_attn_reshape_and_cache` writes token t's K[d] and V[d]
+  (tests/vllm/test_cpu_kernel_layout.py checks it against the kernel). So K of a
+  16-token page is spread over the whole block: only a view that knows this
+  copies a part of a block right.
+* CPU_ATTN with kernel amx (the default on AMX hosts for bfloat16 models): the
+  same tensor shape and the same K-then-V halves per (block, head), each packed
+  for AMX tiles (64-byte rows) in 4-byte pairs of 2-byte elements: K as
+  `[block_size / 16, head_dim / 2, 16 tokens, 2 dims]` (a token's dims in pairs,
+  16 tokens side by side), V as `[head_dim / 16, block_size / 2, 16 dims, 2 tokens]`
+  (pairs of consecutive tokens, 16 dims side by side); found in its
+  `reshape_and_cache` and checked against the kernel on AMX hosts.
 * FLASH_ATTN, TRITON_ATTN, FLEX_ATTENTION: the same 4D shape, but each token's
   row is `[K | V]` along the last dimension ("token-interleaved"); the strides
   follow VLLM_KV_CACHE_LAYOUT (LBNHC is the classic NHD memory order).
 * Older vLLM's FlashAttention: `[2, blocks, block_size, kv_heads, head_dim]`
   ("kv-first"), recognised from the 5D shape.
 
-Every format is turned into two canonical strided views per layer, K and V,
-each `[blocks, block_size, kv_heads, head_dim]`, over the same memory (no copy),
-and every copy of whole blocks is a batched gather/scatter over all blocks of a
-job, one pass per layer: never a Python loop over pages. A save reads only the
-token rows of the pages it copies: the kernel blocks it covers in part (a
-decode step's new page) are copied as token ranges, one copy per layer and
-block (block 128 / page 16: one decode page read 0.74 ms of CPU for SmolLM2's 30
-layers, where gathering its whole block took 2.3 ms). vLLM may split a manager block into
+Every format is turned into two tiled strided views per layer, K and V
+(`TiledKV`), over the same memory (no copy): `[blocks, block_size / a, a,
+kv_heads, head_dim / b, b]`, the tokens in tiles of `a` and each head's dims in
+tiles of `b` (a = b = 1 but for amx), so a page of ours, `[page_size, kv_heads,
+head_dim]`, unflattened the same way, is copied in one strided copy. Every copy
+of whole blocks is a batched gather/scatter over all blocks of a job, one pass
+per layer: never a Python loop over pages. A save reads only the token rows of
+the pages it copies: the kernel blocks it covers in part (a decode step's new
+page) are copied as token ranges, one copy per layer and block (block 128 /
+page 16: one decode page read 0.74 ms of CPU for SmolLM2's 30 layers, where
+gathering its whole block took 2.3 ms). vLLM may split a manager block into
 `ratio` kernel blocks (the tensor then has `ratio` times the blocks); block
 `b` is kernel blocks `b * ratio .. b * ratio + ratio - 1`.
 """
@@ -44,24 +55,30 @@ import torch
 
 class BlockFormat(StrEnum):
     HEAD_MAJOR_SPLIT = "head_major_kt"  # K transposed, then V, per (block, head)
+    HEAD_MAJOR_AMX = "head_major_amx"  # K, then V, per (block, head), packed for AMX tiles
     TOKEN_INTERLEAVED = "token_interleaved"
     KV_FIRST = "kv_first"
 
 
-# Attention backend name -> how its 4D `[blocks, kv_heads, block_size, 2 * head_dim]`
-# per-layer tensor holds K and V (read from vLLM 0.32's backends' forward()).
+# Attention backend (CPU_ATTN with the kernel it picked, as numerics.qualified_backend
+# names it) -> how its 4D `[blocks, kv_heads, block_size, 2 * head_dim]` per-layer tensor
+# holds K and V (read from vLLM 0.32's backends and CPU kernels). Other CPU kernels
+# (neon, vsx, vxe, rvv) are refused at start rather than copied wrong.
 BACKEND_FORMATS: MappingProxyType[str, BlockFormat] = MappingProxyType(
     {
-        "CPU_ATTN": BlockFormat.HEAD_MAJOR_SPLIT,
+        "CPU_ATTN:vec": BlockFormat.HEAD_MAJOR_SPLIT,
+        "CPU_ATTN:vec16": BlockFormat.HEAD_MAJOR_SPLIT,
+        "CPU_ATTN:amx": BlockFormat.HEAD_MAJOR_AMX,
         "FLASH_ATTN": BlockFormat.TOKEN_INTERLEAVED,
         "TRITON_ATTN": BlockFormat.TOKEN_INTERLEAVED,
         "FLEX_ATTENTION": BlockFormat.TOKEN_INTERLEAVED,
     }
 )
 
-# CPU_ATTN's kernels whose block layout HEAD_MAJOR_SPLIT describes (others, e.g. amx for
-# bfloat16, pack K differently: refused at start rather than copied wrong).
-CPU_ISAS: frozenset[str] = frozenset({"vec", "vec16"})
+# The amx kernel's packing: 64-byte tile rows of 4-byte pairs of 2-byte elements.
+_AMX_ITEMSIZE = 2
+_AMX_PAIR = 4 // _AMX_ITEMSIZE  # elements per 4-byte pair
+_AMX_COLUMNS = 16  # 4-byte pairs per 64-byte tile row
 
 
 @dataclass
@@ -85,6 +102,51 @@ class BlockGeometry:
     head_dim: int
 
 
+@dataclass(frozen=True)
+class TiledKV:
+    """K or V of one layer as `[blocks, block_size / a, a, kv_heads, head_dim / b, b]`
+    (a strided view of vLLM's tensor): token `t` is tile `t // a`, row `t % a`; dim `d`
+    is tile `d // b`, column `d % b`. Any `[..., tokens, kv_heads, head_dim]` tensor
+    `tile`d the same way lines up with it element for element."""
+
+    blocks: torch.Tensor
+    a: int = 1
+    b: int = 1
+
+    @property
+    def num_blocks(self) -> int:
+        return self.blocks.shape[0]
+
+    @property
+    def block_size(self) -> int:
+        return self.blocks.shape[1] * self.a
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.blocks.shape[3]
+
+    @property
+    def head_dim(self) -> int:
+        return self.blocks.shape[4] * self.b
+
+    def tile(self, x: torch.Tensor) -> torch.Tensor:
+        """`[..., T, H, D]` -> `[..., T / a, a, H, D / b, b]` (a view)."""
+        return x.unflatten(-3, (-1, self.a)).unflatten(-1, (-1, self.b))
+
+    def pages(self, page_size: int) -> torch.Tensor:
+        """`[blocks, pages per block, P / a, a, H, D / b, b]` (a view)."""
+        return self.blocks.unflatten(1, (-1, page_size // self.a))
+
+    def tokens(self, block: int, start: int, stop: int) -> torch.Tensor:
+        """Tokens `start .. stop - 1` of `block` (multiples of `a`), tiled (a view)."""
+        return self.blocks[block, start // self.a : stop // self.a]
+
+    def logical(self) -> torch.Tensor:
+        """`[blocks, block_size, kv_heads, head_dim]`: a view when untiled, else a copy."""
+        b, n, h, d = self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim
+        return self.blocks.reshape(b, n, h, d)
+
+
 def detect_format(backend: str, shape: Sequence[int], geometry: BlockGeometry) -> BlockFormat:
     """The format of a layer tensor of `shape` under attention backend `backend`."""
     h, d = geometry.num_kv_heads, geometry.head_dim
@@ -104,8 +166,48 @@ def detect_format(backend: str, shape: Sequence[int], geometry: BlockGeometry) -
     )
 
 
+def tiled_kv(tensor: torch.Tensor, fmt: BlockFormat) -> tuple[TiledKV, TiledKV]:
+    """K and V of one layer tensor, tiled as its format lays them out, sharing its memory."""
+    if fmt is not BlockFormat.HEAD_MAJOR_AMX:
+        k, v = canonical_kv(tensor, fmt)
+        return TiledKV(k.unflatten(1, (-1, 1)).unflatten(-1, (-1, 1))), TiledKV(
+            v.unflatten(1, (-1, 1)).unflatten(-1, (-1, 1))
+        )
+    blocks, heads, tokens, width = tensor.shape
+    head_dim = width // 2
+    if tensor.element_size() != _AMX_ITEMSIZE:
+        raise ValueError(
+            f"the amx CPU attention kernel's block layout is known for 2-byte KV "
+            f"(bfloat16), not {tensor.dtype}"
+        )
+    if tensor.stride(3) != 1 or tensor.stride(2) != width:
+        raise ValueError(f"a head-major KV block must be dense per head; strides {tensor.stride()}")
+    group = _AMX_COLUMNS  # K: 16 tokens side by side per tile row
+    if tokens % (group * _AMX_PAIR) or head_dim % (group * _AMX_PAIR):
+        raise ValueError(
+            f"the amx kernel packs blocks of a multiple of {group * _AMX_PAIR} tokens and "
+            f"heads of a multiple of {group * _AMX_PAIR} dims; got {tokens} and {head_dim}"
+        )
+    s_block, s_head, pair = tensor.stride(0), tensor.stride(1), _AMX_PAIR
+    # K per (block, head): [N / 16 token groups, D / 2 dim pairs, 16 tokens, 2 dims]
+    k = tensor.as_strided(
+        (blocks, tokens // group, group, heads, head_dim // pair, pair),
+        (s_block, group * head_dim, pair, s_head, group * pair, 1),
+    )
+    # V per (block, head): [D / 16 dim groups, N / 2 token pairs, 16 dims, 2 tokens]
+    v = tensor.as_strided(
+        (blocks, tokens // pair, pair, heads, head_dim // group, group),
+        (s_block, group * pair, 1, s_head, tokens * group, pair),
+        tensor.storage_offset() + tokens * head_dim,
+    )
+    return TiledKV(k, group, pair), TiledKV(v, pair, group)
+
+
 def canonical_kv(tensor: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V, each `[blocks, block_size, kv_heads, head_dim]`, sharing `tensor`'s memory."""
+    """K and V, each `[blocks, block_size, kv_heads, head_dim]`, sharing `tensor`'s memory
+    (formats whose tokens or dims are tiled have no such view: `tiled_kv`)."""
+    if fmt is BlockFormat.HEAD_MAJOR_AMX:
+        raise ValueError("amx blocks are tiled: no [blocks, tokens, heads, dims] view (tiled_kv)")
     if fmt is BlockFormat.KV_FIRST:
         return tensor[0], tensor[1]
     blocks, heads, tokens, width = tensor.shape
@@ -129,7 +231,7 @@ def canonical_kv(tensor: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor, 
 class BlockCopier:
     """Copies pages between vLLM blocks and L2 page slots for all layers.
 
-    `views` are the canonical views, in layer order. `pool` is the L2 pool as
+    `views` are the tiled K and V views (`TiledKV`), in layer order. `pool` is the L2 pool as
     `[slots, layers, 2, page_size, kv_heads, head_dim]` (HostPool.tensor); a job
     names block ids and, per block, its `pages_per_block` slots in token order.
     Saves read only the token rows of the pages they copy (a decode step fills
@@ -149,30 +251,35 @@ class BlockCopier:
             raise ValueError("no attention layers to copy")
         self.tensors = list(tensors)
         self.fmt = fmt
-        self.views = [canonical_kv(t, fmt) for t in self.tensors]
+        self.views = [tiled_kv(t, fmt) for t in self.tensors]
         first = self.views[0][0]
         self.ratio = ratio
-        self.kernel_block_size = first.shape[1]
+        self.kernel_block_size = first.block_size
         if self.kernel_block_size % page_size:
             raise ValueError(
                 f"page_size {page_size} must divide vLLM's (kernel) block size "
                 f"{self.kernel_block_size}"
             )
+        tile = max(view.a for view in self.views[0])
+        if page_size % tile:
+            raise ValueError(
+                f"page_size {page_size} must be a multiple of {tile}: {fmt.value} blocks "
+                f"keep tokens in tiles of {tile}"
+            )
         self.page_size = page_size
         self.pages_per_kernel_block = self.kernel_block_size // page_size
-        # K, V per layer as [kernel blocks, pages per kernel block, P, H, D] (views)
-        k = self.pages_per_kernel_block
-        self.page_views = [tuple(v.unflatten(1, (k, page_size)) for v in kv) for kv in self.views]
+        # K, V per layer as [kernel blocks, pages per kernel block, P/a, a, H, D/b, b] (views)
+        self.page_views = [tuple(v.pages(page_size) for v in kv) for kv in self.views]
         self.pages_per_block = self.pages_per_kernel_block * ratio
         self.num_layers = len(self.views)
-        self.num_kv_heads = first.shape[2]
-        self.head_dim = first.shape[3]
-        self.dtype = first.dtype
-        self.device = first.device
+        self.num_kv_heads = first.num_kv_heads
+        self.head_dim = first.head_dim
+        self.dtype = first.blocks.dtype
+        self.device = first.blocks.device
         self._block_dim = 1 if fmt is BlockFormat.KV_FIRST else 0
         self._scratch_bufs: dict[tuple[str, str], torch.Tensor] = {}
-        for v in (view for pair in self.views for view in pair):
-            if v.shape[1:] != first.shape[1:] or v.dtype != first.dtype:
+        for view in (view for pair in self.views for view in pair):
+            if _kind(view) != _kind(first):
                 raise ValueError("all attention layers must share one KV shape and dtype")
 
     @property
@@ -285,14 +392,15 @@ class BlockCopier:
         self, pool: torch.Tensor, first_slot: int, first_block: int, n: int
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, K then V: the `n * k` slots from `first_slot` and the `n` kernel
-        blocks from `first_block`, both as `[n, k, P, H, D]` views (a run's one-pass copy)."""
+        blocks from `first_block`, both as `[n, k, P/a, a, H, D/b, b]` views (a run's
+        one-pass copy)."""
         k = self.pages_per_kernel_block
         _, two, p, h, d = self.page_shape
         slots = pool[first_slot : first_slot + n * k].view(n, k, self.num_layers, two, p, h, d)
         for layer, pair in enumerate(self.views):
             for kv, view in enumerate(pair):
-                blocks = view[first_block : first_block + n].unflatten(1, (k, p))
-                yield slots[:, :, layer, kv], blocks
+                blocks = self.page_views[layer][kv][first_block : first_block + n]
+                yield view.tile(slots[:, :, layer, kv]), blocks
 
     def _kernel_runs(self, block_ids: Sequence[int], first_page: int, n: int) -> list[_Run]:
         """The job's `n` pages from page `first_page` of `block_ids`, as runs of pages
@@ -311,16 +419,18 @@ class BlockCopier:
     def _save_range(self, run: _Run, pool: torch.Tensor, slots: Sequence[int]) -> None:
         """Pages `run.first .. ` of one kernel block, as a token range of each layer."""
         pages = slice(run.first, run.first + run.pages)
+        page_shape = (run.pages, *self.page_shape[2:])  # [m, P, H, D]
         if all(b - a == 1 for a, b in itertools.pairwise(slots)):
             dst = pool[slots[0] : slots[0] + run.pages]  # [m, layers, 2, P, H, D]
             for layer, pair in enumerate(self.page_views):
                 for kv, view in enumerate(pair):
-                    dst[:, layer, kv].copy_(view[run.kernel_block, pages])  # [m, P, H, D]
+                    tiles = self.views[layer][kv]
+                    tiles.tile(dst[:, layer, kv]).copy_(view[run.kernel_block, pages])
             return
         index = torch.as_tensor(list(slots), dtype=torch.long)
         for layer, pair in enumerate(self.page_views):
             for kv, view in enumerate(pair):
-                src = view[run.kernel_block, pages].to(pool.device)
+                src = view[run.kernel_block, pages].reshape(page_shape).to(pool.device)
                 pool[:, layer, kv].index_copy_(0, index, src)
 
     def _save_blocks(self, ids: Sequence[int], pool: torch.Tensor, slots: Sequence[int]) -> None:
@@ -334,11 +444,11 @@ class BlockCopier:
             "staging", (n, k, self.num_layers, two, p, h, d), torch.device("cpu")
         )
         rows = self._rows(n)
-        blocks = canonical_kv(rows, self.fmt)  # K, V [n, N, H, D] over `rows`
+        blocks = tiled_kv(rows, self.fmt)  # K, V [n, N/a, a, H, D/b, b] over `rows`
         for layer, tensor in enumerate(self.tensors):
             torch.index_select(tensor, self._block_dim, index_ids, out=rows)
             for kv, part in enumerate(blocks):
-                staging[:, :, layer, kv].copy_(part.unflatten(1, (k, p)))
+                part.tile(staging[:, :, layer, kv]).copy_(part.pages(p))
         index = torch.as_tensor(list(slots), dtype=torch.long)
         pool.index_copy_(0, index, staging.view(n * k, self.num_layers, two, p, h, d))
 
@@ -386,10 +496,10 @@ class BlockCopier:
         torch.index_select(pool, 0, index, out=pages)
         pages_by_block = pages.view(n, k, self.num_layers, two, p, h, d)
         rows = self._rows(n)
-        blocks = canonical_kv(rows, self.fmt)  # K, V [n, N, H, D] over `rows`
+        blocks = tiled_kv(rows, self.fmt)  # K, V [n, N/a, a, H, D/b, b] over `rows`
         for layer, tensor in enumerate(self.tensors):
             for kv, part in enumerate(blocks):
-                part.unflatten(1, (k, p)).copy_(pages_by_block[:, :, layer, kv])
+                part.pages(p).copy_(part.tile(pages_by_block[:, :, layer, kv]))
             tensor.index_copy_(self._block_dim, ids, rows)
         return pages.numel() * pages.element_size()
 
@@ -408,7 +518,7 @@ class BlockCopier:
                 for kv, view in enumerate(pair):
                     # [c, P, H, D] -> [c * P, H, D], a token range of the kernel block
                     part = chunk[:, layer, kv].reshape(c * p, h, d)
-                    view[kernel[start // k], : c * p].copy_(part)
+                    view.tokens(kernel[start // k], 0, c * p).copy_(view.tile(part))
         return src.numel() * src.element_size()
 
 
@@ -438,3 +548,8 @@ def _split_runs(
 def _slots_of(positions: Sequence[int], slots: Sequence[int], k: int) -> list[int]:
     """The `k` slots of each block at `positions`, in order."""
     return [s for i in positions for s in slots[i * k : (i + 1) * k]]
+
+
+def _kind(view: TiledKV) -> tuple[int, int, int, torch.dtype]:
+    """What every layer's K and V must share: block size, heads, head dim, dtype."""
+    return (view.block_size, view.num_kv_heads, view.head_dim, view.blocks.dtype)

@@ -25,13 +25,14 @@ import torch
 from asynchicache.cache.pools import HostPool, KVLayout
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.layouts import (
-    CPU_ISAS,
+    BACKEND_FORMATS,
     BlockCopier,
     BlockGeometry,
-    canonical_kv,
     detect_format,
+    tiled_kv,
 )
 from asynchicache.integrations.vllm.metadata import AsynchicacheMetadata, AsynchicacheWorkerMeta
+from asynchicache.integrations.vllm.numerics import qualified_backend
 from asynchicache.integrations.vllm.ranks import rank_heads, tensor_parallel_rank
 from asynchicache.integrations.vllm.spec import VllmKVSpec
 from asynchicache.integrations.vllm.stats import AsynchicacheStats
@@ -68,7 +69,7 @@ class WorkerSide:
             self.spec.num_blocks, self.spec.block_size, self.spec.num_kv_heads, self.spec.head_dim
         )
         fmt = detect_format(backend, tensors[0].shape, geometry)
-        kernel_blocks = canonical_kv(tensors[0], fmt)[0].shape[0]
+        kernel_blocks = tiled_kv(tensors[0], fmt)[0].num_blocks
         if kernel_blocks % self.spec.num_blocks:
             raise ValueError(
                 f"{kernel_blocks} kernel blocks do not split {self.spec.num_blocks} blocks evenly"
@@ -151,8 +152,9 @@ class WorkerSide:
 
 
 def attention_backend(vllm_config: VllmConfig, layer_names: tuple[str, ...]) -> str:
-    """The name of the attention backend vLLM picked for these layers (e.g. CPU_ATTN);
-    raises for a CPU kernel whose block layout we do not know."""
+    """The attention backend vLLM picked for these layers as the namespace names it
+    (`FLASH_ATTN`; for CPU_ATTN with its kernel, e.g. `CPU_ATTN:amx`); raises for one
+    whose block layout we do not know (e.g. CPU_ATTN's neon kernel)."""
     from vllm.config import get_layers_from_vllm_config
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
@@ -160,20 +162,11 @@ def attention_backend(vllm_config: VllmConfig, layer_names: tuple[str, ...]) -> 
     names = {layer.get_attn_backend().get_name() for layer in layers.values()}
     if len(names) != 1:
         raise ValueError(f"AsynchicacheConnector needs one attention backend, got {names}")
-    name = names.pop()
-    if name == "CPU_ATTN":
-        isa = _cpu_attention_isa(vllm_config)
-        if isa not in CPU_ISAS:
-            raise ValueError(
-                f"CPU attention kernel {isa!r} is not supported by "
-                f"AsynchicacheConnector; known: {', '.join(sorted(CPU_ISAS))}"
-            )
+    name = qualified_backend(vllm_config, names.pop())
+    if name.startswith("CPU_ATTN") and name not in BACKEND_FORMATS:
+        known = ", ".join(sorted(k for k in BACKEND_FORMATS if k.startswith("CPU_ATTN")))
+        raise ValueError(
+            f"CPU attention kernel {name!r} is not supported by AsynchicacheConnector; "
+            f"known: {known}"
+        )
     return name
-
-
-def _cpu_attention_isa(vllm_config: VllmConfig) -> str:
-    """The kernel CPU_ATTN picks (as its metadata builder does)."""
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
-
-    model, cache = vllm_config.model_config, vllm_config.cache_config
-    return _get_attn_isa(model.dtype, cache.block_size, model.get_head_size(), cache.cache_dtype)

@@ -5,7 +5,8 @@ each test writes it into a tensor the way the backend's kernel reads it (the
 CPU backend's head-major layout with K transposed, vLLM 0.32's token-interleaved
 CUDA layout with NHD and HND strides, the older kv-first CUDA layout) and checks
 that our canonical views and the block <-> page copies see exactly the truth.
-(tests/vllm/test_cpu_kernel_layout.py checks the CPU builder against vLLM's kernel.)
+(tests/vllm/test_cpu_kernel_layout.py checks the CPU builder against vLLM's kernel;
+test_vllm_amx_layout.py does the same for the amx kernel's tiled blocks.)
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def cuda_kv_first(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 BUILDERS = {
-    "CPU_ATTN": (cpu_head_major, BlockFormat.HEAD_MAJOR_SPLIT),
+    "CPU_ATTN:vec": (cpu_head_major, BlockFormat.HEAD_MAJOR_SPLIT),
     "FLASH_ATTN-nhd": (cuda_interleaved_nhd, BlockFormat.TOKEN_INTERLEAVED),
     "FLASH_ATTN-hnd": (cuda_interleaved_hnd, BlockFormat.TOKEN_INTERLEAVED),
     "FLASH_ATTN-kv-first": (cuda_kv_first, BlockFormat.KV_FIRST),
@@ -93,7 +94,7 @@ def test_unknown_backend_and_shape_are_named() -> None:
     with pytest.raises(ValueError, match=r"FLASHMLA.*known: CPU_ATTN"):
         detect_format("FLASHMLA", (B, H, N, 2 * D), GEOMETRY)
     with pytest.raises(ValueError, match="unexpected KV cache tensor shape"):
-        detect_format("CPU_ATTN", (B, N, 2 * D), GEOMETRY)
+        detect_format("CPU_ATTN:vec", (B, N, 2 * D), GEOMETRY)
 
 
 def _layers(name: str, seed: int) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, ...]]]:
@@ -289,7 +290,7 @@ def _built(
 
 
 def test_mismatched_pool_or_slot_count_is_refused() -> None:
-    tensors, _ = _layers("CPU_ATTN", 4)
+    tensors, _ = _layers("CPU_ATTN:vec", 4)
     copier = BlockCopier(tensors, BlockFormat.HEAD_MAJOR_SPLIT, 1, P)
     pool = torch.zeros(4, *copier.page_shape)
     with pytest.raises(ValueError, match="2 blocks of 2 pages cannot hold 1 slots"):
