@@ -15,6 +15,14 @@ instead of killing a process with SIGBUS on first touch, hours later.
 
 Segment names carry the owner's pid (`asynchicache-<pid>-<token>`), so a
 segment left by a crashed owner can be recognised and removed on the next start.
+
+/dev/shm is writable by every local user, so nothing found there is trusted:
+the stale scan reads only names it can parse into a real pid and removes only
+plain files this user owns (a foreign name, folder, symlink or another user's
+file is left alone, never an error); `attach` takes only a segment name (no
+path), opens it with `O_NOFOLLOW` (a planted symlink cannot redirect the
+mapping to another file) and refuses a segment owned by another user (it could
+read or change our KV through it).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import logging
 import mmap
 import os
 import secrets
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,29 +45,53 @@ log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 SEGMENT_PREFIX = "asynchicache-"
+_PID_MAX = 1 << 22  # Linux's largest pid_max (PID_MAX_LIMIT); above it `kill` overflows
+_NAME_MAX = 255
 
 
 def owner_pid(name: str) -> int | None:
     """The pid encoded in a segment name, or None when the name is not ours."""
     if not name.startswith(SEGMENT_PREFIX):
         return None
-    parts = name[len(SEGMENT_PREFIX) :].split("-")
-    return int(parts[0]) if parts and parts[0].isdigit() else None
+    digits = name[len(SEGMENT_PREFIX) :].split("-")[0]
+    # ASCII digits only (int() also reads other scripts' digits), and a pid `kill` can take.
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 7:
+        return None
+    pid = int(digits)
+    return pid if 0 < pid <= _PID_MAX else None
+
+
+def check_segment_name(name: str) -> None:
+    """A segment name of ours, not a path (ValueError otherwise)."""
+    if not name.startswith(SEGMENT_PREFIX) or len(name) > _NAME_MAX or "/" in name or "\0" in name:
+        raise ValueError(f"bad segment name {name!r}: expected {SEGMENT_PREFIX}<pid>-<tag>")
+
+
+def _removable(path: Path) -> bool:
+    """A plain file of this user (never follows a symlink)."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
 
 
 def remove_stale_segments(shm_dir: Path = SHM_DIR) -> list[str]:
-    """Unlink segments whose owner process is gone; returns the names removed."""
+    """Unlink segments whose owner process is gone; returns the names removed.
+
+    Anything else that matches the prefix (any user can create such names) is skipped."""
     removed = []
     for path in shm_dir.glob(SEGMENT_PREFIX + "*"):
         pid = owner_pid(path.name)
-        if pid is None or pid_alive(pid):
+        if pid is None or pid_alive(pid) or not _removable(path):
             continue
         try:
             path.unlink()
-            removed.append(path.name)
-            log.info("removed stale shared-memory segment %s (owner pid %d gone)", path.name, pid)
-        except FileNotFoundError:
-            pass
+        except OSError as exc:  # gone meanwhile, or not ours after all
+            log.debug("cannot remove shared-memory segment %s: %s", path.name, exc)
+            continue
+        removed.append(path.name)
+        log.info("removed stale shared-memory segment %s (owner pid %d gone)", path.name, pid)
     return removed
 
 
@@ -123,10 +156,17 @@ class SharedSegment:
 
     @classmethod
     def attach(cls, name: str, shm_dir: Path = SHM_DIR) -> SharedSegment:
-        path = shm_dir / name
-        fd = os.open(path, os.O_RDWR)
+        """Map another process's segment: ours by name, a plain file, owned by this user."""
+        check_segment_name(name)
+        fd = os.open(shm_dir / name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise PermissionError(
+                    f"shared-memory segment {name} is owned by uid {st.st_uid}, not by this "
+                    f"user ({os.geteuid()}), or is not a plain file: refusing to map it"
+                )
+            size = st.st_size
             mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
