@@ -182,12 +182,13 @@ class HiRadixCache:
 
     def lock(self, handle: MatchHandle) -> None:
         """Protect the handle's path from eviction (counted; pair with `unlock`)."""
-        if not self.tree.is_attached(handle.node):
+        # A root holds no page: a salted root dropped meanwhile is harmless to lock.
+        if not handle.node.is_root and not self.tree.is_attached(handle.node):
             raise ValueError("stale handle: its pages were evicted before it was locked")
         self.tree.lock(handle.node)
 
     def unlock(self, handle: MatchHandle) -> None:
-        if not self.tree.is_attached(handle.node):
+        if not handle.node.is_root and not self.tree.is_attached(handle.node):
             raise ValueError("unlock of a handle that holds no lock (its node is gone)")
         self.tree.unlock(handle.node)
 
@@ -364,6 +365,7 @@ class HiRadixCache:
         """
         self.finished.poll()
         self.writer.start_waiting_stores(idle)
+        self.tree.drop_idle_roots()  # salts looked up but never cached (radix.py)
         return self.loader.collect()
 
     def start_stores(self) -> None:

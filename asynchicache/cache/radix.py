@@ -16,6 +16,13 @@ so `lock_ref` of a node is the number of live locks at or below it. A lock
 protects everything (L1 pages, L2 slots, the node itself). `host_ref` counts the
 same way but protects only the L2 copy: a node held that way may still lose its
 L1 copy when it keeps its L2 one (a slow store to disk must not pin L1).
+Both counts reach the root too, so a root's counts are those of its whole tree.
+
+Roots: one per `cache_salt` (the unsalted root is permanent). A salted root
+lives while it holds pages or is locked: it is dropped when its last child is
+removed unlocked, and a root made only to look (a match or lookup that cached
+nothing) is dropped by the next `drop_idle_roots()` (the cache calls it once per
+step). So a client cycling salts costs memory only for salts that hold pages.
 """
 
 from __future__ import annotations
@@ -76,6 +83,8 @@ class RadixTree:
         # hashes chain from different namespace digests.
         self._roots: dict[str, RadixNode] = {"": self.root}
         self._root_hashes: dict[RadixNode, bytes] = {self.root: root_hash}
+        self._salts: dict[RadixNode, str] = {self.root: ""}
+        self._idle: set[RadixNode] = set()  # salted roots that may hold nothing now
         self._clock = 0
 
     def root_for(self, salt: str, root_hash: Callable[[], bytes]) -> RadixNode:
@@ -85,7 +94,24 @@ class RadixTree:
             root = RadixNode(None, [], [], 0)
             self._roots[salt] = root
             self._root_hashes[root] = root_hash()
+            self._salts[root] = salt
+            self._idle.add(root)
         return root
+
+    def drop_idle_roots(self) -> int:
+        """Drop the salted roots that hold no page and no lock; how many went."""
+        idle, self._idle = self._idle, set()
+        return sum(self._drop_if_idle(root) for root in idle)
+
+    def _drop_if_idle(self, root: RadixNode) -> bool:
+        if root is self.root or root.children or root.lock_ref or root.host_ref:
+            return False
+        salt = self._salts.pop(root, None)
+        if salt is None:  # dropped already
+            return False
+        del self._roots[salt]
+        del self._root_hashes[root]
+        return True
 
     def roots(self) -> list[RadixNode]:
         """Every root: the unsalted one and one per `cache_salt` seen."""
@@ -250,6 +276,8 @@ class RadixTree:
         removed = list(self._iter_from(node))
         for n in removed:
             n.parent = None
+        if parent.is_root:
+            self._drop_if_idle(parent)
         return removed
 
     def is_attached(self, node: RadixNode) -> bool:
@@ -271,8 +299,7 @@ class RadixTree:
     def release_host(self, node: RadixNode) -> None:
         self._count(node, "host_ref", -1, "release_host")
 
-    @staticmethod
-    def _count(node: RadixNode, ref: str, delta: int, verb: str) -> None:
+    def _count(self, node: RadixNode, ref: str, delta: int, verb: str) -> None:
         """Add `delta` to `ref` of every node on the path to `node`. A release checks the
         whole path before changing any count, so a stray one changes nothing."""
         if delta < 0:
@@ -284,6 +311,11 @@ class RadixTree:
         while not node.is_root:
             setattr(node, ref, getattr(node, ref) + delta)
             node = node.parent  # type: ignore[assignment]
+        # The root counts too (a locked salted root is never dropped); a root handle's lock
+        # (a match that cached nothing) counts here alone.
+        setattr(node, ref, max(0, getattr(node, ref) + delta))
+        if delta < 0 and not node.lock_ref and not node.host_ref and node is not self.root:
+            self._idle.add(node)
 
     def touch(self, node: RadixNode) -> None:
         """Mark the path to `node` used now (one tick for the whole path)."""

@@ -33,7 +33,7 @@ from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.keys import Namespace, chain_hashes
 from asynchicache.cache.pins import PinnedChain
 from asynchicache.engine.prompt_logits import PromptLogits
-from asynchicache.engine.protocol import AdminReply, AdminRequest
+from asynchicache.engine.protocol import MAX_CACHE_SALT_CHARS, AdminReply, AdminRequest
 from asynchicache.storage.admin_messages import ClearReply, PinReply, PinsReply
 from asynchicache.storage.client.admin import AdminRequests
 from asynchicache.storage.tenant_key import TenantKey
@@ -98,6 +98,9 @@ class EngineAdmin:
             return AdminReply(msg.req_id, False, {"code": "internal"}, str(exc))
 
     def _payload(self, msg: AdminRequest) -> dict[str, Any]:
+        if len(msg.cache_salt) > MAX_CACHE_SALT_CHARS:
+            raise AdminError(f"cache_salt is longer than {MAX_CACHE_SALT_CHARS} characters",
+                             "bad_request")  # fmt: skip
         e = self.engine
         if msg.op == "health":
             return {"ok": True, "model": e.model_name}

@@ -25,6 +25,7 @@ from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.logprobs import collect_prompt_logprobs
 from asynchicache.engine.prompt_logits import PromptLogits
 from asynchicache.engine.protocol import (
+    MAX_CACHE_SALT_CHARS,
     AdminReply,
     AdminRequest,
     CachedTokens,
@@ -173,6 +174,8 @@ class Engine:
             error = "the prompt is empty"
         elif min(msg.prompt_token_ids) < 0 or max(msg.prompt_token_ids) >= vocab:
             error = f"token ids must be in [0, {vocab})"
+        elif len(msg.cache_salt) > MAX_CACHE_SALT_CHARS:
+            error = f"cache_salt is longer than {MAX_CACHE_SALT_CHARS} characters"
         elif n + 1 > self.max_model_len:
             error = f"the prompt has {n} tokens; this model's context is {self.max_model_len}"
         elif n + 1 > self.device_tokens:

@@ -15,6 +15,10 @@ from asynchicache.codec import Codec
 
 # The most alternatives a client may ask per token (OpenAI's chat limit; vLLM's default).
 MAX_LOGPROBS = 20
+# Each distinct cache_salt has a root in the radix tree and is part of every page name of
+# its chains (radix.py drops a root once its pages are gone); the server refuses longer
+# salts with a 400 and the engine with an error output.
+MAX_CACHE_SALT_CHARS = 256
 # repetition_penalty divides or multiplies logits: bounded away from 0 and infinity, so
 # a penalized logit stays a number (vLLM takes any finite positive value; 1e-308 once
 # turned every logit into inf). The server refuses values outside with a 400.

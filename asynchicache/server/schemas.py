@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from asynchicache.engine.protocol import (
+    MAX_CACHE_SALT_CHARS,
     MAX_LOGPROBS,
     MAX_REPETITION_PENALTY,
     MIN_REPETITION_PENALTY,
@@ -41,6 +42,7 @@ def _utf8(value: str) -> str:
 
 Text = Annotated[str, AfterValidator(_utf8)]
 StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS), AfterValidator(_utf8)]
+SaltText = Annotated[str, Field(max_length=MAX_CACHE_SALT_CHARS), AfterValidator(_utf8)]
 
 
 def _prompt_kind(value: object) -> str | None:
@@ -99,7 +101,7 @@ class SamplingFields(BaseModel):
     best_of: int | None = Field(default=None, ge=1, le=MAX_SAMPLES)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    cache_salt: Text | None = None  # per-request cache namespace, as vLLM names it
+    cache_salt: SaltText | None = None  # per-request cache namespace, as vLLM names it
     cache_store: bool = True  # False: this request's pages never go to disk or Redis
     ignore_eos: bool = False  # vLLM extension: keep going past end-of-sequence
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -173,7 +175,7 @@ class LookupRequest(BaseModel):
 
     prompt: Text | list[int] | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
-    cache_salt: Text | None = None
+    cache_salt: SaltText | None = None
 
 
 CLEAR_SCOPES = (*TIERS, "all")
@@ -186,7 +188,7 @@ class ClearRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     scope: Literal[TierName, "all"] | list[Literal[TierName, "all"]] | None = None
-    cache_salt: Text | None = None
+    cache_salt: SaltText | None = None
     include_pinned: bool = False
 
     @property

@@ -55,3 +55,73 @@ def test_salted_pages_reach_storage_under_salted_hashes(make_cache: MakeCache) -
     cache.evict_host(8)
     assert cache.match(tokens, salt="tenant-b").storage_hit_pages == 0
     assert cache.match(tokens, salt="tenant-a").storage_hit_pages == 2
+
+
+# -- issue 39, finding 6: a salt costs memory only while it holds pages ----------------------
+
+
+def test_a_salts_root_goes_with_its_last_page(make_cache: MakeCache) -> None:
+    cache = make_cache(device_pages=8, host_slots=8)
+    tokens = tokens_for(1, 2)
+    _insert(cache, tokens, "tenant-a")
+    assert len(cache.tree.roots()) == 2
+    cache.drain()
+    cache.evict(8)
+    cache.evict_host(8)
+    cache.check_integrity()
+    assert len(cache.tree.roots()) == 1  # only the unsalted root stays
+    _insert(cache, tokens, "tenant-a")  # the salt comes back: a fresh root, same chain
+    assert len(cache.match(tokens, salt="tenant-a").device_pages) == 2
+
+
+def test_looking_up_a_salt_leaves_no_root(make_cache: MakeCache) -> None:
+    cache = make_cache(device_pages=8, host_slots=8)
+    tokens = tokens_for(1, 2)
+    for i in range(50):
+        cache.match(tokens, salt=f"probe-{i}")
+        cache.lookup(tokens, salt=f"look-{i}")
+    cache.poll()
+    assert len(cache.tree.roots()) == 1
+    cache.check_integrity()
+
+
+def test_a_locked_empty_root_stays_until_unlocked(make_cache: MakeCache) -> None:
+    cache = make_cache(device_pages=8, host_slots=8)
+    m = cache.match(tokens_for(1), salt="waiting")  # nothing cached: the root's handle
+    cache.lock(m.handle)
+    cache.poll()
+    assert len(cache.tree.roots()) == 2
+    cache.unlock(m.handle)
+    cache.poll()
+    assert len(cache.tree.roots()) == 1
+
+
+def test_memory_per_salt_is_bounded_over_100k_salts() -> None:
+    """100,000 distinct salts, each caching a page later evicted, and as many only looked
+    up: the tree ends with the roots of the salts still holding pages, and no Python
+    object of the others survives (the tree itself: the cache-level tests above show that
+    eviction and `poll` reach it)."""
+    import gc
+
+    from asynchicache.cache.node import RadixNode
+    from asynchicache.cache.radix import RadixTree
+    from asynchicache.tiers import Tier
+
+    tree = RadixTree(PAGE, NS.digest())
+    tokens = tokens_for(1)
+    live: list[RadixNode] = []
+    gc.collect()
+    base = len(gc.get_objects())
+    for i in range(100_000):
+        root = tree.root_for(f"s{i:06d}", lambda i=i: i.to_bytes(16, "little"))
+        live.append(tree.insert(tokens, [i], Tier.DEVICE, start=root).node)
+        tree.root_for(f"probe{i:06d}", lambda: b"\0" * 16)  # a salt only looked up
+        if len(live) > 8:  # evict the oldest salt's page
+            tree.remove_subtree(live.pop(0))
+        if i % 64 == 0:
+            tree.drop_idle_roots()
+    tree.drop_idle_roots()
+    gc.collect()
+    assert len(tree.roots()) == 1 + 8  # the unsalted root and the salts still holding pages
+    grown = len(gc.get_objects()) - base
+    assert grown < 1000, f"{grown} more live objects after 100,000 salts"
