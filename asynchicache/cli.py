@@ -23,6 +23,7 @@ def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
 BENCHMARKS = {
     "micro": "asynchicache.bench.micro",
     "engine": "asynchicache.bench.engine",
+    "kernels": "asynchicache.bench.kernels",
     "serve": "asynchicache.bench.client",
     "sweep": "asynchicache.bench.sweep",
     "soak": "asynchicache.bench.soak",

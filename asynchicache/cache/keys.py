@@ -39,8 +39,12 @@ ENGINE = "asynchicache"
 #      running sums lane-wise): other last bits than 3
 #   5: with the native kernel, the row-wise steps (RMSNorm, residual add, SiLU * up,
 #      rotary) in the native row kernels (engine/models/row_ops.py): other last bits
+#   6: the native kernels built for 8-lane vectors (AVX2, engine/models/kernels/vec.h):
+#      keys in chunks of 8 and reduction trees of 8 lanes, other last bits than 5 (the
+#      16-lane build of AVX-512 hosts, and of hosts without AVX2)
 NUMERICS_VERSION = 2
 NATIVE_NUMERICS_VERSION = 5
+NATIVE8_NUMERICS_VERSION = 6
 HASH_BYTES = 16
 
 

@@ -39,6 +39,7 @@ import torch
 from tqdm import tqdm
 
 from asynchicache.cache.keys import (
+    NATIVE8_NUMERICS_VERSION,
     NATIVE_NUMERICS_VERSION,
     NUMERICS_VERSION,
     Namespace,
@@ -47,7 +48,12 @@ from asynchicache.cache.keys import (
 )
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.models.native import KernelThreads
-from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
+from asynchicache.engine.runner import (
+    ForwardBatch,
+    ModelRunner,
+    attention_kernel,
+    numerics_version,
+)
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.disk.admin import (
     OLD_FORMAT,
@@ -60,6 +66,10 @@ from asynchicache.storage.disk.backend import parse_page_file_name
 from asynchicache.storage.header import PageHeader
 
 DEFAULT_TOLERANCE = 1e-3
+# The native kernels' numerics versions and the build that computes each (None: the
+# host's own, 16 lanes unless it is an AVX2 host; `_kernel` checks it).
+_NATIVE_BUILDS: dict[int, str | None] = {NATIVE_NUMERICS_VERSION: None,
+                                         NATIVE8_NUMERICS_VERSION: "avx2"}  # fmt: skip
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -168,7 +178,8 @@ class DeepAudit:
         self.config = config
         self.report = AuditReport(str(config.root), config.model or "default", config.tolerance)
         self._models: dict[str, LoadedModel] = {}
-        self._kernels: dict[str, KernelThreads | None] = {}  # by dtype: the native attention
+        # by dtype and numerics version: the native attention
+        self._kernels: dict[tuple[str, int], KernelThreads | None] = {}
         self._unverifiable: Counter[str] = Counter()
 
     def run(self) -> AuditReport:
@@ -248,9 +259,10 @@ class DeepAudit:
         loaded = self._models[ns.dtype]
         ours = Namespace(loaded.fingerprint, ns.dtype, ns.page_size, cache_salt=ns.cache_salt,
                          numerics_version=ns.numerics_version)  # fmt: skip
-        if ns.numerics_version not in (NUMERICS_VERSION, NATIVE_NUMERICS_VERSION):
+        if ns.numerics_version not in (NUMERICS_VERSION, *_NATIVE_BUILDS):
             return "another numerics version than this engine's", None
-        if ns.numerics_version == NATIVE_NUMERICS_VERSION and self._kernel(loaded) is None:
+        native = ns.numerics_version in _NATIVE_BUILDS
+        if native and self._kernel(loaded, ns.numerics_version) is None:
             return "pages of the native attention kernel, which cannot be built here", None
         if ours.encode() != namespace:
             return "another model, engine, numerics or KV layout than --model", None
@@ -260,12 +272,17 @@ class DeepAudit:
             return "a page layout this model does not make", None
         return None, loaded
 
-    def _kernel(self, loaded: LoadedModel) -> KernelThreads | None:
-        """The native attention for `loaded`'s dtype (None where it cannot be had)."""
+    def _kernel(self, loaded: LoadedModel, version: int) -> KernelThreads | None:
+        """The native attention for `loaded`'s dtype whose pages are of numerics `version`
+        (None where it cannot be had: that build's lanes, on this CPU)."""
         weight = loaded.model.embed_tokens.weight
-        key = str(weight.dtype)
+        key = (str(weight.dtype), version)
         if key not in self._kernels:
-            self._kernels[key] = attention_kernel(loaded.config, weight.dtype, weight.device)
+            kernel = attention_kernel(loaded.config, weight.dtype, weight.device,
+                                      isa=_NATIVE_BUILDS[version])  # fmt: skip
+            if kernel is not None and numerics_version(kernel) != version:
+                kernel = None  # the host's build has the other lanes
+            self._kernels[key] = kernel
         return self._kernels[key]
 
     def _draw(self, whole: list[bytes]) -> list[bytes]:
@@ -304,9 +321,10 @@ class DeepAudit:
         pool = torch.zeros(len(chain), mc.num_layers, 2, chains.page_size, mc.num_kv_heads,
                            mc.head_dim, dtype=weight.dtype, device=weight.device)  # fmt: skip
         # The attention the pages were computed with (their namespace's numerics version).
-        native = Namespace.decode(chains.namespace).numerics_version == NATIVE_NUMERICS_VERSION
+        version = Namespace.decode(chains.namespace).numerics_version
+        native = version in _NATIVE_BUILDS
         runner = ModelRunner(loaded.model, pool, chains.page_size,
-                             self._kernel(loaded) if native else None)  # fmt: skip
+                             self._kernel(loaded, version) if native else None)  # fmt: skip
         table = list(range(len(chain)))
         step = self.config.chunk_tokens
         for start in range(0, len(tokens), step):

@@ -25,7 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from asynchicache.cache.keys import NATIVE_NUMERICS_VERSION, NUMERICS_VERSION
+from asynchicache.cache.keys import (
+    NATIVE8_NUMERICS_VERSION,
+    NATIVE_NUMERICS_VERSION,
+    NUMERICS_VERSION,
+)
 from asynchicache.engine.models import native
 from asynchicache.engine.models.attention import (
     AttentionMetadata,
@@ -40,16 +44,21 @@ from asynchicache.engine.models.row_ops import NativeRowOps, RowOps
 
 
 def attention_kernel(
-    config: ModelConfig, dtype: torch.dtype, device: torch.device, use: bool | None = None
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    use: bool | None = None,
+    isa: str | None = None,
 ) -> KernelThreads | None:
     """The native attention kernel with threads to share it, or None for torch's path.
 
     `use`: None picks the kernel where it fits and builds; False never; True requires it
-    (raises where it cannot be had). The choice changes the KV's last bits, so it is part
-    of the cache's namespace (`numerics_version`)."""
+    (raises where it cannot be had). `isa`: the build (a name of `native.ISAS`; None: the
+    host's widest, or $ASYNCHICACHE_KERNEL_ISA). The choice changes the KV's last bits, so
+    it is part of the cache's namespace (`numerics_version`)."""
     group = config.num_heads // config.num_kv_heads
     fits = native.supports(dtype, torch.device(device), config.head_dim, group)
-    kernel = native.load() if fits and use is not False else None
+    kernel = native.load(isa) if fits and use is not False else None
     if use and kernel is None:
         raise RuntimeError("the native attention kernel does not fit or could not be built")
     if kernel is None:
@@ -60,8 +69,11 @@ def attention_kernel(
 
 
 def numerics_version(kernel: KernelThreads | None) -> int:
-    """The cache namespace's numerics version of KV computed with or without the kernel."""
-    return NATIVE_NUMERICS_VERSION if kernel is not None else NUMERICS_VERSION
+    """The cache namespace's numerics version of KV computed with or without the kernel
+    (whose vectors' lanes order its sums: AVX2's 8 or 16)."""
+    if kernel is None:
+        return NUMERICS_VERSION
+    return NATIVE8_NUMERICS_VERSION if kernel.kernel.lanes == 8 else NATIVE_NUMERICS_VERSION
 
 
 @dataclass(frozen=True)

@@ -17,19 +17,24 @@ from engine_helpers import make_pool
 from hf_reference import hf_logits, hf_model
 
 from asynchicache.engine.loader import LoadedModel, load_model
+from asynchicache.engine.models import native
 from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
 
 PAGE = 8
+# torch's attention, and every build of the native kernels this CPU runs (AVX-512 and AVX2).
+ATTENTIONS = ["torch", *(f"kernel-{isa}" for isa in native.runnable_isas())]
 
 
 def our_logits(
     loaded: LoadedModel, prompt: list[int], prefill: int, attention: str = "torch"
 ) -> torch.Tensor:
     """[len(prompt) - prefill + 1, vocab]: logits after prompt[:prefill], then per token,
-    attending with torch or with the native kernel (`attention`)."""
+    attending with torch or with a build of the native kernels (`attention`: kernel-ISA)."""
     kernel = None
-    if attention == "kernel":
-        kernel = attention_kernel(loaded.config, torch.float32, torch.device("cpu"), use=True)
+    if attention.startswith("kernel"):
+        isa = attention.partition("-")[2] or None
+        cpu = torch.device("cpu")
+        kernel = attention_kernel(loaded.config, torch.float32, cpu, use=True, isa=isa)
     runner = ModelRunner(loaded.model, make_pool(loaded, 16, PAGE), PAGE, kernel)
     table = [9, 3, 12, 0, 7, 15, 1, 4, 11, 2]  # scattered on purpose
     rows = [runner.forward(ForwardBatch([prompt[:prefill]], [0], [table]))[0]]
@@ -45,7 +50,7 @@ def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
 
 
-@pytest.mark.parametrize("attention", ["torch", "kernel"])
+@pytest.mark.parametrize("attention", ATTENTIONS)
 @pytest.mark.parametrize("name", list(TINY_SPECS))
 def test_tiny_architecture_matches_transformers(
     name: str, attention: str, tiny_checkpoints: dict[str, Path]
@@ -70,11 +75,16 @@ def test_tiny_configs_cover_each_feature(tiny_checkpoints: dict[str, Path]) -> N
     assert configs["qwen3"].qk_norm and configs["qwen3"].head_dim == 32
 
 
-def test_smollm2_gguf_matches_transformers(smollm: LoadedModel, hf_smollm: Any) -> None:
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_smollm2_gguf_matches_transformers(
+    smollm: LoadedModel, hf_smollm: Any, attention: str
+) -> None:
+    """Within float32 noise of transformers, the same greedy token at every position, with
+    torch's attention and with every native build (the AVX2 one too, on an AVX-512 host)."""
     hf = hf_smollm  # the session's (tests/conftest.py): loading it takes ~10 s
     text = "The history of Paris spans more than two thousand years; in 1889 the Eiffel Tower"
     prompt = smollm.tokenizer.encode(text)
     assert 15 <= len(prompt) <= 40
     ref = hf_logits(hf, prompt)[len(prompt) - 6 :]
-    ours = our_logits(smollm, prompt, prefill=len(prompt) - 5)
+    ours = our_logits(smollm, prompt, prefill=len(prompt) - 5, attention=attention)
     assert_logits_close(ours, ref)

@@ -23,12 +23,22 @@ import numpy as np
 import pytest
 import torch
 
-from asynchicache.cache.keys import NATIVE_NUMERICS_VERSION, NUMERICS_VERSION
+from asynchicache.cache.keys import (
+    NATIVE8_NUMERICS_VERSION,
+    NATIVE_NUMERICS_VERSION,
+    NUMERICS_VERSION,
+)
+from asynchicache.engine.models import native
 from asynchicache.engine.models import row_ops as row_ops_module
 from asynchicache.engine.models.config import ModelConfig, RopeConfig, RopeType
 from asynchicache.engine.models.llama import LlamaForCausalLM
 from asynchicache.engine.models.registry import get_architecture
-from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
+from asynchicache.engine.runner import (
+    ForwardBatch,
+    ModelRunner,
+    attention_kernel,
+    numerics_version,
+)
 
 REFERENCE = Path(__file__).with_name("numerics_reference.json")
 TOLERANCE = 1e-5
@@ -87,7 +97,7 @@ def hf_tensors(config: ModelConfig, seed: int) -> Iterator[tuple[str, torch.Tens
 
 def reference_kv(attention: str = "torch") -> np.ndarray:
     """[tokens, layers, 2, kv_heads, head_dim] float32: the K/V the engine writes, attending
-    with torch or with the native kernel (`attention`)."""
+    with torch or with a build of the native kernels (`attention`: kernel-ISA)."""
     with torch.device("cpu"):
         model: LlamaForCausalLM = get_architecture(CONFIG.arch).model_class(CONFIG)
     model.rotary.reset_buffers()
@@ -99,8 +109,9 @@ def reference_kv(attention: str = "torch") -> np.ndarray:
                        CONFIG.head_dim)  # fmt: skip
     table = list(range(pages + 1, 0, -1))[:pages]  # scattered, and page 0 left unused
     kernel = None
-    if attention == "kernel":
-        kernel = attention_kernel(CONFIG, torch.float32, torch.device("cpu"), use=True)
+    if attention.startswith("kernel"):
+        isa = attention.partition("-")[2] or None
+        kernel = attention_kernel(CONFIG, torch.float32, torch.device("cpu"), use=True, isa=isa)
     runner = ModelRunner(model, pool, PAGE, kernel)
     split = 13  # a chunked prefill: the second chunk starts mid-page
     runner.forward(ForwardBatch([PROMPT[:split]], [0], [table]))
@@ -138,11 +149,24 @@ def test_kv_numerics_match_the_reference_of_this_version() -> None:
     )
 
 
-def test_the_native_kernel_stays_within_float32_noise_of_torch() -> None:
+@pytest.mark.parametrize("isa", native.runnable_isas())
+def test_the_native_kernel_stays_within_float32_noise_of_torch(isa: str) -> None:
     """Its pages are another namespace (NATIVE_NUMERICS_VERSION: other last bits), but its
-    K/V stay within the tolerance of torch's reference."""
+    K/V stay within the tolerance of torch's reference: every build this CPU runs (AVX2's
+    too on an AVX-512 host)."""
     assert NATIVE_NUMERICS_VERSION != NUMERICS_VERSION
-    assert drift(json.loads(REFERENCE.read_text()), "kernel") <= TOLERANCE
+    assert drift(json.loads(REFERENCE.read_text()), f"kernel-{isa}") <= TOLERANCE
+
+
+def test_each_lane_count_is_its_own_namespace() -> None:
+    """The 8-lane build (AVX2) orders its sums otherwise than the 16-lane one: its pages are
+    named apart, and an engine names its pages by the build it runs."""
+    versions = {NUMERICS_VERSION, NATIVE_NUMERICS_VERSION, NATIVE8_NUMERICS_VERSION}
+    assert len(versions) == 3
+    for isa in native.runnable_isas():
+        kernel = attention_kernel(CONFIG, torch.float32, torch.device("cpu"), use=True, isa=isa)
+        expected = NATIVE8_NUMERICS_VERSION if isa == "avx2" else NATIVE_NUMERICS_VERSION
+        assert numerics_version(kernel) == expected
 
 
 def test_a_numerics_change_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,9 +21,10 @@ from asynchicache.engine.models import native
 from asynchicache.engine.models.native import KernelWork, PagedAttentionKernel
 
 
-@pytest.fixture(scope="module")
-def kernel() -> PagedAttentionKernel:
-    made = native.load()
+@pytest.fixture(scope="module", params=native.runnable_isas())
+def kernel(request: pytest.FixtureRequest) -> PagedAttentionKernel:
+    """Every build this CPU runs (on an AVX-512 host, the AVX2 one too)."""
+    made = native.load(request.param)
     assert made is not None, "this machine has a C compiler: the kernel must build"
     return made
 
@@ -124,3 +125,5 @@ def test_the_build_is_cached_by_source_and_compiler(
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left
     monkeypatch.setattr(native, "FLAGS", (*native.FLAGS, "-DANOTHER"))
     assert native._build(cc, tmp_path) != first  # other flags: another library
+    for isa in native.runnable_isas():  # each build its own library
+        assert native._build(cc, tmp_path, native.ISAS[isa]).name.startswith(f"kernels-{isa}-")

@@ -21,9 +21,10 @@ from asynchicache.engine.models.row_ops import MIN_PART_FLOATS, NativeRowOps, Ro
 TORCH = RowOps()
 
 
-@pytest.fixture(scope="module")
-def ops() -> Iterator[NativeRowOps]:
-    kernel = native.load()
+@pytest.fixture(scope="module", params=native.runnable_isas())
+def ops(request: pytest.FixtureRequest) -> Iterator[NativeRowOps]:
+    """Every build this CPU runs (on an AVX-512 host, the AVX2 one too)."""
+    kernel = native.load(request.param)
     assert kernel is not None, "this machine has a C compiler: the kernels must build"
     with ThreadPoolExecutor(1) as workers:
         previous = torch.get_num_threads()

@@ -12,6 +12,7 @@ from engine_helpers import make_pool
 
 from asynchicache.engine import runner as runner_module
 from asynchicache.engine.loader import LoadedModel, load_model
+from asynchicache.engine.models import native
 from asynchicache.engine.models.native import KernelThreads
 from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel, length_groups
 
@@ -26,16 +27,18 @@ def prompt_of(n: int, seed: int) -> list[int]:
 RunnerFactory = Callable[..., ModelRunner]
 
 
-@pytest.fixture(scope="module", params=["torch", "kernel"])
+@pytest.fixture(
+    scope="module", params=["torch", *(f"kernel-{isa}" for isa in native.runnable_isas())]
+)
 def runner_for(request: pytest.FixtureRequest) -> RunnerFactory:
     """Runners attending with torch (gathered pages) or with the native kernel (in place):
     every test below holds for both."""
 
     def make(loaded: LoadedModel, pool: torch.Tensor | None = None) -> ModelRunner:
         kernel: KernelThreads | None = None
-        if request.param == "kernel":
-            c = loaded.config
-            kernel = attention_kernel(c, torch.float32, torch.device("cpu"), use=True)
+        if request.param.startswith("kernel"):
+            c, isa = loaded.config, request.param.partition("-")[2]
+            kernel = attention_kernel(c, torch.float32, torch.device("cpu"), use=True, isa=isa)
         pool = make_pool(loaded, PAGES, PAGE) if pool is None else pool
         return ModelRunner(loaded.model, pool, PAGE, kernel)
 

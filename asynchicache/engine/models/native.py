@@ -5,13 +5,28 @@ they lie in the page pool; torch has no operation that attends over a page
 table without first gathering the pages into a contiguous copy. The row
 kernels (`kernels/row_ops.c`, used through `row_ops.py`) do a decoder layer's
 row-wise steps in one pass each. Both go into one library (so a process has
-both or neither: one numerics version), built
-with `cc -O3 -march=native` (the vector code then fits this CPU) into a cache
-folder (`$ASYNCHICACHE_KERNEL_DIR`, else `$XDG_CACHE_HOME/asynchicache/kernels`,
-else `~/.cache/asynchicache/kernels`), named by a hash of the source, the
-compiler's version and the flags, so a changed source or another machine
-type builds anew. A build goes to a temporary name and is renamed into place,
-so processes building at once never load half a file.
+both or neither: one numerics version).
+
+Every x86 host gets vector code that fits it: the library is built per
+instruction set (`ISAS`: AVX-512 as `-march=x86-64-v4`, AVX2 as
+`-march=x86-64-v3`; other machines `-march=native`), and `host_isa()` picks the
+widest one the CPU has from its flags at run time (`$ASYNCHICACHE_KERNEL_ISA`
+forces one the CPU has: tests and benches run the AVX2 path on an AVX-512 host).
+Its vectors are as wide as the hardware's (`kernels/vec.h`: 16 lanes on AVX-512,
+8 on AVX2; GCC leaves a vector wider than the hardware's in memory and compares
+and shuffles it lane by lane: 16-lane code built for AVX2 attended ~100x slower).
+The lanes order the sums (chunks of keys, reduction trees), so the two builds give
+other last bits and their pages other namespaces (`numerics_version`: 16 lanes
+NATIVE_NUMERICS_VERSION, 8 lanes NATIVE8_NUMERICS_VERSION). The build checks that
+it vectorised: the source fails to compile when the compiler did not target the
+width asked for, and the loaded library reports the width it was built for.
+
+A build lands in a cache folder (`$ASYNCHICACHE_KERNEL_DIR`, else
+`$XDG_CACHE_HOME/asynchicache/kernels`, else `~/.cache/asynchicache/kernels`),
+named by a hash of the source, the compiler's version and the flags (the ISA's
+among them), so a changed source or another instruction set builds anew. A
+build goes to a temporary name and is renamed into place, so processes
+building at once never load half a file.
 
 Without a compiler (or when the build fails) `load()` returns None and logs
 why once; the engine then attends with torch (`attention.py`). The calls go
@@ -25,6 +40,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -39,12 +55,36 @@ log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).with_name("kernels")
 SOURCES = (KERNELS / "paged_attention.c", KERNELS / "row_ops.c")
-HEADERS = (KERNELS / "vec16.h",)
+HEADERS = (KERNELS / "vec.h",)
 MAX_Q = 96  # query vectors per block (the C source's MAX_Q)
 MAX_D = 256  # largest head_dim (MAX_D)
-FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno")
+FLAGS = ("-O3", "-fPIC", "-shared", "-fno-math-errno")
 # Tests set it to build into a fresh folder; operators to a shared one.
 DIR_ENV = "ASYNCHICACHE_KERNEL_DIR"
+# Forces an instruction set (a name of ISAS) the CPU has, e.g. avx2 on an AVX-512 host.
+ISA_ENV = "ASYNCHICACHE_KERNEL_ISA"
+
+
+@dataclass(frozen=True)
+class Isa:
+    """One build of the kernels: its compiler flags, the vector bytes the source must see
+    (`VEC_BYTES` in vec16.h; 0: whatever the host has) and the CPU flags it needs."""
+
+    name: str
+    flags: tuple[str, ...]
+    vector_bytes: int
+    cpu_flags: frozenset[str] = frozenset()
+
+
+# x86-64-v4 and -v3 as GCC and clang define them (the CPU flags are /proc/cpuinfo's names).
+ISAS = {
+    "avx512": Isa("avx512", ("-march=x86-64-v4", "-DVEC_EXPECT=64"), 64,
+                  frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl",
+                             "avx2", "fma", "bmi2"})),
+    "avx2": Isa("avx2", ("-march=x86-64-v3", "-DVEC_EXPECT=32"), 32,
+                frozenset({"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"})),
+    "native": Isa("native", ("-march=native",), 0),
+}  # fmt: skip
 
 _i64, _i32, _f32 = ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 _ptr = ctypes.c_void_p
@@ -61,11 +101,63 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def _build(cc: str, folder: Path) -> Path:
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux names them (empty where /proc/cpuinfo is not)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def host_isa(flags: frozenset[str] | None = None) -> Isa:
+    """The widest build this CPU runs: AVX-512, else AVX2, on x86; `native` elsewhere (and
+    on an x86 without AVX2, whose -march=native build the C source still takes)."""
+    flags = cpu_flags() if flags is None else flags
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        for name in ("avx512", "avx2"):
+            if ISAS[name].cpu_flags <= flags:
+                return ISAS[name]
+    return ISAS["native"]
+
+
+def runnable_isas() -> tuple[str, ...]:
+    """The builds this CPU runs, widest first (an AVX-512 host runs the AVX2 one too)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ("native",)
+    flags = cpu_flags()
+    return tuple(name for name in ("avx512", "avx2") if ISAS[name].cpu_flags <= flags) or (
+        "native",
+    )
+
+
+def chosen_isa() -> Isa:
+    """`$ASYNCHICACHE_KERNEL_ISA` where it names a build this CPU runs, else `host_isa()`."""
+    host = host_isa()
+    wanted = os.environ.get(ISA_ENV, "").strip().lower()
+    if not wanted:
+        return host
+    isa = ISAS.get(wanted)
+    if isa is None:
+        log.warning("%s=%s is not one of %s; using %s", ISA_ENV, wanted, sorted(ISAS), host.name)
+        return host
+    if not isa.cpu_flags <= cpu_flags():
+        log.warning("%s=%s: this CPU lacks %s; using %s", ISA_ENV, wanted,
+                    sorted(isa.cpu_flags - cpu_flags()), host.name)  # fmt: skip
+        return host
+    return isa
+
+
+def _build(cc: str, folder: Path, isa: Isa | None = None) -> Path:
+    isa = isa or host_isa()
+    flags = (*FLAGS, *isa.flags)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     source = b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
-    key = hashlib.sha256(source + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:20]
-    target = folder / f"kernels-{key}.so"
+    key = hashlib.sha256(source + version.encode() + " ".join(flags).encode()).hexdigest()[:20]
+    target = folder / f"kernels-{isa.name}-{key}.so"
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
@@ -73,7 +165,7 @@ def _build(cc: str, folder: Path) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [cc, *FLAGS, "-I", str(KERNELS), "-o", tmp, *map(str, SOURCES), "-lm"],
+            [cc, *flags, "-I", str(KERNELS), "-o", tmp, *map(str, SOURCES), "-lm"],
             capture_output=True,
             text=True,
         )
@@ -145,6 +237,8 @@ class PagedAttentionKernel:
     library: Path
     fn: ctypes._CFuncPtr  # type: ignore[name-defined]
     rows: RowKernels
+    isa: str = "native"  # the build that runs (a name of ISAS)
+    lanes: int = 16  # of its vectors: they order its sums (the pages' numerics version)
 
     def __call__(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
                  work: KernelWork, window: int, part: int = 0, parts: int = 1) -> None:  # fmt: skip
@@ -233,23 +327,41 @@ def supports(dtype: torch.dtype, device: torch.device, head_dim: int, group: int
     )
 
 
+def load(isa: str | None = None) -> PagedAttentionKernel | None:
+    """The paged attention kernel (and the row kernels) of build `isa` (a name of ISAS;
+    None: `chosen_isa()`), built on first use (once per process and build: a loaded
+    library is the process's anyway); None where it cannot be built or the CPU cannot
+    run it, with the reason logged."""
+    return _load(chosen_isa() if isa is None else ISAS[isa])
+
+
 @functools.cache
-def load() -> PagedAttentionKernel | None:
-    """The paged attention kernel (and the row kernels), built on first use (once per
-    process: a loaded library is the process's anyway); None where it cannot be built,
-    with the reason logged."""
+def _load(isa: Isa) -> PagedAttentionKernel | None:
+    if not isa.cpu_flags <= cpu_flags():
+        log.warning(
+            "the %s kernels need CPU flags %s", isa.name, sorted(isa.cpu_flags - cpu_flags())
+        )
+        return None
     cc = _compiler()
     if cc is None:
         log.warning("no C compiler: attention gathers pages and uses torch (slower)")
         return None
     try:
-        path = _build(cc, _cache_dir())
+        path = _build(cc, _cache_dir(), isa)
         lib = ctypes.CDLL(str(path))
     except (OSError, RuntimeError) as exc:
         log.warning("paged attention kernel not built (%s); using torch", exc)
         return None
+    width = lib.kernel_vector_bytes
+    width.restype, width.argtypes = _i32, []
+    if isa.vector_bytes and width() != isa.vector_bytes:  # the #error in vec16.h guards it too
+        log.warning("the %s kernels were built for %d-byte vectors, not %d; using torch",
+                    isa.name, width(), isa.vector_bytes)  # fmt: skip
+        return None
+    lanes = lib.kernel_lanes
+    lanes.restype, lanes.argtypes = _i32, []
     fn = lib.paged_attention_f32
     fn.restype = _i32
     fn.argtypes = [_ptr, _ptr, _i64, _i64, _i32, _i32, _i32, _i32, _i64, _f32, _ptr, _i64,
                    _ptr, _ptr, _ptr, _i64, _i64, _i64]  # fmt: skip
-    return PagedAttentionKernel(path, fn, RowKernels.bind(lib))
+    return PagedAttentionKernel(path, fn, RowKernels.bind(lib), isa.name, lanes())

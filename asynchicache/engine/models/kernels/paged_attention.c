@@ -40,12 +40,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "vec16.h"
+#include "vec.h"
 
 #define MAX_D 256
 #define MAX_Q 96
 
-static inline v16 qs_vec(const float *row, int32_t c) { return *(const v16 *)(row + c * LANES); }
+static inline vf qs_vec(const float *row, int32_t c) { return *(const vf *)(row + c * LANES); }
 
 typedef struct {
     const float *k_base, *v_base;
@@ -62,11 +62,11 @@ typedef struct {
  * (unscaled: q was scaled), masked by their positions; the weights go to p, and each
  * running max/sum and accumulator is corrected. Returns whether any key counted. */
 static inline __attribute__((always_inline)) int softmax_chunk(
-    v16 *s, float (*p)[LANES], float *m, float *l, float *corr, const int64_t *qpos, int32_t j0,
+    vf *s, float (*p)[LANES], float *m, float *l, float *corr, const int64_t *qpos, int32_t j0,
     int32_t nq, int64_t k0, int64_t nk, int64_t window, const int32_t qn) {
-    i16 lane;
+    vi lane;
     for (int t = 0; t < LANES; t++) lane[t] = t;
-    const i16 key = lane + (int32_t)k0; /* positions fit in int32: a context is < 2^31 */
+    const vi key = lane + (int32_t)k0; /* positions fit in int32: a context is < 2^31 */
     int any = 0;
     for (int32_t q = 0; q < qn; q++) {
         const int32_t j = j0 + q;
@@ -76,15 +76,15 @@ static inline __attribute__((always_inline)) int softmax_chunk(
             continue;
         }
         const int32_t pos = (int32_t)qpos[j];
-        i16 valid = (lane < (int32_t)nk) & (key <= pos);
+        vi valid = (lane < (int32_t)nk) & (key <= pos);
         if (window > 0) valid &= key > (int32_t)(pos - window);
-        v16 sj = vselect(valid, s[q], vsplat(-FLT_MAX));
+        vf sj = vselect(valid, s[q], vsplat(-FLT_MAX));
         if (m[j] > -FLT_MAX && !any_lane(sj > m[j])) {
             /* No score above the running max (most chunks once a row has seen a few): the
              * max stays, the correction is exp(0) = 1, so skip the horizontal max, the
              * scalar exp and the rescale, whose latency chain dominated the chunk. The
              * same numbers as the general path below, bit for bit. */
-            v16 pj = vselect(valid, vexp(sj - m[j]), vsplat(0.0f));
+            vf pj = vselect(valid, vexp(sj - m[j]), vsplat(0.0f));
             l[j] += hsum(pj);
             vstore(p[q], pj);
             any = 1;
@@ -97,7 +97,7 @@ static inline __attribute__((always_inline)) int softmax_chunk(
         }
         const float mnew = cmax > m[j] ? cmax : m[j];
         corr[q] = expf(m[j] - mnew);
-        v16 pj = vselect(valid, vexp(sj - mnew), vsplat(0.0f));
+        vf pj = vselect(valid, vexp(sj - mnew), vsplat(0.0f));
         l[j] = l[j] * corr[q] + hsum(pj);
         m[j] = mnew;
         vstore(p[q], pj);
@@ -106,9 +106,11 @@ static inline __attribute__((always_inline)) int softmax_chunk(
     return any;
 }
 
-/* 16 vectors' horizontal sums as one vector, lane t the sum of v[t]: a tree of
- * shuffles (15 steps), whose lanes come out in bit-reversed order, put back at the end. */
-static inline v16 sum16(v16 *v) {
+/* LANES vectors' horizontal sums as one vector, lane t the sum of v[t]: a tree of
+ * shuffles (LANES - 1 steps), the same tree as hsum's for each vector, whose lanes come
+ * out in bit-reversed order, put back at the end. */
+#if LANES == 16
+static inline vf sum_lanes(vf *v) {
     for (int i = 0; i < 8; i++)
         v[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18,
                                        19, 20, 21, 22, 23) +
@@ -124,34 +126,47 @@ static inline v16 sum16(v16 *v) {
                                        24, 25, 12, 13, 28, 29) +
                __builtin_shufflevector(v[2 * i], v[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11,
                                        26, 27, 14, 15, 30, 31);
-    v16 z = __builtin_shufflevector(v[0], v[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28,
+    vf z = __builtin_shufflevector(v[0], v[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28,
                                     14, 30) +
             __builtin_shufflevector(v[0], v[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29,
                                     15, 31);
     return __builtin_shufflevector(z, z, 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
 }
+#else
+static inline vf sum_lanes(vf *v) {
+    for (int i = 0; i < 4; i++)
+        v[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int i = 0; i < 2; i++)
+        v[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               __builtin_shufflevector(v[2 * i], v[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    vf z = __builtin_shufflevector(v[0], v[1], 0, 8, 2, 10, 4, 12, 6, 14) +
+            __builtin_shufflevector(v[0], v[1], 1, 9, 3, 11, 5, 13, 7, 15);
+    return __builtin_shufflevector(z, z, 0, 4, 2, 6, 1, 5, 3, 7);
+}
+#endif
 
 /* Scores of up to QD query vectors against a chunk's keys read as they lie (no
  * transpose: worth it for a few vectors, as a decode's group). */
 static inline __attribute__((always_inline)) void direct_scores(
-    v16 *s, float (*qs)[MAX_D], int32_t j0, const float *kp, int64_t ts, int64_t nk,
+    vf *s, float (*qs)[MAX_D], int32_t j0, const float *kp, int64_t ts, int64_t nk,
     const int32_t D) {
     const int32_t DV = D / LANES;
-    v16 part[QD][LANES];
+    vf part[QD][LANES];
     for (int64_t t = 0; t < LANES; t++) {
         if (t >= nk) {
             for (int32_t b = 0; b < QD; b++) part[b][t] = vsplat(0.0f);
             continue;
         }
-        v16 k[MAX_D / LANES];
+        vf k[MAX_D / LANES];
         for (int32_t c = 0; c < DV; c++) k[c] = vload(kp + t * ts + c * LANES);
         for (int32_t b = 0; b < QD; b++) {
-            v16 a = qs_vec(qs[j0 + b], 0) * k[0];
+            vf a = qs_vec(qs[j0 + b], 0) * k[0];
             for (int32_t c = 1; c < DV; c++) a += qs_vec(qs[j0 + b], c) * k[c];
             part[b][t] = a;
         }
     }
-    for (int32_t b = 0; b < QD; b++) s[b] = sum16(part[b]);
+    for (int32_t b = 0; b < QD; b++) s[b] = sum_lanes(part[b]);
 }
 
 /* Query vectors of one block: rows [r0, r0 + nr) of an item, for KV heads [h0, h0 + nh)
@@ -206,23 +221,23 @@ static inline __attribute__((always_inline)) void block_d(
                     for (int32_t i = 0; i < D; i++) kt[i][t] = t < nk ? kp[t * ts + i] : 0.0f;
             const int32_t jb = hh * per_head, je = jb + per_head;
             for (int32_t j0 = jb; j0 < je; j0 += QN) {
-                v16 s[QB];
+                vf s[QB];
                 if (direct) {
                     direct_scores(s, qs, j0, kp, ts, nk, D);
                 } else {
                     for (int32_t b = 0; b < QN; b++) s[b] = vsplat(0.0f);
                     for (int32_t i = 0; i < D; i++) {
-                        const v16 kv = vload(kt[i]);
+                        const vf kv = vload(kt[i]);
                         for (int32_t b = 0; b < QN; b++) s[b] += qs[j0 + b][i] * kv;
                     }
                 }
                 if (!softmax_chunk(s, p, m, l, corr, qpos, j0, je, k0, nk, pool->window, QN))
                     continue;
                 for (int32_t c = 0; c < DV; c++) { /* QN accumulators of 16 dims at a time */
-                    v16 a[QB];
+                    vf a[QB];
                     for (int32_t b = 0; b < QN; b++) a[b] = vload(acc[j0 + b] + c * LANES) * corr[b];
                     for (int64_t t = 0; t < nk; t++) {
-                        const v16 vt = vload(vp + t * ts + c * LANES);
+                        const vf vt = vload(vp + t * ts + c * LANES);
                         for (int32_t b = 0; b < QN; b++) a[b] += p[b][t] * vt;
                     }
                     for (int32_t b = 0; b < QN; b++) vstore(acc[j0 + b] + c * LANES, a[b]);
@@ -250,17 +265,17 @@ static inline __attribute__((always_inline)) void block_d(
  * L1), in chunks of up to 16 keys, never across a page. */
 
 static inline __attribute__((always_inline)) void tile_scores(
-    v16 *s, float (*qt)[LANES], const float *kp, int64_t ts, int64_t nk, const int32_t D) {
+    vf *s, float (*qt)[LANES], const float *kp, int64_t ts, int64_t nk, const int32_t D) {
     for (int t = 0; t < LANES; t++) s[t] = vsplat(0.0f);
     if (nk == LANES) {
         for (int32_t i = 0; i < D; i++) {
-            const v16 qv = vload(qt[i]);
+            const vf qv = vload(qt[i]);
             for (int t = 0; t < LANES; t++) s[t] += qv * kp[t * ts + i];
         }
         return;
     }
     for (int32_t i = 0; i < D; i++) {
-        const v16 qv = vload(qt[i]);
+        const vf qv = vload(qt[i]);
         for (int t = 0; t < nk; t++) s[t] += qv * kp[t * ts + i];
     }
 }
@@ -269,15 +284,15 @@ static inline __attribute__((always_inline)) void tile_scores(
  * a time, so each broadcast key dim feeds two FMAs and the 16 sums stay in registers. The
  * same sums in the same order as `tile_scores` of each tile. */
 static inline __attribute__((always_inline)) void tile_scores2(
-    v16 *sa, v16 *sb, float (*qa)[LANES], float (*qb)[LANES], const float *kp, int64_t ts,
+    vf *sa, vf *sb, float (*qa)[LANES], float (*qb)[LANES], const float *kp, int64_t ts,
     int64_t nk, const int32_t D) {
     for (int t0 = 0; t0 < LANES; t0 += LANES / 2) {
-        v16 a[LANES / 2], b[LANES / 2];
+        vf a[LANES / 2], b[LANES / 2];
         for (int t = 0; t < LANES / 2; t++) a[t] = b[t] = vsplat(0.0f);
         const int64_t n = nk - t0 < LANES / 2 ? nk - t0 : LANES / 2;
         if (n == LANES / 2) {
             for (int32_t i = 0; i < D; i++) {
-                const v16 x = vload(qa[i]), y = vload(qb[i]);
+                const vf x = vload(qa[i]), y = vload(qb[i]);
                 for (int t = 0; t < LANES / 2; t++) {
                     const float k = kp[(t0 + t) * ts + i];
                     a[t] += x * k;
@@ -286,7 +301,7 @@ static inline __attribute__((always_inline)) void tile_scores2(
             }
         } else {
             for (int32_t i = 0; i < D; i++) {
-                const v16 x = vload(qa[i]), y = vload(qb[i]);
+                const vf x = vload(qa[i]), y = vload(qb[i]);
                 for (int t = 0; t < n; t++) {
                     const float k = kp[(t0 + t) * ts + i];
                     a[t] += x * k;
@@ -306,25 +321,25 @@ static inline __attribute__((always_inline)) void tile_scores2(
 typedef struct {
     float qt[MAX_D][LANES] __attribute__((aligned(64)));
     float acc[LANES][MAX_D] __attribute__((aligned(64)));
-    v16 m, l;
-    i16 qpos;
+    vf m, l;
+    vi qpos;
     int64_t lo, hi;
 } Tile;
 
 /* One chunk of keys (its scores s; vp: V of nk keys from position k0) into a tile's running
  * max, sum and accumulators. */
 static inline __attribute__((always_inline)) void tile_chunk(
-    Tile *tile, v16 *s, const float *vp, int64_t ts, int64_t k0, int64_t nk, int64_t window,
+    Tile *tile, vf *s, const float *vp, int64_t ts, int64_t k0, int64_t nk, int64_t window,
     const int32_t D) {
     float p[LANES][LANES] __attribute__((aligned(64)));
     float cs[LANES] __attribute__((aligned(64)));
-    i16 valid[LANES];
+    vi valid[LANES];
     float(*acc)[MAX_D] = tile->acc;
-    v16 *m = &tile->m, *l = &tile->l;
-    const i16 qpos = tile->qpos;
+    vf *m = &tile->m, *l = &tile->l;
+    const vi qpos = tile->qpos;
     const int64_t lo = tile->lo, hi = tile->hi;
     const int whole = nk == LANES && k0 + nk - 1 <= lo && (window <= 0 || k0 > hi - window);
-    v16 cmax = vsplat(-FLT_MAX);
+    vf cmax = vsplat(-FLT_MAX);
     for (int t = 0; t < LANES; t++) {
         if (!whole) {
             const int32_t key = (int32_t)(k0 + t), in_chunk = t < nk ? -1 : 0;
@@ -334,11 +349,11 @@ static inline __attribute__((always_inline)) void tile_chunk(
         }
         cmax = vmax(cmax, s[t]);
     }
-    const v16 mnew = vmax(*m, cmax);
-    const v16 corr = vexp(*m - mnew);
-    v16 sum = vsplat(0.0f);
+    const vf mnew = vmax(*m, cmax);
+    const vf corr = vexp(*m - mnew);
+    vf sum = vsplat(0.0f);
     for (int t = 0; t < LANES; t++) {
-        v16 pt = vexp(s[t] - mnew);
+        vf pt = vexp(s[t] - mnew);
         if (!whole) pt = vselect(valid[t], pt, vsplat(0.0f));
         sum += pt;
         vstore(p[t], pt);
@@ -353,14 +368,14 @@ static inline __attribute__((always_inline)) void tile_chunk(
     int32_t c = 0;
     for (; c + 2 <= DV; c += 2)
         for (int u0 = 0; u0 < LANES; u0 += LANES / 2) {
-            v16 a0[LANES / 2], a1[LANES / 2];
+            vf a0[LANES / 2], a1[LANES / 2];
             for (int u = 0; u < LANES / 2; u++) {
                 a0[u] = vload(acc[u0 + u] + c * LANES) * cs[u0 + u];
                 a1[u] = vload(acc[u0 + u] + (c + 1) * LANES) * cs[u0 + u];
             }
             for (int64_t t = 0; t < nk; t++) {
-                const v16 v0 = vload(vp + t * ts + c * LANES);
-                const v16 v1 = vload(vp + t * ts + (c + 1) * LANES);
+                const vf v0 = vload(vp + t * ts + c * LANES);
+                const vf v1 = vload(vp + t * ts + (c + 1) * LANES);
                 for (int u = 0; u < LANES / 2; u++) {
                     a0[u] += p[t][u0 + u] * v0;
                     a1[u] += p[t][u0 + u] * v1;
@@ -372,10 +387,10 @@ static inline __attribute__((always_inline)) void tile_chunk(
             }
         }
     for (; c < DV; c++) {
-        v16 a[LANES];
+        vf a[LANES];
         for (int t = 0; t < LANES; t++) a[t] = vload(acc[t] + c * LANES) * cs[t];
         for (int64_t t = 0; t < nk; t++) {
-            const v16 vt = vload(vp + t * ts + c * LANES);
+            const vf vt = vload(vp + t * ts + c * LANES);
             for (int u = 0; u < LANES; u++) a[u] += p[t][u] * vt;
         }
         for (int t = 0; t < LANES; t++) vstore(acc[t] + c * LANES, a[t]);
@@ -449,7 +464,7 @@ static inline __attribute__((always_inline)) void lanes_d(
             }
             const int64_t at = page * pool->page_stride + in_page * ts + (int64_t)h * D;
             const float *kp = pool->k_base + at, *vp = pool->v_base + at;
-            v16 sa[LANES], sb[LANES];
+            vf sa[LANES], sb[LANES];
             if (two) tile_scores2(sa, sb, ta->qt, tb->qt, kp, ts, nk, D);
             else tile_scores(sa, ta->qt, kp, ts, nk, D);
             /* A chunk wholly after the first tile's rows counts for the second alone. */
@@ -507,7 +522,7 @@ int paged_attention_f32(const float *k_base, const float *v_base, int64_t page_s
                         int32_t page_size, int64_t window, float scale, const float *q,
                         int64_t q_stride, float *out, const int64_t *tables, const int64_t *items,
                         int64_t n_items, int64_t task_begin, int64_t task_step) {
-    if (head_dim % LANES || head_dim > MAX_D || kv_heads <= 0 || heads % kv_heads) return -1;
+    if (head_dim % 16 || head_dim > MAX_D || kv_heads <= 0 || heads % kv_heads) return -1;
     const int32_t group = heads / kv_heads;
     if (group > MAX_Q || task_step <= 0) return -1;
     const Pool pool = {k_base, v_base, page_stride, token_stride, q_stride, heads,

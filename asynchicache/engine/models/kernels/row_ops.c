@@ -20,14 +20,14 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "vec16.h"
+#include "vec.h"
 
 /* Sum of squares of n floats: 16 lanes, then a tree. */
 static inline float sum_squares(const float *x, int64_t n) {
-    v16 acc = vsplat(0.0f);
+    vf acc = vsplat(0.0f);
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES) {
-        const v16 v = vload(x + i);
+        const vf v = vload(x + i);
         acc += v * v;
     }
     float s = hsum(acc);
@@ -65,8 +65,8 @@ void add_rms_norm_f32(float *res, int64_t res_stride, const float *delta, int64_
 
 /* exp(x) for any x: the shared vexp (exact down to -87) with its input kept below the
  * float range's top (exp(88.7) overflows). */
-static inline v16 vexp_any(v16 x) {
-    const v16 hi = vsplat(88.0f);
+static inline vf vexp_any(vf x) {
+    const vf hi = vsplat(88.0f);
     return vexp(vselect(x > hi, hi, x));
 }
 
@@ -78,7 +78,7 @@ void silu_mul_f32(const float *gu, int64_t gu_stride, float *out, int64_t out_st
         float *o = out + r * out_stride;
         int64_t i = 0;
         for (; i + LANES <= n; i += LANES) {
-            const v16 x = vload(g + i);
+            const vf x = vload(g + i);
             vstore(o + i, x / (1.0f + vexp_any(-x)) * vload(u + i));
         }
         for (; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
@@ -97,8 +97,8 @@ void rotary_f32(float *x, int64_t x_stride, int64_t heads, int64_t head_dim, con
             float *x1 = x + r * x_stride + h * head_dim, *x2 = x1 + half;
             int64_t i = 0;
             for (; i + LANES <= half; i += LANES) {
-                const v16 a = vload(x1 + i), b = vload(x2 + i);
-                const v16 cv = vload(c + i), sv = vload(s + i);
+                const vf a = vload(x1 + i), b = vload(x2 + i);
+                const vf cv = vload(c + i), sv = vload(s + i);
                 vstore(x1 + i, a * cv - b * sv);
                 vstore(x2 + i, b * cv + a * sv);
             }
@@ -120,3 +120,8 @@ void scatter_rows_f32(float *base, int64_t page_stride, int64_t slot_stride, con
         memcpy(base + pages[r] * page_stride + offsets[r] * slot_stride, src + r * src_stride,
                sizeof(float) * (size_t)n);
 }
+
+/* The vector bytes this library was built for (native.py checks them on load), and its
+ * lanes (they order the sums: the pages' numerics version). */
+int32_t kernel_vector_bytes(void) { return VEC_BYTES; }
+int32_t kernel_lanes(void) { return LANES; }
