@@ -3,7 +3,14 @@
     python -m asynchicache.bench.engine [--model PATH] [--threads N] [--prompt-tokens 2048]
 
 Prints one JSON object:
-  prefill_tok_s       our runner, one whole prefill of a --prompt-tokens prompt
+  prefill_tok_s       our runner (the native kernels where they fit, as the engine runs),
+                      one whole prefill of a --prompt-tokens prompt
+  torch_prefill_tok_s the same with torch's ops alone (no native kernel)
+  kernel              the native build that ran (avx512, avx2, native; "torch": none), and
+                      kernel_lanes its vectors' lanes ($ASYNCHICACHE_KERNEL_ISA forces one)
+  matmul_gflops       this host's torch float32 matmul rate at --threads, and
+                      prefill_bound_tok_s what it allows for the prompt's FLOPs
+                      (prefill_gflop); prefill_of_bound: prefill_tok_s / that bound
   hf_prefill_tok_s    transformers on the same prompt, its fastest path to the first
                       token: one forward with logits_to_keep=1, float32, inference_mode
   decode_b1_tok_s     our runner, one request decoding greedily
@@ -31,6 +38,7 @@ from typing import Any
 import torch
 
 from asynchicache.bench import ttft
+from asynchicache.bench.kernels import matmul_gflops, prefill_flops
 from asynchicache.bench.output import add_output_arguments, print_report, write_report
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.protocol import SamplingParams
@@ -166,19 +174,28 @@ def native_runner(
     return ModelRunner(loaded.model, base.kv_pool, base.page_size, kernel=kernel), tables
 
 
-def our_prefill(loaded: LoadedModel, args: BenchArgs) -> Callable[[], float]:
-    """One whole prefill of a --prompt-tokens prompt; returns its seconds."""
+def our_prefill(loaded: LoadedModel, args: BenchArgs, native: bool = True) -> Callable[[], float]:
+    """One whole prefill of a --prompt-tokens prompt (with the native kernels where they
+    fit, or torch's ops alone); returns its seconds."""
     prompt = prompt_ids(loaded, args.prompt_tokens, 0)
-    runner, tables = new_runner(loaded, args.prompt_tokens, 1)
+    make = native_runner if native else new_runner
+    runner, tables = make(loaded, args.prompt_tokens, 1)
     batch = ForwardBatch([prompt], [0], tables)
     return lambda: timed(lambda: runner.forward(batch))
+
+
+def kernel_name(loaded: LoadedModel) -> tuple[str, int]:
+    """The native build the engine runs for `loaded` and its lanes (("torch", 0): none)."""
+    dtype = loaded.model.embed_tokens.weight.dtype
+    kernel = attention_kernel(loaded.config, dtype, torch.device(loaded.device))
+    return ("torch", 0) if kernel is None else (kernel.kernel.isa, kernel.kernel.lanes)
 
 
 def our_decode(loaded: LoadedModel, args: BenchArgs, batch: int) -> Callable[[], float]:
     """Greedy decode of `batch` requests together; returns the seconds of the decode
     steps (the prompts' prefill is not timed)."""
     prompts = [prompt_ids(loaded, 32, seed) for seed in range(batch)]
-    runner, tables = new_runner(loaded, 32 + args.decode_tokens + 1, batch)
+    runner, tables = native_runner(loaded, 32 + args.decode_tokens + 1, batch)
     params, gens = [GREEDY] * batch, [None] * batch
 
     def run() -> float:
@@ -250,8 +267,12 @@ def collect(args: BenchArgs) -> dict[str, Any]:
         "torch": torch.__version__,
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.system()}",
     }
+    results["kernel"], results["kernel_lanes"] = kernel_name(loaded)
     hf = None if args.skip_hf else load_hf(loaded)
-    prefill = {"prefill": our_prefill(loaded, args)}
+    prefill = {
+        "prefill": our_prefill(loaded, args),
+        "torch_prefill": our_prefill(loaded, args, False),
+    }
     decode = {
         "decode_b1": our_decode(loaded, args, 1),
         f"decode_b{args.batch}": our_decode(loaded, args, args.batch),
@@ -264,6 +285,15 @@ def collect(args: BenchArgs) -> dict[str, Any]:
     for name, seconds in interleaved_best(decode, args.repeats).items():
         seqs = args.batch if name == f"decode_b{args.batch}" else 1
         results[f"{name}_tok_s"] = seqs * args.decode_tokens / seconds
+    gflops = matmul_gflops(args.threads)
+    flops = prefill_flops(loaded.config, args.prompt_tokens)
+    bound = args.prompt_tokens * gflops * 1e9 / flops
+    results |= {
+        "matmul_gflops": gflops,
+        "prefill_gflop": flops / 1e9,
+        "prefill_bound_tok_s": bound,
+        "prefill_of_bound": results["prefill_tok_s"] / bound,
+    }
     if not args.skip_ttft:
         results.update(ttft.measure(loaded, args.prompt_tokens))
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 
 import torch
 
@@ -46,6 +46,23 @@ from asynchicache.engine.trace import Tracer
 from asynchicache.storage.base import PageLayout, StorageTier
 
 log = logging.getLogger(__name__)
+
+# Start-up's warm-up: seconds it may take (the host decides how much work fits), how much
+# longer each warm-up prompt is than the last, and the L1 pool written per slice.
+WARM_UP_BUDGET_S = 5.0
+WARM_UP_GROWTH = 8
+PREFAULT_SLICE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What `Engine.warm_up` did within its budget."""
+
+    tokens: int  # the longest prompt it ran
+    wanted_tokens: int  # the largest step (what it would run with time enough)
+    pages_written: int  # L1 pages written once (all of them, or where time ran out)
+    seconds: float
+
 
 STORAGE_STATS_TIMEOUT_S = 0.5
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -120,9 +137,10 @@ class Engine:
         layout = PageLayout(self.config.dtype, self.layout.page_shape)
         storage.register_pool(self.namespace.encode(), pool.name, layout)
 
-    def warm_up(self) -> None:
-        """Run the model once on a short prompt, once on one token and once on a prompt
-        of the largest step (start-up).
+    def warm_up(self, budget_s: float = WARM_UP_BUDGET_S) -> WarmUp:
+        """Run the model once on a short prompt, once on one token, then on prompts growing
+        toward one of the largest step, and write every L1 page once: as much of that as
+        fits `budget_s` seconds (start-up; the host decides how much, not a fixed amount).
 
         oneDNN builds a kernel for each new matrix shape on first use (~0.5 ms a
         linear layer here): without this, the first request after a start, often
@@ -133,36 +151,67 @@ class Engine:
         1,546-token forward after the short warm-up alone 1.58-1.62 s, after these
         1.46-1.49 s, later ones 1.44-1.50 s). vLLM's start-up also runs a forward of
         its step budget (its memory profiling). The KV goes to private pages freed
-        again; nothing reaches the cache."""
+        again; nothing reaches the cache.
+
+        Bounded by time: a forward of the largest step took ~1 s on an AVX-512 host and
+        over 10 on an AVX2 one, so a fixed amount of work made start-up as slow as the
+        host. Each prompt is `WARM_UP_GROWTH` times the last, run only when the last one's
+        time scaled by that factor fits what is left of the budget (per token, a short
+        prompt costs more than a long one: the guess errs toward stopping early); the
+        pages are written in slices, half the budget for them before the long prompts and
+        the rest of it after. Returns what it did."""
+        start = time.monotonic()
+        deadline = start + budget_s
         ps = self.cache_config.page_size
         short = max(1, ps - 1)
-        self._warm_forward([short, 1])
-        self._prefault_device_pool()
+        seconds = self._warm_forward([short, 1])
+        prefaulted = self._prefault_device_pool(0, start + budget_s / 2)
         longest = min(self.config.max_prefill_tokens, self.max_model_len - 1, self.device_tokens)
-        if longest > ps:
-            self._warm_forward([longest])
+        n, warmed = short, short
+        while n < longest:
+            n = min(longest, n * WARM_UP_GROWTH)
+            if n <= ps or time.monotonic() + seconds * n / warmed > deadline:
+                break
+            seconds, warmed = self._warm_forward([n]), n
+        prefaulted = self._prefault_device_pool(prefaulted, deadline)
+        done = WarmUp(warmed, longest, prefaulted, round(time.monotonic() - start, 3))
+        log.info("warm-up: %s", done)
+        return done
 
-    def _warm_forward(self, steps: list[int]) -> None:
-        """Forwards of `steps[i]` tokens each, one after another, into private pages."""
+    def _warm_forward(self, steps: list[int]) -> float:
+        """Forwards of `steps[i]` tokens each, one after another, into private pages;
+        the seconds of the first."""
         ps = self.cache_config.page_size
         pages = self.cache.allocate(-(-sum(steps) // ps))
         if pages is None:
-            return
+            return 0.0
+        first = 0.0
         try:
             done = 0
             for n in steps:
+                began = time.monotonic()
                 self.runner.forward(ForwardBatch([[0] * n], [done], [pages]))
+                first = first or time.monotonic() - began
                 done += n
         finally:
             self.cache.free(pages)
+        return first
 
-    def _prefault_device_pool(self) -> None:
-        """On CPU, write every L1 page once while none is used: the pool is mapped
-        lazily (`torch.zeros`), so each page would fault in on a request's first write."""
+    def _prefault_device_pool(self, begin: int, deadline: float) -> int:
+        """On CPU, write L1 pages [begin, ...) once while none is used, a slice at a time
+        until the deadline: the pool is mapped lazily (`torch.zeros`), so each page would
+        fault in on a request's first write. Returns the pages written from 0."""
         pool = self.cache.device_pool.tensor
+        total = pool.shape[0]
         occupancy = self.cache.stats().device
-        if pool.device.type == "cpu" and occupancy.free == occupancy.total:
-            pool.zero_()
+        if pool.device.type != "cpu" or occupancy.free != occupancy.total:
+            return total
+        per_slice = max(1, PREFAULT_SLICE_BYTES // max(1, pool[0].numel() * pool.element_size()))
+        while begin < total and time.monotonic() < deadline:
+            end = min(total, begin + per_slice)
+            pool[begin:end].zero_()
+            begin = end
+        return begin
 
     # ---------------------------------------------------------------- requests
     def add_request(self, msg: GenerateRequest) -> TokenOutput | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from asynchicache.bench.engine import main
+from asynchicache.engine.models import native
 
 
 def test_bench_prints_one_json_record(
@@ -41,8 +42,14 @@ def test_bench_prints_one_json_record(
         "ttft_l3_s",
         "dd_read_cold_GBps",
         "ttft_l3_bound_s",
+        "torch_prefill_tok_s",
+        "matmul_gflops",
+        "prefill_bound_tok_s",
+        "prefill_of_bound",
     ):
         assert record[key] > 0, key
+    # Which kernel ran (the tiny model's head_dim 16 fits the native kernels).
+    assert record["kernel"] in native.runnable_isas() and record["kernel_lanes"] in (8, 16)
     # The L3 hit's yardstick, measured in the same run: 4 pages of the tiny model's KV.
     assert record["kv_bytes"] == 4 * (2 * 2 * 16 * 2 * 16 * 4)  # pages x (layers, K/V, ...)
     for tier in ("l1", "l2", "l3"):  # every tier served the whole prompt; its last token computes

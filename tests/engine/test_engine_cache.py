@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from loop_harness import LoopHarness
 from storage_doubles import MemoryStorage
 
 from asynchicache.config import CacheConfig, EngineConfig
-from asynchicache.engine.engine import Engine
+from asynchicache.engine.engine import WARM_UP_GROWTH, Engine
 from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
 from asynchicache.engine.runner import ForwardBatch
@@ -311,14 +312,32 @@ def test_warming_up_leaves_the_cache_as_it_was_and_answers_unchanged(
         return forward(batch)
 
     warm.runner.forward = counted  # type: ignore[method-assign]
-    warm.warm_up()
+    done = warm.warm_up(budget_s=600)  # time enough on any host: every step runs
     warm.runner.forward = forward  # type: ignore[method-assign]
     page = warm.cache_config.page_size
-    # The short prompt, one token, then a prompt of the largest step (heap and L1 warm).
+    # The short prompt, one token, then prompts growing to one of the largest step (heap
+    # and L1 warm), and every L1 page written.
     longest = min(warm.config.max_prefill_tokens, warm.device_tokens, warm.max_model_len - 1)
-    assert steps == [page - 1, 1, longest] and longest > page
+    assert steps[:2] == [page - 1, 1] and steps[-1] == longest > page
+    growth = [b / a for a, b in itertools.pairwise(steps[2:])]
+    assert steps[2] == (page - 1) * WARM_UP_GROWTH and all(1 < g <= WARM_UP_GROWTH for g in growth)
+    assert done.tokens == done.wanted_tokens == longest
+    assert done.pages_written == warm.cache.stats().device.total
     stats = warm.cache.stats().device
     assert stats.in_use == 0 and stats.cached == 0 and warm.computed_prompt_tokens == 0
     assert (
         warm.generate([prompt], GREEDY)[0].token_ids == cold.generate([prompt], GREEDY)[0].token_ids
     )
+
+
+def test_warming_up_stops_at_its_time_budget(smollm: LoadedModel, engines: list[Engine]) -> None:
+    """On a slow host start-up takes the budget, not the work: with none left after the
+    short prompt, no long prompt runs and the pages are left to fault in on use."""
+    engine = _engine(smollm)
+    engines.append(engine)
+    done = engine.warm_up(budget_s=0.0)
+    page = engine.cache_config.page_size
+    assert done.tokens == page - 1 < done.wanted_tokens
+    assert done.pages_written == 0
+    stats = engine.cache.stats().device
+    assert stats.in_use == 0 and stats.cached == 0

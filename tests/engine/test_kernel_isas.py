@@ -32,9 +32,7 @@ def test_the_widest_build_the_cpu_has_is_picked(x86: None) -> None:
     assert native.host_isa(frozenset({"sse2", "avx"})).name == "native"  # the old 16-lane code
 
 
-def test_an_env_var_forces_a_build_the_cpu_runs(
-    x86: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_env_var_forces_a_build_the_cpu_runs(x86: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native, "cpu_flags", lambda: ZEN3)
     assert native.chosen_isa().name == "avx2"
     monkeypatch.setenv(native.ISA_ENV, "avx512")  # not on this CPU: ignored
