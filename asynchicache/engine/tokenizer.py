@@ -209,12 +209,23 @@ class Tokenizer:
         return cls(backend, TokenizerSpec(vocab.eos_token_ids, special, vocab.chat_template))
 
 
+# A UTF-8 character is at most 4 bytes, so an incomplete one at the end of the text spans
+# at most 3 tokens (each carries at least a byte); text still ending in U+FFFD after more
+# held tokens than that has bytes that never complete, and is let go.
+MAX_HELD_TOKENS = 4
+MAX_INCOMPLETE_TOKENS = 3
+
+
 class IncrementalDecoder:
     """Turns a stream of token ids into a stream of text.
 
     Decodes a short window of recent tokens and emits only what is new, holding
     back text that ends in an incomplete UTF-8 sequence (a byte-level token may
-    carry part of a character) until the following tokens complete it.
+    carry part of a character) until the following tokens complete it. The hold is
+    bounded (MAX_HELD_TOKENS): a stream of lone bytes, or of tokens that decode to
+    nothing, would otherwise decode an ever longer window at every token (issue 39:
+    N^2 / 2 ids for N tokens); past the bound, all but the last MAX_INCOMPLETE_TOKENS
+    held tokens are let go, so a character that starts among those still arrives whole.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
@@ -227,11 +238,16 @@ class IncrementalDecoder:
     def push(self, token_ids: Sequence[int]) -> str:
         """Feed new token ids; returns the text they complete (maybe '')."""
         self.ids.extend(token_ids)
+        end = len(self.ids)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        text = self._decode(self.ids[self.prefix_offset :])
-        if len(text) <= len(prefix) or text.endswith("\ufffd"):
+        text = self._decode(self.ids[self.prefix_offset : end])
+        held_long = end - self.read_offset >= MAX_HELD_TOKENS
+        if not held_long and (len(text) <= len(prefix) or text.endswith("\ufffd")):
             return ""
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        if held_long and text.endswith("\ufffd"):
+            end -= MAX_INCOMPLETE_TOKENS
+            text = self._decode(self.ids[self.prefix_offset : end])
+        self.prefix_offset, self.read_offset = self.read_offset, end
         return text[len(prefix) :]
 
     def flush(self) -> str:

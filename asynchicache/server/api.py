@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from asynchicache.config import ServerConfig
 from asynchicache.server import completions
 from asynchicache.server.auth import ADMIN_PATHS, PUBLIC_PATHS, APIKeyMiddleware
 from asynchicache.server.cache_admin import add_cache_routes, admin
@@ -26,6 +27,7 @@ from asynchicache.server.compat_routes import add_compat_routes
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineUnavailable
 from asynchicache.server.errors import APIError, install_error_handlers
+from asynchicache.server.exposure import ExposureGuard
 from asynchicache.server.readiness import readiness
 from asynchicache.server.schemas import (
     ChatCompletionRequest,
@@ -83,11 +85,16 @@ def _routes(app: FastAPI, ctx: AppContext) -> None:
     add_compat_routes(app, ctx)
 
 
-def create_app(ctx: AppContext) -> FastAPI:
-    """The app for one engine; the launcher runs it under uvicorn."""
+def create_app(ctx: AppContext, server: ServerConfig | None = None) -> FastAPI:
+    """The app for one engine; the launcher runs it under uvicorn. `server`: where it
+    listens and its limits (None: the defaults)."""
+    server = server or ServerConfig()
     app = FastAPI(title="asynchicache", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
     _routes(app, ctx)
-    if ctx.api_key is not None or ctx.admin_api_key is not None:
+    keyed = ctx.api_key is not None or ctx.admin_api_key is not None
+    # The last added runs first: where a request comes from, then its key.
+    if keyed:
         app.add_middleware(APIKeyMiddleware, api_key=ctx.api_key, admin_api_key=ctx.admin_api_key)
+    app.add_middleware(ExposureGuard, listen_host=server.host, keyed=keyed)
     return app

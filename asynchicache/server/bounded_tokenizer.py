@@ -8,25 +8,29 @@ character into 1, is allowed `NORMALIZED_SHRINK` times that), so a text of more 
 answered 400 (context_length_exceeded) at once: an 8 MiB prompt is refused in a
 millisecond instead of tokenized for seconds into a gigabyte. Below the bound the text is
 tokenized (off the event loop: the callers run in a worker thread, and the tokenizer lets
-go of the GIL) and the exact count is checked as before.
+go of the GIL) and the exact count is checked as before. The same bound gives the work
+bound (server/work_bound.py) a least count of a text's tokens before it is tokenized.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from asynchicache.server.context import IncrementalText, TextTokenizer
+from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.server.context import IncrementalText
 from asynchicache.server.errors import APIError
 
 NORMALIZED_SHRINK = 4  # a character's UTF-8 bytes that a normalizer may fold into one
 
 
 class BoundedTokenizer:
-    """`inner` (a TextTokenizer) whose `encode` refuses texts that cannot fit the context."""
+    """`inner` (the engine's tokenizer) whose `encode` refuses texts that cannot fit the
+    context; a TextTokenizer."""
 
-    def __init__(self, inner: TextTokenizer, max_model_len: int, max_token_bytes: int) -> None:
+    def __init__(self, inner: Tokenizer, max_model_len: int, max_token_bytes: int) -> None:
         self.inner = inner
         self.max_model_len = max_model_len
+        self.max_token_bytes = max_token_bytes
         self.max_bytes = max_model_len * max_token_bytes
 
     @property
@@ -50,6 +54,11 @@ class BoundedTokenizer:
                 code="context_length_exceeded",
             )
         return self.inner.encode(text, add_special_tokens=add_special_tokens)
+
+    def fewest_tokens(self, text: str) -> int:
+        """A least token count of `text`, without tokenizing it: no token stands for more
+        than `max_token_bytes` bytes, and a character is at least one byte."""
+        return -(-len(text) // self.max_token_bytes)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)

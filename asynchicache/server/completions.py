@@ -133,7 +133,7 @@ def _raise_for(f: Finished) -> None:
 async def _collect(ctx: AppContext, plan: Plan, endpoint: str) -> tuple[list[PromptResult], Tally]:
     results = [PromptResult([Sample() for _ in range(r.n)]) for r in plan.requests]
     tally = Tally()
-    events = generate_many(ctx, plan.requests, endpoint)
+    events = generate_many(ctx, plan.requests, endpoint, plan.stops)
     try:
         async for i, event in events:
             if isinstance(event, PromptLogprobs):
@@ -356,7 +356,7 @@ async def _event_stream(
     first), then the usage chunk when asked for, then [DONE]. A failed request or an
     engine gone away ends the stream early with an error event (no usage chunk)."""
     tally = Tally()
-    events = generate_many(ctx, plan.requests, endpoint)
+    events = generate_many(ctx, plan.requests, endpoint, plan.stops)
     try:
         async for i, event in events:
             if isinstance(event, Finished):

@@ -18,7 +18,7 @@ from asynchicache.engine.protocol import CachedTokens, GenerateRequest, TokenLog
 from asynchicache.server.context import AppContext, IncrementalText
 from asynchicache.server.engine_client import ABORT_GRACE_S
 from asynchicache.server.metrics import RequestMetrics
-from asynchicache.server.stop import StopChecker
+from asynchicache.server.stop import StopChecker, StopMatcher
 
 
 @dataclass(frozen=True)
@@ -81,12 +81,14 @@ class _Timing:
 class _Member:
     """One sample's text state: detokenizer, stop strings, tokens shown so far."""
 
-    def __init__(self, ctx: AppContext, req: GenerateRequest, index: int) -> None:
+    def __init__(
+        self, ctx: AppContext, req: GenerateRequest, index: int, stops: StopMatcher
+    ) -> None:
         self.index = index
         self.prompt_tokens = len(req.prompt_token_ids)
         # Special tokens (end of sequence) are skipped: they end the text, they are not in it.
         self.detok: IncrementalText = ctx.tokenizer.incremental_decoder()
-        self.stops = StopChecker(req.sampling.stop)
+        self.stops = StopChecker(stops)
         self.produced = 0
         self.abort_sent = False
         self.finish: Finished | None = None
@@ -124,12 +126,14 @@ class _Member:
 
 
 async def generate_text(
-    ctx: AppContext, req: GenerateRequest, endpoint: str
+    ctx: AppContext, req: GenerateRequest, endpoint: str, stops: StopMatcher | None = None
 ) -> AsyncGenerator[Event, None]:
     """Yield text deltas per member, then one `Finished` per member (unless the consumer
-    leaves early); prompt logprobs, when asked, come before the first delta."""
+    leaves early); prompt logprobs, when asked, come before the first delta. `stops`: the
+    request's stop strings compiled off the event loop (None: compiled here)."""
     timing = _Timing(ctx.metrics.requests)
-    members = [_Member(ctx, req, i) for i in range(req.n)]
+    matcher = StopMatcher(req.sampling.stop) if stops is None else stops
+    members = [_Member(ctx, req, i, matcher) for i in range(req.n)]
     ctx.metrics.requests.in_flight.inc()
     stream = ctx.client.generate(req)
     try:
@@ -189,12 +193,15 @@ def _count(ctx: AppContext, endpoint: str, members: list[_Member], req: Generate
 
 
 async def generate_many(
-    ctx: AppContext, requests: tuple[GenerateRequest, ...], endpoint: str
+    ctx: AppContext,
+    requests: tuple[GenerateRequest, ...],
+    endpoint: str,
+    stops: StopMatcher | None = None,
 ) -> AsyncGenerator[tuple[int, Event], None]:
     """The events of several requests (a list of prompts), as (request index, event),
     interleaved as they come. Leaving early cancels every request still running."""
     if len(requests) == 1:
-        events = generate_text(ctx, requests[0], endpoint)
+        events = generate_text(ctx, requests[0], endpoint, stops)
         try:
             async for event in events:
                 yield 0, event
@@ -204,7 +211,7 @@ async def generate_many(
     queue: asyncio.Queue[tuple[int, Event | BaseException | None]] = asyncio.Queue()
 
     async def pump(i: int, req: GenerateRequest) -> None:
-        events = generate_text(ctx, req, endpoint)
+        events = generate_text(ctx, req, endpoint, stops)
         try:
             async for event in events:
                 await queue.put((i, event))

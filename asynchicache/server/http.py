@@ -77,7 +77,7 @@ async def serve_http(
 ) -> None:
     """Run uvicorn on `sock` until `stop` is set."""
     config = uvicorn.Config(
-        JSONErrors(BodyLimitMiddleware(create_app(ctx), server.max_request_bytes)),
+        JSONErrors(BodyLimitMiddleware(create_app(ctx, server), server.max_request_bytes)),
         log_level=server.log_level,
         timeout_graceful_shutdown=math.ceil(server.shutdown_timeout_s + GRACEFUL_HTTP_S),
         lifespan="off",

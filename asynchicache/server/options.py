@@ -11,7 +11,6 @@ written into ours first, with their meanings (server/compat_flags.py, compat_res
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 from collections.abc import Mapping
@@ -29,6 +28,7 @@ from asynchicache.config import (
 from asynchicache.config_flags import config_kwargs
 from asynchicache.server.compat_resolve import apply_compat
 from asynchicache.server.config_file import config_file_defaults
+from asynchicache.server.exposure import is_loopback
 from asynchicache.server.flags import build_parser
 
 log = logging.getLogger(__name__)
@@ -101,16 +101,6 @@ def to_config(args: argparse.Namespace, environ: Mapping[str, str] | None = None
 
         kv_events_config(config)
     return config
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (an address or a name) listens on this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: not provably local
-        return False
 
 
 def exposure_warnings(server: ServerConfig) -> list[str]:

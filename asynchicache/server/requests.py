@@ -9,7 +9,7 @@ prompt; `n` / `best_of` become the size of each one's request group.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 from asynchicache.engine.protocol import (
@@ -25,6 +25,7 @@ from asynchicache.server.schemas import (
     CompletionRequest,
     SamplingFields,
 )
+from asynchicache.server.stop import StopMatcher
 from asynchicache.server.work_bound import Work, check_work, fit_default, request_token_limit
 
 # OpenAI's default for the legacy completions endpoint; chat defaults to the
@@ -49,6 +50,8 @@ class Plan:
     best_of: int
     logprobs: int | None  # alternatives per generated token the client asked for
     echo: bool = False
+    # The stop strings, compiled here (off the event loop) once for every sample.
+    stops: StopMatcher = field(default_factory=lambda: StopMatcher(()))
 
 
 # ------------------------------------------------------------------ validation
@@ -113,7 +116,10 @@ def _samples(body: SamplingFields) -> tuple[int, int]:
 
 
 def _logit_bias(ctx: AppContext, body: SamplingFields) -> tuple[LogitBias, ...]:
-    biases = []
+    """One entry per token: "50" and "050" name one token, and the engine would add both
+    biases (past +-100), so naming a token twice is a 400."""
+    biases: dict[int, LogitBias] = {}
+    keys: dict[int, str] = {}
     for key, bias in (body.logit_bias or {}).items():
         token = int(key) if key.isascii() and key.isdigit() and len(key) < 12 else -1
         if not 0 <= token < ctx.model.vocab_size:
@@ -122,8 +128,15 @@ def _logit_bias(ctx: AppContext, body: SamplingFields) -> tuple[LogitBias, ...]:
                 f"logit_bias key {key[:20]!r} is not a token id (0..{ctx.model.vocab_size - 1})",
                 param="logit_bias",
             )
-        biases.append(LogitBias(token, bias))
-    return tuple(sorted(biases, key=lambda b: b.token_id))
+        if token in keys:
+            raise APIError(
+                400,
+                f"logit_bias names token {token} twice ({keys[token]!r} and {key[:20]!r})",
+                param="logit_bias",
+            )
+        keys[token] = key[:20]
+        biases[token] = LogitBias(token, bias)
+    return tuple(biases[t] for t in sorted(biases))
 
 
 def _sampling(
@@ -163,34 +176,41 @@ def _engine_logprobs(asked: int | None, n: int, best_of: int) -> int | None:
 
 
 # ------------------------------------------------------------------ prompts
-def _completion_prompts(ctx: AppContext, body: CompletionRequest) -> list[list[int]]:
+def _completion_items(body: CompletionRequest) -> list[str | list[int]]:
+    """The prompts, untokenized: several (texts, or id lists), or one (a text, an id list)."""
     prompt = body.prompt
     many = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], str | list)
-    # Several prompts (texts, or id lists), or one (a text, or one id list).
     items = cast(list[str | list[int]], list(prompt) if many else [prompt])
     if not items or (isinstance(prompt, list) and not prompt):
         raise APIError(400, "the prompt is empty", param="prompt")
-    out = []
-    for item in items:
-        if isinstance(item, str):
-            out.append(ctx.tokenizer.encode(item, add_special_tokens=False))
-        else:
-            out.append([int(t) for t in item])
-    return out
+    return items
 
 
-def _chat_ids(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
+def _fewest_tokens(ctx: AppContext, item: str | list[int]) -> int:
+    return ctx.tokenizer.fewest_tokens(item) if isinstance(item, str) else len(item)
+
+
+def _tokenize(ctx: AppContext, item: str | list[int]) -> list[int]:
+    if isinstance(item, str):
+        return ctx.tokenizer.encode(item, add_special_tokens=False)
+    return [int(t) for t in item]
+
+
+def _chat_text(ctx: AppContext, body: ChatCompletionRequest) -> str:
     messages = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
         for m in body.messages
     ]
     try:
-        text = ctx.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return ctx.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except Exception as exc:  # a template raising on an odd conversation is the input's fault
         raise APIError(
             400, f"the chat template rejected these messages: {exc}", param="messages"
         ) from exc
-    return ctx.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _chat_ids(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
+    return ctx.tokenizer.encode(_chat_text(ctx, body), add_special_tokens=False)
 
 
 def _salt(body: SamplingFields) -> str:
@@ -205,27 +225,36 @@ def plan_completion(ctx: AppContext, body: CompletionRequest) -> Plan:
     if body.max_tokens == 0 and not body.echo:
         raise APIError(400, "max_tokens 0 is only allowed with echo", param="max_tokens")
     n, best_of = _samples(body)
-    prompts = _completion_prompts(ctx, body)
-    if len(prompts) * best_of > MAX_CHOICES:
+    items = _completion_items(body)
+    if len(items) * best_of > MAX_CHOICES:  # before a single prompt is tokenized
         raise APIError(
             400,
-            f"{len(prompts)} prompts x {best_of} samples is more than {MAX_CHOICES}",
+            f"{len(items)} prompts x {best_of} samples is more than {MAX_CHOICES}",
             param="prompt",
         )
     logprobs = _engine_logprobs(body.logprobs, n, best_of)
     prompt_logprobs = body.logprobs if body.echo and body.logprobs is not None else None
     if body.max_tokens == 0:  # the prompt is computed all the same (and its pages stored)
         prompt_logprobs = prompt_logprobs or 0
-    rid = f"cmpl-{uuid.uuid4().hex}"
     limit = _work_limit(ctx)
-    echoed = sum(map(len, prompts)) if body.echo and body.logprobs is not None else 0
-    work = Work(len(prompts), n, best_of, body.logprobs, echoed)
+
+    def work(counts: list[int], estimated: bool) -> Work:
+        echoed = sum(counts) if prompt_logprobs is not None else 0
+        return Work(len(counts), n, best_of, body.logprobs, echoed, prompt_tokens=sum(counts),
+                    estimated=estimated)  # fmt: skip
+
+    # The text's length proves a least token count: a request past the bound on that
+    # alone is refused before it is tokenized.
+    check_work(limit, work([_fewest_tokens(ctx, i) for i in items], True), 0)
+    prompts = [_tokenize(ctx, item) for item in items]
+    exact = work(list(map(len, prompts)), False)
     budgets = []
     for ids in prompts:
         _check_ids(ctx, ids)
         budget = _max_tokens(ctx, len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
-        budgets.append(budget if body.max_tokens is not None else fit_default(limit, work, budget))
-    check_work(limit, work, max(budgets))
+        budgets.append(budget if body.max_tokens is not None else fit_default(limit, exact, budget))
+    check_work(limit, exact, max(budgets))
+    rid = f"cmpl-{uuid.uuid4().hex}"
     requests = []
     for i, (ids, max_tokens) in enumerate(zip(prompts, budgets, strict=True)):
         sampling = _sampling(ctx, body, max_tokens, logprobs, prompt_logprobs)
@@ -233,7 +262,8 @@ def plan_completion(ctx: AppContext, body: CompletionRequest) -> Plan:
         requests.append(
             GenerateRequest(req_id, tuple(ids), sampling, _salt(body), best_of, body.cache_store)
         )
-    return Plan(rid, tuple(requests), n, best_of, body.logprobs, body.echo)
+    return Plan(rid, tuple(requests), n, best_of, body.logprobs, body.echo,
+                StopMatcher(body.stop_list))  # fmt: skip
 
 
 def plan_chat(ctx: AppContext, body: ChatCompletionRequest) -> Plan:
@@ -245,19 +275,23 @@ def plan_chat(ctx: AppContext, body: ChatCompletionRequest) -> Plan:
     n, best_of = _samples(body)
     if best_of > MAX_CHOICES:
         raise APIError(400, f"best_of is more than {MAX_CHOICES}", param="best_of")
-    ids = _chat_ids(ctx, body)
-    _check_ids(ctx, ids)
-    max_tokens = _max_tokens(ctx, len(ids), body.token_limit, None)
     asked = (body.top_logprobs or 0) if body.logprobs else None
     limit = _work_limit(ctx)
-    work = Work(1, n, best_of, asked, logprobs_field="top_logprobs")
+    text = _chat_text(ctx, body)
+    least = Work(1, n, best_of, asked, logprobs_field="top_logprobs",
+                 prompt_tokens=ctx.tokenizer.fewest_tokens(text), estimated=True)  # fmt: skip
+    check_work(limit, least, 0)  # before the text is tokenized
+    ids = ctx.tokenizer.encode(text, add_special_tokens=False)
+    _check_ids(ctx, ids)
+    max_tokens = _max_tokens(ctx, len(ids), body.token_limit, None)
+    work = Work(1, n, best_of, asked, logprobs_field="top_logprobs", prompt_tokens=len(ids))
     if body.token_limit is None:  # the rest of the context, as much of it as the bound allows
         max_tokens = fit_default(limit, work, max_tokens)
     check_work(limit, work, max_tokens)
     sampling = _sampling(ctx, body, max_tokens, _engine_logprobs(asked, n, best_of), None)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     req = GenerateRequest(rid, tuple(ids), sampling, _salt(body), best_of, body.cache_store)
-    return Plan(rid, (req,), n, best_of, asked)
+    return Plan(rid, (req,), n, best_of, asked, stops=StopMatcher(body.stop_list))
 
 
 def chat_prompt_ids(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:

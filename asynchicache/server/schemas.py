@@ -12,7 +12,15 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+)
 
 from asynchicache.engine.protocol import (
     MAX_CACHE_SALT_CHARS,
@@ -29,6 +37,8 @@ MAX_LOGIT_BIAS = 1024
 # Every stop string is searched in the text after each token.
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
+# ...and all of them together (the automaton of server/stop.py holds a state per character).
+MAX_STOP_TOTAL_CHARS = 4096
 
 
 def _utf8(value: str) -> str:
@@ -113,6 +123,18 @@ class SamplingFields(BaseModel):
     logit_bias: dict[Text, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         default=None, max_length=MAX_LOGIT_BIAS
     )
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_total(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        total = sum(map(len, [stop] if isinstance(stop, str) else stop or ()))
+        if total > MAX_STOP_TOTAL_CHARS:
+            raise ValueError(
+                f"the stop strings have {total} characters in all; this server takes at most "
+                f"{MAX_STOP_TOTAL_CHARS} characters ({MAX_STOP_STRINGS} strings of at most "
+                f"{MAX_STOP_CHARS})"
+            )
+        return stop
 
     @property
     def stop_list(self) -> tuple[str, ...]:

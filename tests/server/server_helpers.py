@@ -30,13 +30,16 @@ class ThreadServer:
         api_key: str | None,
         admin_api_key: str | None = None,
         service_addr: str | None = None,
+        config: ServerConfig | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.service_addr = service_addr  # a cache service /ready pings, as `serve`'s does
         self.frontend = frontend
         self.api_key = api_key
         self.admin_api_key = admin_api_key
-        self.sock = bind_socket("127.0.0.1", 0)
+        # `config.host` is what the server believes it listens on (loopback or beyond).
+        self.config = config or ServerConfig(log_level="warning")
+        self.sock = bind_socket(self.config.host, 0)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -52,14 +55,15 @@ class ThreadServer:
         probe = None if self.service_addr is None else ServiceProbe(self.service_addr)
         ctx = AppContext(
             client,
-            self.frontend.tokenizer,
+            self.frontend.bounded_tokenizer(FAKE_CONTEXT),  # as `serve` does
             model,
             api_key=self.api_key,
             admin_api_key=self.admin_api_key,
             service_probe=probe,
+            max_request_tokens=self.config.max_request_tokens,
         )
         try:
-            await serve_http(ctx, ServerConfig(log_level="warning"), self.sock, self._stop)
+            await serve_http(ctx, self.config, self.sock, self._stop)
         finally:
             await client.close()
             if probe is not None:
