@@ -1,6 +1,7 @@
 """Model-side engine benchmark: our paged runner against transformers, same weights, same run.
 
     python -m asynchicache.bench.engine [--model PATH] [--threads N] [--prompt-tokens 2048]
+                                        [--device cuda] [--dtype bfloat16]
 
 Prints one JSON object:
   prefill_tok_s       our runner (the native kernels where they fit, as the engine runs),
@@ -16,6 +17,9 @@ Prints one JSON object:
   decode_b1_tok_s     our runner, one request decoding greedily
   decode_b8_tok_s     our runner, --batch requests decoding together
   hf_decode_b1_tok_s  transformers' greedy generate, batch 1
+On a GPU (`--device cuda`, transformers skipped) the record also holds the L1 <-> L2
+copy bandwidth against torch's pinned copies of the same bytes (bench/l1_l2_copies.py,
+`--copy-pages` pages; 0 skips it, the default on the CPU).
 Decode rates exclude the prompt's prefill on both sides (for transformers: the time
 of generate(N + 1 tokens) minus generate(1 token)). Best of --repeats runs, our
 runner and transformers taking turns so that both see the same machine load.
@@ -37,9 +41,10 @@ from typing import Any
 
 import torch
 
-from asynchicache.bench import ttft
+from asynchicache.bench import l1_l2_copies, ttft
 from asynchicache.bench.kernels import matmul_gflops, prefill_flops
 from asynchicache.bench.output import add_output_arguments, print_report, write_report
+from asynchicache.cache.pools import KVLayout
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
@@ -61,6 +66,9 @@ class BenchArgs:
     repeats: int
     skip_hf: bool
     skip_ttft: bool = False
+    device: str = "cpu"
+    dtype: str = "float32"
+    copy_pages: int = 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,12 +92,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--skip-ttft", action="store_true", help="skip time to first token through the cache tiers"
     )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (the model and L1)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--copy-pages",
+        type=int,
+        default=None,
+        help="pages of the L1 <-> L2 copy measurement (default: 512 on a GPU, 0 = skip)",
+    )
     add_output_arguments(parser, REPORT)
     return parser
 
 
 def bench_args(ns: argparse.Namespace) -> BenchArgs:
     threads = ns.threads if ns.threads is not None else idle_cores()
+    on_cpu = torch.device(ns.device).type == "cpu"
+    copy_pages = ns.copy_pages if ns.copy_pages is not None else (0 if on_cpu else 512)
+    if copy_pages < 0:
+        raise SystemExit(f"--copy-pages must be >= 0, got {copy_pages}")
     return BenchArgs(
         ns.model,
         threads,
@@ -97,8 +117,11 @@ def bench_args(ns: argparse.Namespace) -> BenchArgs:
         ns.decode_tokens,
         ns.batch,
         ns.repeats,
-        ns.skip_hf,
+        ns.skip_hf or not on_cpu,  # transformers' reference runs on the CPU, in float32
         ns.skip_ttft,
+        ns.device,
+        ns.dtype,
+        copy_pages,
     )
 
 
@@ -132,6 +155,8 @@ def interleaved_best(runs: dict[str, Callable[[], float]], repeats: int) -> dict
 def timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
+    if torch.cuda.is_initialized():  # a GPU's work is queued: time it to the end
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
@@ -256,9 +281,11 @@ def hf_decode_b1(hf: Any, loaded: LoadedModel, args: BenchArgs) -> Callable[[], 
 def collect(args: BenchArgs) -> dict[str, Any]:
     """Every number of this benchmark, in one dict (others may add their keys)."""
     torch.set_num_threads(args.threads)
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, args.dtype, args.device)
     results: dict[str, Any] = {
         "model": loaded.name,
+        "device": _device_name(loaded.device),
+        "dtype": loaded.dtype,
         "threads": args.threads,
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "prompt_tokens": args.prompt_tokens,
@@ -296,7 +323,23 @@ def collect(args: BenchArgs) -> dict[str, Any]:
     }
     if not args.skip_ttft:
         results.update(ttft.measure(loaded, args.prompt_tokens))
+    if args.copy_pages:
+        results.update(_copies(loaded, args))
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()}
+
+
+def _device_name(device: str) -> str:
+    if torch.device(device).type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}"
+    return device
+
+
+def _copies(loaded: LoadedModel, args: BenchArgs) -> dict[str, Any]:
+    """L1 <-> L2 copy GB/s of this model's pages against torch's pinned copies."""
+    c = loaded.config
+    dtype = loaded.model.embed_tokens.weight.dtype
+    layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, PAGE_SIZE, dtype)
+    return l1_l2_copies.measure(layout, args.copy_pages, 5, torch.device(loaded.device))
 
 
 def parse_args(argv: Sequence[str] | None) -> BenchArgs:

@@ -120,13 +120,18 @@ def _disk_engine(model: LoadedModel, folder: Path, cache: CacheConfig) -> _DiskE
     client = StorageClient(ClientConfig(service.address))
     # The tiers' KV paths are measured: a repeat's first token from kept logits
     # (engine/prompt_logits.py) would skip them.
-    engine = Engine(EngineConfig(prompt_logits_mib=0), cache, storage=client, loaded=model)
+    engine = Engine(_engine_config(model), cache, storage=client, loaded=model)
     made = _DiskEngine(engine, proc)
     if not client.wait_ready(60):
         made.close()
         raise RuntimeError("cache service did not come up")
     made.engine.warm_up()
     return made
+
+
+def _engine_config(model: LoadedModel) -> EngineConfig:
+    """The engine on the model's device and dtype (L1 lives there too)."""
+    return EngineConfig(device=model.device, dtype=model.dtype, prompt_logits_mib=0)
 
 
 def _close(engine: Engine) -> None:
@@ -166,7 +171,9 @@ def measure(model: LoadedModel, prompt_tokens: int = 2048) -> dict[str, Any]:
     prompt = real_text_prompt(model, prompt_tokens)
     results: dict[str, Any] = {}
     plain = Engine(
-        EngineConfig(), CacheConfig(enable_prefix_cache=False, disk_cache_dir=None), loaded=model
+        _engine_config(model),
+        CacheConfig(enable_prefix_cache=False, disk_cache_dir=None),
+        loaded=model,
     )
     plain.warm_up()
     results["ttft_recompute_s"], expected = time_to_first_token(plain, prompt)

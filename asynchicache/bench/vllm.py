@@ -72,6 +72,9 @@ class BenchConfig:
     # setting the arms would compute on different thread counts.
     threads: int | None = None
     decode: DecodeLoad | None = field(default_factory=DecodeLoad)  # None: no decode arm
+    # vLLM's --dtype for every arm; "auto" takes the checkpoint's (a bfloat16 one runs
+    # CPU_ATTN's amx kernel on AMX hosts: `model export-hf --dtype bfloat16`)
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.rounds <= 0 or self.prompt_tokens <= 0:
@@ -172,6 +175,7 @@ def _arms(config: BenchConfig, model: Path, work: Path) -> dict[str, Arm]:
     common: dict[str, Any] = {
         "max_model_len": config.max_model_len,
         "kv_cache_bytes": config.kv_cache_bytes,
+        "dtype": config.dtype,
         "extra": extra,
     }
     ours = VllmFlags(
@@ -325,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         default=DecodeLoad.max_tokens,
         help="tokens each decode client generates",
     )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        help="vLLM's --dtype for every arm (auto: the checkpoint's; a bfloat16 one runs "
+        "CPU_ATTN's amx kernel on AMX hosts)",
+    )
     p.add_argument("--work-dir", type=Path, default=None, help="logs, disk caches (default: tmp)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     a = p.parse_args(argv)
@@ -338,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             block_size=a.block_size,
             threads=a.threads,
             decode=DecodeLoad(a.decode_clients, a.decode_tokens) if a.decode_clients else None,
+            dtype=a.dtype,
         )
     )
     text_out = json.dumps(result, indent=2)

