@@ -239,6 +239,11 @@ class ServerConfig:
     log_level: str = "info"
     served_model_name: str | None = None  # None = the loaded model's own name
     startup_timeout_s: float = 600.0  # model load + first health answer
+    # The engine answers a health ping between two steps: silent this long, it is taken
+    # as hung (SIGSTOP, a deadlock), killed and restarted; its requests end with an error.
+    engine_step_timeout_s: float = 60.0
+    # From a generation's start to its last token; then it is aborted (HTTP 504).
+    request_timeout_s: float = 3600.0
     # At SIGTERM: how long running requests may finish (then each ends with an error),
     # and then how long each child may take to stop before SIGKILL.
     shutdown_timeout_s: float = 15.0
@@ -262,6 +267,8 @@ class ServerConfig:
             raise ValueError("--admin-api-key must not be empty")
         _positive("--startup-timeout", self.startup_timeout_s)
         _positive("--shutdown-timeout", self.shutdown_timeout_s)
+        _positive("--engine-step-timeout", self.engine_step_timeout_s)
+        _positive("--request-timeout", self.request_timeout_s)
         _positive("--max-request-bytes", self.max_request_bytes)
         if self.max_request_tokens is not None:
             _positive("--max-request-tokens", self.max_request_tokens)

@@ -27,7 +27,7 @@ from asynchicache.server.disconnect import (
     EventStreamResponse,
     run_until_disconnect,
 )
-from asynchicache.server.engine_client import EngineUnavailable
+from asynchicache.server.engine_client import EngineUnavailable, RequestTimedOut
 from asynchicache.server.errors import APIError, error_body
 from asynchicache.server.generation import (
     Event,
@@ -157,6 +157,8 @@ async def _run_collect(
 ) -> tuple[list[PromptResult], Tally]:
     try:
         return await run_until_disconnect(request.receive, _collect(ctx, plan, endpoint))
+    except RequestTimedOut as exc:
+        raise APIError(504, str(exc), code=exc.code, type_="timeout") from exc
     except EngineUnavailable as exc:
         raise APIError(503, str(exc), type_="service_unavailable") from exc
     except ClientDisconnected as exc:
@@ -377,7 +379,8 @@ async def _event_stream(
 
 
 def _stream_error(exc: Exception) -> bytes:
-    return sse.event(error_body(str(exc), "server_error", code="engine_unavailable"))
+    code = exc.code if isinstance(exc, EngineUnavailable) else "engine_unavailable"
+    return sse.event(error_body(str(exc), "server_error", code=code))
 
 
 def _stream(events: AsyncIterator[bytes]) -> Response:

@@ -11,6 +11,12 @@ in flight ends with `EngineUnavailable` (a JSON 503, or an error event and
 `[DONE]` on a stream), new ones are refused until `engine_back`, and the
 sockets are made anew so nothing queued for the dead engine reaches the next.
 At shutdown, `refuse_new` turns new generations away while running ones finish.
+
+Every generation carries a deadline (`request_timeout_s` from its start): past it,
+it is aborted and ends with `RequestTimedOut` (a JSON 504, or an error event on a
+stream), whatever the engine does. `ping` asks for "health" even while the client
+is down: the launcher's watchdog (server/engine_probe.py) pings through it, and
+`last_heard` says when the engine last sent anything.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncGenerator
 from pathlib import Path
@@ -56,6 +63,16 @@ def engine_output_addr(run_dir: Path) -> str:
 class EngineUnavailable(RuntimeError):
     """The engine did not answer in time, or has gone away."""
 
+    status = 503  # what the HTTP layer answers
+    code = "engine_unavailable"
+
+
+class RequestTimedOut(EngineUnavailable):
+    """A generation ran past its deadline (--request-timeout); it was aborted."""
+
+    status = 504
+    code = "request_timeout"
+
 
 class EngineClient:
     """Submit requests, stream their outputs, and make admin calls.
@@ -63,7 +80,9 @@ class EngineClient:
     Create and use it inside one running event loop; `start()` before use.
     """
 
-    def __init__(self, input_addr: str, output_addr: str) -> None:
+    def __init__(
+        self, input_addr: str, output_addr: str, request_timeout_s: float | None = None
+    ) -> None:
         self._input_addr = input_addr
         self._output_addr = output_addr
         self._ctx = zmq.asyncio.Context()
@@ -74,10 +93,12 @@ class EngineClient:
         self._reader: asyncio.Task[None] | None = None
         self._dead: str | None = None  # why nothing is served now (engine gone, closing)
         self._refusing: str | None = None  # why new generations are refused (shutting down)
+        self._request_timeout_s = request_timeout_s  # None: no deadline
+        self.last_heard = time.monotonic()  # when the engine last sent anything (or start)
 
     @classmethod
-    def for_run_dir(cls, run_dir: Path) -> EngineClient:
-        return cls(engine_input_addr(run_dir), engine_output_addr(run_dir))
+    def for_run_dir(cls, run_dir: Path, request_timeout_s: float | None = None) -> EngineClient:
+        return cls(engine_input_addr(run_dir), engine_output_addr(run_dir), request_timeout_s)
 
     async def start(self) -> None:
         self._push = self._ctx.socket(zmq.PUSH)
@@ -138,6 +159,7 @@ class EngineClient:
             except ValueError as exc:
                 log.warning("dropping a malformed engine message: %s", exc)
                 continue
+            self.last_heard = time.monotonic()
             self._route(msg)
 
     def _route(self, msg: object) -> None:
@@ -189,13 +211,15 @@ class EngineClient:
         refused = self._dead or self._refusing
         if refused is not None:
             raise EngineUnavailable(refused)
+        timeout = self._request_timeout_s
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         queue: asyncio.Queue[TokenOutput | EngineUnavailable] = asyncio.Queue()
         self._streams[req.rid] = queue
         open_members = set(range(req.n))
         try:
             await self._send(req)
             while open_members:
-                out = await queue.get()
+                out = await self._next(queue, deadline)
                 if isinstance(out, EngineUnavailable):
                     raise out
                 if out.finish_reason == "error":  # answers the whole request
@@ -210,6 +234,19 @@ class EngineClient:
                 await self._abort_quietly(req.rid)
             if self._streams.get(req.rid) is queue:
                 del self._streams[req.rid]
+
+    async def _next(
+        self, queue: asyncio.Queue[TokenOutput | EngineUnavailable], deadline: float | None
+    ) -> TokenOutput | EngineUnavailable:
+        """The stream's next item, or `RequestTimedOut` once its deadline passed."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await queue.get()
+        except TimeoutError:
+            return RequestTimedOut(
+                f"the request did not finish within {self._request_timeout_s:g}s "
+                "(--request-timeout); it was aborted"
+            )
 
     async def abort(self, rid: str, index: int | None = None) -> None:
         """Ask the engine to end `rid` (one member, or all): its final outputs follow
@@ -260,6 +297,10 @@ class EngineClient:
             raise EngineUnavailable(f"the engine did not answer {op!r} in {timeout_s}s") from exc
         finally:
             self._admin.pop(req_id, None)
+
+    async def ping(self, timeout_s: float) -> AdminReply:
+        """One "health" call, made even while the client is down (the watchdog's ping)."""
+        return await self._admin_call("health", timeout_s=timeout_s)
 
     async def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> dict[str, object]:
         """Ask for "health" until the engine answers (it answers once the model is loaded).

@@ -55,6 +55,11 @@ def _add_server(p: argparse.ArgumentParser) -> None:
         "--shutdown-timeout": "at SIGTERM, seconds running requests get to finish (then "
         "each ends with an error); each child then gets this long (at least 15 s) to stop "
         "before SIGKILL",
+        "--engine-step-timeout": "seconds the engine may go without answering a health ping "
+        "(it answers between two steps); longer, it is taken as hung: its requests end with "
+        "an error, it is killed and restarted",
+        "--request-timeout": "seconds a generation may take from its start to its last token; "
+        "then it is aborted and answered 504 (an error event on a stream)",
     })  # fmt: skip
 
 

@@ -6,12 +6,16 @@
 
 Start order: cache service, engine, then HTTP once the engine answers
 "health". The cache service is restarted when it dies, and when it stays
-silent (no answer to a `Stats` ping) for 3x `--storage-timeout`. The engine
-is restarted when it dies: its requests in flight end with a JSON error (an
-error event and `[DONE]` on a stream), new ones and `/ready` answer 503 until
-the new engine answers "health"; the cache service and what it holds (L3, L4)
-stay, the engine's L1 and L2 go with it (its radix tree was their index) and
-its shared-memory segment is removed. Only a crash loop stops the server.
+silent (no answer to a `Stats` ping) for 3x `--storage-timeout`, with back-off
+(0.2 s doubling to 5 s) however often: it is never fatal, the engine serves
+from L1 (recomputing) meanwhile. The engine is restarted when it dies, and when
+it stays silent (no answer to a "health" ping, answered between two steps) for
+`--engine-step-timeout`: it is hung, and killed. Its requests in flight end with
+a JSON error (an error event and `[DONE]` on a stream), new ones and `/ready`
+answer 503 with the reason until the new engine answers "health"; the cache
+service and what it holds (L3, L4) stay, the engine's L1 and L2 go with it (its
+radix tree was their index) and its shared-memory segment is removed. Only a
+crash loop of the engine stops the server.
 
 The launcher owns SIGINT/SIGTERM: it stops accepting requests, gives the
 running ones `--shutdown-timeout` to finish (then ends each with an error),
@@ -50,6 +54,7 @@ from asynchicache.server.engine_client import (
     engine_input_addr,
     engine_output_addr,
 )
+from asynchicache.server.engine_probe import EngineProbe
 from asynchicache.server.frontend import Frontend, load_frontend
 from asynchicache.server.http import StopSignal, bind_socket, serve_http
 from asynchicache.server.supervisor import ChildSpec, Supervisor
@@ -133,13 +138,18 @@ def _service_spec(
         run_cache_service,
         ServiceLaunch(config, log_level),
         restart=True,
+        max_restarts=None,  # never fatal: without it the engine recomputes
         probe=partial(ServiceProbe, config.address),
         silent_limit_s=SILENT_TIMEOUTS * storage_timeout_s,
     )
 
 
 def _engine_spec(
-    config: LaunchConfig, cache: CacheConfig, run_dir: Path, storage_addr: str | None
+    config: LaunchConfig,
+    cache: CacheConfig,
+    run_dir: Path,
+    storage_addr: str | None,
+    client: EngineClient,
 ) -> ChildSpec:
     proc_config = EngineProcessConfig(
         engine=config.engine,
@@ -152,9 +162,19 @@ def _engine_spec(
         kv_events=_kv_events(config),
     )
     # A crash within a minute of its start counts toward the crash loop that ends the
-    # server: loading the model alone takes a good part of that.
-    return ChildSpec("engine", run_engine, proc_config, restart=True, stable_s=ENGINE_STABLE_S,
-                     env=openmp_env(os.environ) + allocator_env(os.environ))  # fmt: skip
+    # server: loading the model alone takes a good part of that. The watchdog's ping
+    # (server/engine_probe.py) finds a hung engine: silent past --engine-step-timeout.
+    return ChildSpec(
+        "engine",
+        run_engine,
+        proc_config,
+        restart=True,
+        stable_s=ENGINE_STABLE_S,
+        probe=partial(EngineProbe, client),
+        silent_limit_s=config.server.engine_step_timeout_s,
+        startup_limit_s=config.server.startup_timeout_s,
+        env=openmp_env(os.environ) + allocator_env(os.environ),
+    )
 
 
 def _kv_events(config: LaunchConfig) -> KvEventsConfig | None:
@@ -173,7 +193,13 @@ async def _watch(
             log.error("the engine (pid %s) died (exit code %s); restarting it",
                       engine.process.pid if engine.process else "?", engine.exitcode)  # fmt: skip
             await client.engine_lost("the engine process died; it is being restarted")
-        dead = supervisor.check()
+        hung = engine.silent_kills
+        dead = supervisor.check()  # kills a hung engine (restarted on a later turn)
+        if engine.silent_kills > hung and client.down is None:
+            await client.engine_lost(
+                f"the engine did not answer for {engine.spec.silent_limit_s:g}s (a step "
+                "past --engine-step-timeout, or hung); it was killed and is being restarted"
+            )
         if dead is not None:
             log.error(
                 "%s died (exit code %s); shutting down", dead, supervisor.children[dead].exitcode
@@ -251,9 +277,10 @@ async def _serve(config: LaunchConfig, sock: socket.socket, run_dir: Path, sup: 
     )
     if service is not None:
         sup.start(service)
-    sup.start(_engine_spec(config, cache, run_dir, None if service is None else service.arg.addr))
-    client = EngineClient.for_run_dir(run_dir)
-    await client.start()
+    client = EngineClient.for_run_dir(run_dir, config.server.request_timeout_s)
+    await client.start()  # connects whenever the engine binds
+    storage_addr = None if service is None else service.arg.addr
+    sup.start(_engine_spec(config, cache, run_dir, storage_addr, client))
     probe = ServiceProbe(service.arg.addr) if service is not None else None  # for /ready
     watcher = asyncio.create_task(_watch(sup, stop, client, config.server.startup_timeout_s))
     try:

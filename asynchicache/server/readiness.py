@@ -5,7 +5,9 @@
 disk tier is on, the cache service answers a ping (storage.client.probe, from this
 process): a server whose cache service is restarting or hung serves by
 recompute, slowly, and a balancer should prefer another. 503 with the reason
-otherwise. Public, like `/health`.
+otherwise: the engine restarting after a crash or a hang (the launcher's watchdog,
+`--engine-step-timeout`), how long nothing was heard from an engine that does not
+answer, the cache service silent. Public, like `/health`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ async def readiness(ctx: AppContext) -> tuple[bool, dict[str, Any]]:
         checks["engine"] = "ok" if reply.ok else f"unhealthy: {reply.error}"
     except EngineUnavailable as exc:
         checks["engine"] = f"unavailable: {exc}"
+        silent = time.monotonic() - ctx.client.last_heard
+        if ctx.client.down is None and silent > ENGINE_TIMEOUT_S:
+            checks["engine"] += f" (nothing heard from it for {silent:.0f}s: a long step, or hung)"
     if ctx.service_probe is not None:
         up = await service_answers(ctx)
         checks["cache_service"] = "ok" if up else (

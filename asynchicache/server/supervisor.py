@@ -67,6 +67,15 @@ def _environment(pairs: tuple[tuple[str, str], ...]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+MAX_BACKOFF_S = 5.0
+
+
+def backoff_s(restarts: int, first_s: float) -> float:
+    """How long to wait before the next restart after `restarts` crashes in a row:
+    `first_s`, doubling, at most MAX_BACKOFF_S."""
+    return min(first_s * 2 ** min(restarts, 10), MAX_BACKOFF_S)
+
+
 class Probe(Protocol):
     """A health ping that never blocks (e.g. `storage.client.probe.ServiceProbe`)."""
 
@@ -90,7 +99,11 @@ class ChildSpec:
     target: Callable[[Any], None]
     arg: Any
     restart: bool = False  # restart it when it dies (the cache service)
-    max_restarts: int = 5  # crashes in a row, each within `stable_s` of its start
+    # Crashes in a row, each within `stable_s` of its start, before the server gives up;
+    # None: never (the cache service: without it the server recomputes, so it is
+    # restarted with back-off however often it dies, and never takes the server down).
+    max_restarts: int | None = 5
+    first_backoff_s: float = 0.2  # the wait before a restart, doubled by each crash in a row
     # A child that ran this long was healthy: its next crash starts the count over,
     # so only a crash loop stops the server, not crashes spread over days.
     stable_s: float = 10.0
@@ -161,6 +174,12 @@ class Child:
             self.probe = None
 
     @property
+    def gave_up(self) -> bool:
+        """Whether its crash loop used up its restarts (never, when they are unlimited)."""
+        limit = self.spec.max_restarts
+        return limit is not None and self.restarts >= limit
+
+    @property
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
 
@@ -211,21 +230,17 @@ class Supervisor:
             now = time.monotonic()
             if child.not_before == 0.0 and now - child.started_at >= child.spec.stable_s:
                 child.restarts = 0  # first seen dead after a healthy run: not a crash loop
-            if not child.spec.restart or child.restarts >= child.spec.max_restarts:
+            if not child.spec.restart or child.gave_up:
                 return role
             if child.not_before == 0.0:
-                child.not_before = now + min(0.2 * 2**child.restarts, 5.0)  # crash-loop backoff
+                child.not_before = now + backoff_s(child.restarts, child.spec.first_backoff_s)
             if now < child.not_before:
                 continue
             child.restarts += 1
             child.not_before = 0.0
-            log.error(
-                "%s died (exit code %s); restart %d of %d",
-                role,
-                child.exitcode,
-                child.restarts,
-                child.spec.max_restarts,
-            )
+            limit = child.spec.max_restarts
+            log.error("%s died (exit code %s); restart %d%s", role, child.exitcode,
+                      child.restarts, "" if limit is None else f" of {limit}")  # fmt: skip
             child.start()
         return None
 

@@ -11,7 +11,7 @@ import pytest
 from supervised_targets import sleep_forever
 
 from asynchicache.cache.radix import RadixTree
-from asynchicache.server.supervisor import ChildSpec, Supervisor
+from asynchicache.server.supervisor import MAX_BACKOFF_S, ChildSpec, Supervisor, backoff_s
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.header import HeaderError, PageHeader, decode_header, encode_header
 from asynchicache.tiers import Tier
@@ -91,3 +91,24 @@ def test_a_crash_loop_still_stops(tmp_path: Path) -> None:
         assert verdicts == [None, None, "cache-service"]
     finally:
         sup.stop_all(5)
+
+
+def test_a_child_without_a_restart_limit_is_never_given_up(tmp_path: Path) -> None:
+    """Issue 39, finding 13: six crashes of the cache service in a row stopped the server.
+    A child without a limit (the cache service) is restarted with back-off however often
+    it dies in a row; `test_a_crash_loop_still_stops` holds for a limited one (the engine)."""
+    pid_file = tmp_path / "pids"
+    sup = Supervisor()
+    sup.start(ChildSpec("cache-service", sleep_forever, pid_file, restart=True,
+                        max_restarts=None, first_backoff_s=0.01))  # fmt: skip
+    try:
+        for n in range(1, 9):  # past the default limit of 5 crashes in a row
+            assert _kill_and_restart(sup, pid_file, n) is None
+        assert sup.children["cache-service"].restarts == 8
+    finally:
+        sup.stop_all(5)
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    assert [backoff_s(n, 0.2) for n in range(4)] == [0.2, 0.4, 0.8, 1.6]
+    assert backoff_s(10_000, 0.2) == MAX_BACKOFF_S  # no overflow after many crashes

@@ -3,6 +3,7 @@ quarantine; and `--storage-timeout` sets the timeout that all of this hangs on."
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from asynchicache.server.engine_client import EngineClient
 from asynchicache.server.launch import (
     SILENT_TIMEOUTS,
     ServiceLaunch,
@@ -98,7 +100,13 @@ def test_storage_timeout_flag(tmp_path: Path) -> None:
     config = to_config(parser.parse_args(argv))
     assert config.storage_timeout_s == 0.5
     # The engine's tickets use it; the cache service is restarted after 3x of it in silence.
-    assert _engine_spec(config, config.cache, tmp_path, "ipc://x").arg.storage_timeout_s == 0.5
+    client = EngineClient.for_run_dir(tmp_path)
+    engine = _engine_spec(config, config.cache, tmp_path, "ipc://x", client)
+    asyncio.run(client.close())
+    assert engine.arg.storage_timeout_s == 0.5
+    # The engine's watchdog (issue 39): silent past --engine-step-timeout, it is hung.
+    assert engine.probe is not None and engine.silent_limit_s == 60.0
+    assert engine.startup_limit_s == config.server.startup_timeout_s
     service = _service_spec(
         config.cache, config.service, tmp_path, "info", config.storage_timeout_s
     )
