@@ -2,7 +2,12 @@
 (tests/support/shm_leftovers.py; tests/vllm/conftest.py checks vLLM's too); a
 strict page ledger; `make_pool` for the tests that build L2 pools; transformers' SmolLM2,
 loaded once for every test that checks the default model against it; the default
-model itself (`smollm`) and its frontend (`frontend`), loaded once too."""
+model itself (`smollm`) and its frontend (`frontend`), loaded once too.
+
+Every process the run starts is stopped when the run ends, even a killed one
+(tests/support/reaper.py), and timeouts follow this host's measured speed
+(tests/support/host_speed.py: one calibration per run, at the first timeout that needs
+it; the figure is printed at the end)."""
 
 from __future__ import annotations
 
@@ -12,8 +17,10 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import reaper
 import torch
 from hf_reference import hf_model
+from host_speed import SLOWDOWN_ENV
 from last_user import stop_finished
 from pools import Pool, pool_factory
 from shm_leftovers import snapshot, wait_no_leftovers
@@ -23,6 +30,10 @@ from asynchicache.cache.ledger import STRICT_ENV
 if TYPE_CHECKING:  # imported by the fixtures that need them (this file is loaded by every run)
     from asynchicache.engine.loader import LoadedModel
     from asynchicache.server.frontend import Frontend
+
+# Before anything starts a process: the run's token, inherited by all it starts, and the
+# watcher that stops them when this process ends in any way.
+reaper.start()
 
 # An illegal page or slot transition raises in every cache the tests build, in
 # this process and in the servers it starts (production only counts and logs it).
@@ -54,6 +65,14 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
         return (yield)
     finally:
         stop_finished(item)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The host's slowdown against the reference host, where a test measured it."""
+    if os.environ.get(SLOWDOWN_ENV):
+        terminalreporter.write_line(
+            f"host slowdown (timeouts scaled by it): {os.environ[SLOWDOWN_ENV]}"
+        )
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+from host_speed import scaled
 from processes import children_of, pid_alive, proc_title
 from serve_process import ServeProcess
 
@@ -67,7 +68,9 @@ class LiveServer(ServeProcess):
         return out
 
     def wait_role(self, role: str, not_pid: int | None, timeout_s: float = 60.0) -> int:
-        """The pid of `role` once one other than `not_pid` runs."""
+        """The pid of `role` once one other than `not_pid` runs (`timeout_s` scaled to this
+        host)."""
+        timeout_s = scaled(timeout_s)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             pid = self.pids().get(role)
@@ -77,21 +80,21 @@ class LiveServer(ServeProcess):
         raise AssertionError(f"no new {role} within {timeout_s}s:\n{self.log_tail()}")
 
     def client(self, timeout: float = 300.0) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=timeout, headers=self.headers)
+        return httpx.Client(base_url=self.url, timeout=scaled(timeout), headers=self.headers)
 
     def stats(self, integrity: bool = False) -> dict:
         r = httpx.get(
             self.url + "/cache/stats",
             params={"integrity": "true"} if integrity else None,
             headers=self.headers,
-            timeout=30,
+            timeout=scaled(30),
         )
         r.raise_for_status()
         return r.json()
 
     def metrics(self) -> dict[str, float]:
         """The /metrics samples: 'name{labels}' -> value."""
-        text = httpx.get(self.url + "/metrics", headers=self.headers, timeout=30).text
+        text = httpx.get(self.url + "/metrics", headers=self.headers, timeout=scaled(30)).text
         out = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):

@@ -11,13 +11,15 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from host_speed import scaled
 from processes import children_of, pid_alive
 
 from asynchicache.bench.server_process import BenchServer
 
 
 class ServeProcess(BenchServer):
-    """A server with `flags` after `--device cpu`, logging to `log_path`."""
+    """A server with `flags` after `--device cpu`, logging to `log_path`; its start-up
+    timeout is the reference host's, scaled to this one (host_speed.py)."""
 
     def __init__(
         self,
@@ -26,7 +28,8 @@ class ServeProcess(BenchServer):
         env: Mapping[str, str] | None = None,
         startup_timeout_s: float = 300.0,
     ) -> None:
-        super().__init__(["--device", "cpu", *flags], log_path, startup_timeout_s, env)
+        timeout_s = scaled(startup_timeout_s)
+        super().__init__(["--device", "cpu", *flags], log_path, timeout_s, env)
         self.child_pids: list[int] = []  # its children once it answered /health
 
     def start(self, attempts: int = 3) -> ServeProcess:  # type: ignore[override]

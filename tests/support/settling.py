@@ -1,5 +1,6 @@
 """Waiting for asynchronous things: a condition that came true, a count that reached a floor
-and stopped moving. Tests wait on these signals, not on fixed sleeps."""
+and stopped moving. Tests wait on these signals, not on fixed sleeps. Their timeouts are
+the reference host's and scale with this one's speed (host_speed.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from host_speed import scaled
+
 T = TypeVar("T")
 
 
 def wait_until(
     done: Callable[[], T], what: str, timeout_s: float = 60.0, every_s: float = 0.1
 ) -> T:
-    """`done()`'s first truthy value (asked every `every_s`); fails after `timeout_s`."""
+    """`done()`'s first truthy value (asked every `every_s`); fails after `timeout_s`
+    (scaled to this host)."""
+    timeout_s = scaled(timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:
         value = done()
@@ -40,8 +45,9 @@ def at_most(seconds: float, done: Callable[[], object], every_s: float = 0.1) ->
 def settled(
     count: Callable[[], int], at_least: int, what: str, quiet_s: float, timeout_s: float
 ) -> int:
-    """`count()` once it is `at_least` and unchanged for `quiet_s`; fails after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
+    """`count()` once it is `at_least` and unchanged for `quiet_s`; fails after `timeout_s`
+    (scaled to this host)."""
+    deadline = time.monotonic() + scaled(timeout_s)
     last, since = -1, time.monotonic()
     while time.monotonic() < deadline:
         n = count()

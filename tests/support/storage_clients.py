@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+from host_speed import scaled
 from pools import NAMESPACE, Pool
 
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
@@ -30,8 +31,9 @@ def client_factory() -> Iterator[Clients]:
 
 
 def wait_idle(client: StorageClient, timeout_s: float = 60.0) -> None:
-    """Until the service runs no job (its late work, if any, is over)."""
-    deadline = time.monotonic() + timeout_s
+    """Until the service runs no job (its late work, if any, is over; `timeout_s` scaled
+    to this host)."""
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         stats = client.stats(5.0)
         if stats is not None and stats.service.get("running", 1) == 0:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import openai
+from host_speed import scaled
 from settling import at_most
 
 from asynchicache.engine.tokenizer import Tokenizer
@@ -122,7 +123,7 @@ def _each_once(
     lock = threading.Lock()
 
     def work() -> None:
-        with httpx.Client(base_url=url, timeout=300) as client:
+        with httpx.Client(base_url=url, timeout=scaled(300)) as client:
             while True:
                 with lock:
                     if not todo:
@@ -213,7 +214,7 @@ class Load:
 
     def _work(self, index: int) -> None:
         rng = random.Random(index)
-        with httpx.Client(base_url=self.url, timeout=300) as client:
+        with httpx.Client(base_url=self.url, timeout=scaled(300)) as client:
             while not self._stop.is_set():
                 prompt = rng.choice(self.prompts)
                 self._one(client, prompt, stream=rng.random() < 0.5)
