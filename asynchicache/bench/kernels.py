@@ -31,7 +31,12 @@ import torch
 from asynchicache.bench.output import add_output_arguments, print_report, write_report
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.models import native
-from asynchicache.engine.models.attention import AttentionMetadata, PagedAttention, PrefillSpan
+from asynchicache.engine.models.attention import (
+    AttentionMetadata,
+    DecodeGroup,
+    PagedAttention,
+    PrefillSpan,
+)
 from asynchicache.engine.models.config import ModelConfig
 from asynchicache.engine.models.native import KernelThreads, KernelWork
 from asynchicache.engine.models.row_ops import NativeRowOps, RowOps
@@ -39,6 +44,7 @@ from asynchicache.engine.runner import ForwardBatch, ModelRunner
 
 REPORT = "kernels.json"
 PAGE_SIZE = 16
+DECODE_ROWS = 8  # sequences of a decode step (decode_attention)
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,7 @@ class OpArms:
                     self.pool[:, 0, 1], v, self.pages, self.offsets
                 ),
                 "attention": lambda o=ops: self._attend(o),
+                "decode_attention": lambda o=ops: self._attend_decode(o),
             }[op]
         return made
 
@@ -139,8 +146,30 @@ class OpArms:
         meta = AttentionMetadata(self.pages, self.offsets, (span,), (), work)
         return PagedAttention(self.pool, meta, (None,), kernel, ops).attend(0, q, k, v)
 
+    def _attend_decode(self, ops: RowOps) -> torch.Tensor:
+        """One layer's attention of DECODE_ROWS sequences' new tokens, each over the whole
+        prompt's keys (a decode step of a batch sharing the pool's pages)."""
+        c, t, n = self.config, self.tokens, DECODE_ROWS
+        q = self.qkv[:n, : c.q_size].view(n, c.num_heads, c.head_dim)
+        k = self.qkv[:n, c.q_size : c.q_size + c.kv_size].view(n, c.num_kv_heads, c.head_dim)
+        v = self.qkv[:n, c.q_size + c.kv_size :].view(n, c.num_kv_heads, c.head_dim)
+        pages = self.pool.shape[0]
+        kernel = ops.threads if isinstance(ops, NativeRowOps) else None
+        work = None
+        # Each row the last position of the prompt (its slot rewritten: the same keys).
+        last = torch.full((n,), t - 1)
+        if kernel is not None:
+            items = torch.tensor([[0, i, 1, t - 1] for i in range(n)])
+            tasks = KernelWork.count_tasks([1] * n, c.num_kv_heads, c.num_heads // c.num_kv_heads)
+            work = KernelWork(torch.arange(pages), items, 1 / math.sqrt(c.head_dim), tasks)
+        group = DecodeGroup(
+            torch.arange(n), torch.arange(pages).repeat(n), torch.full((n,), t), pages, True
+        )
+        meta = AttentionMetadata(last // PAGE_SIZE, last % PAGE_SIZE, (), (group,), work)
+        return PagedAttention(self.pool, meta, (None,), kernel, ops).attend(0, q, k, v)
 
-OPS = ("attention", "rms_norm", "add_rms_norm", "silu_mul", "rotary", "scatter")
+
+OPS = ("attention", "decode_attention", "rms_norm", "add_rms_norm", "silu_mul", "rotary", "scatter")
 
 
 def interleaved_best(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:

@@ -113,11 +113,15 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def _x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
 def host_isa(flags: frozenset[str] | None = None) -> Isa:
-    """The widest build this CPU runs: AVX-512, else AVX2, on x86; `native` elsewhere (and
-    on an x86 without AVX2, whose -march=native build the C source still takes)."""
+    """The widest build this CPU runs: AVX-512, else AVX2, on x86; `native` elsewhere. An
+    x86 without AVX2 gets `native` too, which `load` refuses (see there)."""
     flags = cpu_flags() if flags is None else flags
-    if platform.machine().lower() in ("x86_64", "amd64"):
+    if _x86():
         for name in ("avx512", "avx2"):
             if ISAS[name].cpu_flags <= flags:
                 return ISAS[name]
@@ -126,12 +130,10 @@ def host_isa(flags: frozenset[str] | None = None) -> Isa:
 
 def runnable_isas() -> tuple[str, ...]:
     """The builds this CPU runs, widest first (an AVX-512 host runs the AVX2 one too)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if not _x86():
         return ("native",)
     flags = cpu_flags()
-    return tuple(name for name in ("avx512", "avx2") if ISAS[name].cpu_flags <= flags) or (
-        "native",
-    )
+    return tuple(name for name in ("avx512", "avx2") if ISAS[name].cpu_flags <= flags)
 
 
 def chosen_isa() -> Isa:
@@ -337,6 +339,11 @@ def load(isa: str | None = None) -> PagedAttentionKernel | None:
 
 @functools.cache
 def _load(isa: Isa) -> PagedAttentionKernel | None:
+    if isa.name == "native" and _x86():
+        # SSE's 16-byte vectors: GCC would run the 16-lane code lane by lane, slower than
+        # torch's own ops (as it did for AVX2 before its 8-lane build).
+        log.warning("an x86 CPU without AVX2: torch's ops instead of the native kernels")
+        return None
     if not isa.cpu_flags <= cpu_flags():
         log.warning(
             "the %s kernels need CPU flags %s", isa.name, sorted(isa.cpu_flags - cpu_flags())
