@@ -57,7 +57,8 @@ def _add_server(p: argparse.ArgumentParser) -> None:
         "before SIGKILL",
         "--engine-step-timeout": "seconds the engine may go without answering a health ping "
         "(it answers between two steps); longer, it is taken as hung: its requests end with "
-        "an error, it is killed and restarted",
+        "an error, it is killed and restarted (raise it where one step of "
+        "--max-prefill-tokens may take longer: a big model on a slow CPU)",
         "--request-timeout": "seconds a generation may take from its start to its last token; "
         "then it is aborted and answered 504 (an error event on a stream)",
     })  # fmt: skip
