@@ -203,6 +203,9 @@ class EngineConfig:
     decode_reserve_tokens: int = 256
     chunked_prefill_size: int = 512
     max_prefill_tokens: int = 2048
+    # A step's target: its new tokens are what the measured pace computes in this time
+    # (engine/prefill_policy.py); 0: no time bound, only the token budgets above.
+    max_step_ms: float = 250.0
     max_model_len: int | None = None  # None = the model's own context length
     # Loads below this many tokens are not worth a round trip to a lower tier.
     min_load_tokens: int = 32
@@ -218,6 +221,7 @@ class EngineConfig:
         _positive("--decode-reserve-tokens", self.decode_reserve_tokens)
         _positive("--chunked-prefill-size", self.chunked_prefill_size)
         _positive("--max-prefill-tokens", self.max_prefill_tokens)
+        _non_negative("--max-step-ms", self.max_step_ms)
         _non_negative("--min-load-tokens", self.min_load_tokens)
         _non_negative("--prompt-logits-mib", self.prompt_logits_mib)
         if self.max_model_len is not None:

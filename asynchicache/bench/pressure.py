@@ -30,9 +30,14 @@ arm with vLLM's own serving benchmark code (`vllm.benchmarks.serve`, run by
 ours; `ours` is an httpx client of the same behaviour for machines without vLLM.
 
 Writes DIR/pressure.json (per client count and arm: requests/s, output tokens/s,
-TTFT mean/p50/p90/p99/max, end-to-end p50/p99, the server's hit counters, and
-for our arms the slowest requests split into HTTP and engine phases from the
-engine's traces) and a TTFT CDF plot (`--plot`, default DIR/pressure_ttft_cdf.png).
+TTFT mean/p50/p90/p99/max, end-to-end p50/p99, the server's hit counters; TTFT
+percentiles of the first asks of a prefix, of the later asks and, for our arms,
+of the requests whose prefix came from the cache (`by_class`); and every request
+(`requests`), for our arms with its engine trace split into HTTP in, queue, load
+(the load's own submit-to-done time beside it: an L2 -> L1 copy, or a storage
+read and the copy), wait, steps and HTTP out, the slowest ten again in `slowest`)
+and a TTFT CDF plot (`--plot`, default DIR/pressure_ttft_cdf.png), all requests
+and the later asks of a prefix per arm.
 """
 
 from __future__ import annotations
@@ -190,10 +195,11 @@ def _client_run(
 def _server_counters(arm: str, server: BenchServer) -> dict[str, Any]:
     """What the server says it served: our engine's stats, or vLLM's prefix cache counters."""
     if arm.startswith("ours"):
-        stats = server.get_json("/cache/stats")
+        stats = server.get_json("/cache/stats?traces=true")
         keep = ("computed_prompt_tokens", "preemptions", "loads_given_up", "loads_deferred")
         out = {k: stats.get(k) for k in keep}
         out["request_traces"] = stats.get("request_traces", {})
+        out["traces"] = stats.get("traces", [])
         counters = (stats.get("cache") or {}).get("counters") or {}
         out["hit_tokens"] = {k: v for k, v in counters.items() if k.endswith("_hit_tokens")}
         return out
@@ -228,16 +234,18 @@ def _measure(
         counters = _server_counters(arm, server)
     result: dict[str, Any] = {
         "figures": report.figures(run),
-        "server": {k: v for k, v in counters.items() if k != "request_traces"},
+        "server": {k: v for k, v in counters.items() if k not in ("request_traces", "traces")},
         "load_avg_1m": {"start": round(load, 2), "end": round(os.getloadavg()[0], 2)},
     }
-    traces = (counters.get("request_traces") or {}).get("slowest", [])
     if arm.startswith("ours"):
         result["engine_phases"] = {
             k: v for k, v in (counters.get("request_traces") or {}).items() if k != "slowest"
         }
     prefixes = [r.prefix for r in workload.requests]
-    result["slowest"] = report.slow_requests(run, traces, prefixes)
+    rows = report.request_rows(run, counters.get("traces") or [], prefixes)
+    result["by_class"] = report.by_class(rows, workload.params.prefix_tokens)
+    result["slowest"] = report.slow_requests(rows)
+    result["requests"] = rows  # every request, with its engine trace where ours
     prompt_tokens = sum(len(r.prompt) for r in workload.requests)
     computed = counters.get("computed_prompt_tokens")
     if isinstance(computed, int | float) and prompt_tokens:
@@ -320,7 +328,8 @@ def run(opts: PressureOptions) -> dict[str, Any]:
         f"({w['l1_tokens']} tokens), {w['max_tokens']} output tokens; vLLM on "
         f"{threads.threads} threads; client: {opts.client}"
     )
-    report.plot_cdf(runs, plot, "bench pressure: TTFT CDF", notes)
+    prefixes = [r.prefix for r in workload.requests]
+    report.plot_cdf(runs, plot, "bench pressure: TTFT CDF", notes, prefixes)
     record["plot"] = str(plot)
     (opts.out / REPORT).write_text(json.dumps(record, indent=2) + "\n")
     return record
@@ -391,12 +400,19 @@ def options_from_args(args: argparse.Namespace) -> PressureOptions:
 
 def _view(record: dict[str, Any]) -> str:
     lines = [f"bench pressure: {record['workload']['requests']} requests per run"]
-    lines.append("| clients | arm | req/s | TTFT mean | p50 | p90 | p99 |")
-    lines.append("|---|---|---:|---:|---:|---:|---:|")
+    lines.append(
+        "| clients | arm | req/s | TTFT mean | p50 | p90 | p99 | repeats p90 | p99 "
+        "| fully cached p90 |"
+    )
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c, arms in record["results"].items():
         for arm, r in arms.items():
             f = r["figures"]
             cells = [f.get(k) for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s")]
+            classes = r.get("by_class", {})
+            repeat, cached = classes.get("repeat", {}), classes.get("fully_cached", {})
+            cells += [repeat.get("ttft_p90_s"), repeat.get("ttft_p99_s")]
+            cells.append(cached.get("ttft_p90_s"))
             shown = " | ".join("-" if v is None else f"{v:.2f}" for v in cells)
             lines.append(f"| {c} | {arm} | {f['req_s']:.2f} | {shown} |")
     lines.append(json.dumps({"ratios": record["ratios"], "failed": record["failed"]}, indent=2))

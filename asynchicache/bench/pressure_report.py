@@ -96,38 +96,101 @@ def _latest_first_token(trace: Mapping[str, Any]) -> tuple[float, float]:
     return (-math.inf if first is None else first, -trace["arrived"])
 
 
-def slow_requests(
+PHASES = ("queue_s", "load_s", "load_ticket_s", "wait_s", "step_s", "overhead_s", "max_step_s")
+# A request whose cached tokens cover this share of its prefix is "fully cached".
+FULLY_CACHED = 0.95
+
+
+def _phases(r: RequestTiming, t: Mapping[str, Any]) -> dict[str, Any]:
+    """A request's way to its first token: HTTP in, the engine's phases, HTTP out."""
+    row: dict[str, Any] = {"http_in_s": round(t["arrived"] - r.start, 4)}
+    if t.get("first_token") is not None:
+        row["http_out_s"] = round(r.start + (r.ttft or 0) - t["first_token"], 4)
+    for k in PHASES:
+        row[k] = round(float(t.get(k, 0.0)), 4)
+    row.update(
+        steps=t["steps"],
+        max_step_tokens=t["max_step_tokens"],
+        computed_tokens=t["computed_tokens"],
+        cached=t["cached"],
+        load_pages={"host": t.get("load_host_pages", 0), "storage": t.get("load_storage_pages", 0)},
+    )
+    return row
+
+
+def request_rows(
     run: ClientRun, traces: Sequence[Mapping[str, Any]], prefixes: Sequence[int]
 ) -> list[dict[str, Any]]:
-    """The slowest requests by TTFT, with their prefix and, where traced, its phases."""
+    """Every request in send order: its prefix, whether it was that prefix's first ask,
+    its TTFT and, where an engine trace matches it, the phases of that TTFT."""
     matched = match_traces(run.requests, traces)
-    ranked = sorted(
-        (i for i, r in enumerate(run.requests) if r.ok), key=lambda i: -(run.requests[i].ttft or 0)
-    )
-    out = []
-    for i in ranked[:SLOW_SHOWN]:
-        r, t = run.requests[i], matched[i]
-        row: dict[str, Any] = {"index": i, "prefix": prefixes[i], "ttft_s": round(r.ttft or 0, 4)}
+    seen: set[int] = set()
+    rows = []
+    for i, (r, t) in enumerate(zip(run.requests, matched, strict=True)):
+        row: dict[str, Any] = {
+            "index": i,
+            "prefix": prefixes[i],
+            "first_ask": prefixes[i] not in seen,
+            "ok": r.ok,
+            "ttft_s": None if r.ttft is None else round(r.ttft, 4),
+        }
+        seen.add(prefixes[i])
         if t is not None:
-            row["http_in_s"] = round(t["arrived"] - r.start, 4)
-            if t.get("first_token") is not None:
-                row["http_out_s"] = round(r.start + (r.ttft or 0) - t["first_token"], 4)
-            for k in ("queue_s", "load_s", "wait_s", "step_s", "overhead_s", "max_step_s"):
-                row[k] = round(float(t[k]), 4)
-            row.update(
-                steps=t["steps"],
-                max_step_tokens=t["max_step_tokens"],
-                computed_tokens=t["computed_tokens"],
-                cached=t["cached"],
-            )
-        out.append(row)
+            row.update(_phases(r, t))
+        rows.append(row)
+    return rows
+
+
+def by_class(rows: Sequence[Mapping[str, Any]], prefix_tokens: int) -> dict[str, Any]:
+    """TTFT percentiles of the first asks of a prefix (misses), of the later asks, and of
+    the requests whose trace says their prefix came from the cache (`fully_cached`)."""
+    classes = {
+        "first_ask": [r for r in rows if r["first_ask"]],
+        "repeat": [r for r in rows if not r["first_ask"]],
+    }
+    if any("cached" in r for r in rows):  # traced: our arms
+        floor = FULLY_CACHED * prefix_tokens
+        classes["fully_cached"] = [
+            r for r in rows if "cached" in r and sum(r["cached"].values()) >= floor
+        ]
+    out: dict[str, Any] = {}
+    for name, members in classes.items():
+        ttft = sorted(r["ttft_s"] for r in members if r["ok"])
+        if not ttft:
+            continue
+        out[name] = {"requests": len(ttft)}
+        out[name].update({q: percentile(ttft, v) for q, v in PERCENTILES})
+    return out
+
+
+PERCENTILES = (("ttft_p50_s", 0.5), ("ttft_p90_s", 0.9), ("ttft_p99_s", 0.99))
+
+
+def slow_requests(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The slowest requests by TTFT (`request_rows`), with their phases where traced."""
+    ok = [r for r in rows if r["ok"]]
+    return sorted(ok, key=lambda r: -(r["ttft_s"] or 0))[:SLOW_SHOWN]
+
+
+def _repeats(prefixes: Sequence[int]) -> list[bool]:
+    """Whether each request asks its prefix again (not its first ask)."""
+    seen: set[int] = set()
+    out = []
+    for p in prefixes:
+        out.append(p in seen)
+        seen.add(p)
     return out
 
 
 def plot_cdf(
-    runs: Mapping[int, Mapping[str, ClientRun]], path: Path, title: str, notes: str
+    runs: Mapping[int, Mapping[str, ClientRun]],
+    path: Path,
+    title: str,
+    notes: str,
+    prefixes: Sequence[int],
 ) -> None:
-    """One panel per client count: each arm's TTFT CDF (log time axis)."""
+    """One panel per client count: each arm's TTFT CDF (log time axis), all requests
+    (solid) and the later asks of a prefix (dashed: the hits)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,13 +199,21 @@ def plot_cdf(
     counts = sorted(runs)
     fig, axes = plt.subplots(1, len(counts), figsize=(6 * len(counts), 4.5), squeeze=False)
     for ax, c in zip(axes[0], counts, strict=True):
-        for arm, run in runs[c].items():
+        for n, (arm, run) in enumerate(runs[c].items()):
             ttft = sorted(r.ttft for r in run.requests if r.ok and r.ttft is not None)
             if not ttft:
                 continue
             ys = [(k + 1) / len(ttft) for k in range(len(ttft))]
             label = f"{arm}: p50 {percentile(ttft, 0.5):.2f} s, p99 {percentile(ttft, 0.99):.2f} s"
-            ax.step(ttft, ys, where="post", label=label)
+            ax.step(ttft, ys, where="post", label=label, color=f"C{n}")
+            hits = sorted(
+                r.ttft for r, again in zip(run.requests, _repeats(prefixes), strict=True)
+                if again and r.ok and r.ttft is not None
+            )  # fmt: skip
+            if hits:
+                ys = [(k + 1) / len(hits) for k in range(len(hits))]
+                label = f"{arm}, repeats: p90 {percentile(hits, 0.9):.2f} s"
+                ax.step(hits, ys, where="post", label=label, color=f"C{n}", linestyle="--")
         ax.set_xscale("log")
         ax.set_xlabel("time to first token (s)")
         ax.set_ylabel("fraction of requests")

@@ -1,6 +1,6 @@
 """The engine's cache administration: the ops of an `AdminRequest`, answered between steps.
 
-    health  stats  lookup  integrity  clear  pin  unpin
+    health  stats  traces  lookup  integrity  clear  pin  unpin
 
 `clear` empties the tiers asked for (default: device, host and disk): L1 and
 L2 here (cache.clearing), disk and Redis through the cache service
@@ -67,6 +67,8 @@ class AdminSubject(Protocol):
 
     def stats(self) -> dict: ...
 
+    def traces(self) -> dict: ...
+
     def integrity(self) -> dict: ...
 
 
@@ -106,6 +108,8 @@ class EngineAdmin:
             return {"ok": True, "model": e.model_name}
         if msg.op == "stats":
             return {**e.stats(), "pins": self.pins()}
+        if msg.op == "traces":
+            return e.traces()
         if msg.op == "lookup":
             return dict(self.cache.lookup(list(msg.token_ids), salt=msg.cache_salt))
         if msg.op == "integrity":
@@ -118,8 +122,8 @@ class EngineAdmin:
         if msg.op == "unpin":
             return self.unpin(msg.pin_ids, list(msg.token_ids), msg.cache_salt)
         raise AdminError(
-            f"unknown admin op {msg.op!r}; known: health, stats, lookup, integrity, clear, "
-            "pin, unpin",
+            f"unknown admin op {msg.op!r}; known: health, stats, traces, lookup, integrity, "
+            "clear, pin, unpin",
             "bad_request",
         )
 

@@ -25,6 +25,11 @@ class Rate:
             return
         self.value += self.weight * (amount / seconds - self.value)
 
+    def seed(self, amount: float, seconds: float) -> None:
+        """Replace the starting guess by a measurement (the engine's warm-up forward)."""
+        if seconds > 0 and amount > 0:
+            self.value = amount / seconds
+
 
 @dataclass
 class CostModel:

@@ -23,6 +23,7 @@ from asynchicache.engine.group import Forker, make_members
 from asynchicache.engine.isolation import fail_requests, failure_message, pick_isolated
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.logprobs import collect_prompt_logprobs
+from asynchicache.engine.prefill_policy import MIN_STEP_TOKENS
 from asynchicache.engine.prompt_logits import PromptLogits
 from asynchicache.engine.protocol import (
     MAX_CACHE_SALT_CHARS,
@@ -191,7 +192,10 @@ class Engine:
             for n in steps:
                 began = time.monotonic()
                 self.runner.forward(ForwardBatch([[0] * n], [done], [pages]))
-                first = first or time.monotonic() - began
+                took = time.monotonic() - began
+                first = first or took
+                if n >= MIN_STEP_TOKENS:  # the pace steps are sized from (prefill_policy.py)
+                    self.cost.prefill_tok_s.seed(n, took)
                 done += n
         finally:
             self.cache.free(pages)
@@ -214,8 +218,10 @@ class Engine:
         return begin
 
     # ---------------------------------------------------------------- requests
-    def add_request(self, msg: GenerateRequest) -> TokenOutput | None:
-        """Queue a request; returns an immediate error output when it cannot run."""
+    def add_request(self, msg: GenerateRequest, arrived: float | None = None) -> TokenOutput | None:
+        """Queue a request; returns an immediate error output when it cannot run.
+        `arrived`: when the engine received it (`time.monotonic()`, engine/inbox.py:
+        perhaps during the step before this call); default now."""
         n = len(msg.prompt_token_ids)
         error = None
         vocab = self.loaded.config.vocab_size
@@ -236,6 +242,9 @@ class Engine:
             return TokenOutput(msg.rid, (), True, "error", n, 0, error=error)
         # A group's leader alone enters the scheduler; the others wait for its prefill.
         leader = make_members(msg)[0]
+        if arrived is not None:
+            for member in [leader, *(leader.group.followers if leader.group else ())]:
+                member.arrival = arrived
         self.scheduler.add(leader)
         self.tracer.arrived(leader)
         if self.cache_config.enable_prefix_cache and PromptLogits.usable(leader):
@@ -372,7 +381,7 @@ class Engine:
         clean, batch = ran is batch, ran  # a forward run again does not time the model
         self.tracer.forward([(s.request, s.num_new) for s in batch.seqs], began, elapsed)
         prefill_tokens = sum(s.num_new for s in batch.seqs if s.num_new > 1)
-        if clean and prefill_tokens >= 64 and prefill_tokens > len(batch.seqs):
+        if clean and prefill_tokens >= MIN_STEP_TOKENS and prefill_tokens > len(batch.seqs):
             self.cost.prefill_tok_s.observe(batch.num_tokens, elapsed)
         if any(s.request.needs_whole_prompt for s in batch.seqs):
             self._collect_prompt_logprobs(batch, logits)
@@ -511,6 +520,10 @@ class Engine:
             "torch_threads": torch.get_num_threads(),
             "request_traces": self.tracer.summary(),
         }
+
+    def traces(self) -> dict:
+        """Every kept request trace whole (engine/trace.py), for the admin op "traces"."""
+        return {"traces": self.tracer.reports()}
 
     def _storage_stats(self) -> dict:
         """The cache service's disk/remote counters (corrupt pages, store failures...).

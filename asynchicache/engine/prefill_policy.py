@@ -26,6 +26,21 @@ So, after the decodes (one token each, first as before):
   2.92 req/s, TTFT p90 4.39 -> 2.97 s; 4 clients 2.32 -> 2.49 req/s, p90 1.36
   -> 1.55 s (hits wait behind the longer steps), p99 3.58 -> 3.20 s.
 
+`StepBudget`: a step is bounded by time (`--max-step-ms`), not only by tokens.
+A request that arrives while a step runs waits for that step to end (a step
+cannot be cut short), and a hit's first token then comes in the next step: the
+longest step bounds how long a cached prompt waits for a miss's. So a step's
+prompt tokens are what the measured prefill pace (`CostModel.prefill_tok_s`, an
+average of tokens per second of the steps that computed prompts) computes in the
+target time, less one for each decode riding in it, at most
+`--max-prefill-tokens` and at least `MIN_STEP_TOKENS` (small steps are bound by
+reading the weights: their pace is not the prompts', engine/threads.py). The
+prompts that finish in the step go first (shortest first, above) and the one
+unfinished prompt (a miss's chunk) fills what is left; the oldest prompt, left
+out when the prompts ahead of it took the budget, still gets
+`STARVE_FLOOR_TOKENS`: a stream of hits cannot starve a miss. The pace is
+measured on such steps, so the budget settles where a step takes the target.
+
 `QuickLoads`: a load served from L2 alone is a memory copy of a few
 milliseconds (a 1,000-token prefix, 45 MB, at ~10 GB/s), but the scheduler
 used to collect it at the next step, a whole step (up to seconds) later. The
@@ -39,11 +54,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from asynchicache.engine.request import Phase, Request
 
 QUICK_LOAD_MAX_WAIT_S = 0.02  # a copy slower than this is not worth holding a step for
 POLL_S = 0.0005
+# A time-bounded step computes at least this many prompt tokens (when it has them): the
+# engine measures the prefill pace on steps of 64 prompt tokens or more (engine.py).
+MIN_STEP_TOKENS = 64
+STARVE_FLOOR_TOKENS = 32  # of the unfinished prompt, even when the hits took the budget
 
 
 def batch_order(req: Request) -> tuple[bool, int, float]:
@@ -60,6 +80,29 @@ def chunk_tokens(chunk: int, budget: int, prompts: Iterable[Request], queued: bo
     if queued or any(r.remaining <= chunk for r in prompts):
         return chunk
     return max(chunk, budget)
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """Prompt tokens of a step under `--max-step-ms` (module docstring)."""
+
+    max_step_s: float  # 0: no time bound
+    cap: int  # --max-prefill-tokens
+
+    def prompt_tokens(self, tok_s: float, decodes: int) -> int:
+        """Prompt tokens a step beside `decodes` decodes may compute at `tok_s` tokens/s."""
+        if self.max_step_s <= 0:
+            return self.cap
+        fits = int(self.max_step_s * tok_s) - decodes
+        return min(self.cap, max(MIN_STEP_TOKENS, fits))
+
+    def floor_tokens(self, most: int, spent: int) -> int:
+        """Tokens the oldest prompt gets in a step that left it out (the hits ahead of it
+        took the budget): `STARVE_FLOOR_TOKENS`, at most `most` and what the cap leaves
+        (`spent`: the step's prompt tokens so far); none without a time bound."""
+        if self.max_step_s <= 0:
+            return 0
+        return max(0, min(most, STARVE_FLOOR_TOKENS, self.cap - spent))
 
 
 def partial_allowed(partials: int) -> bool:

@@ -1,11 +1,14 @@
 """The engine process: the `Engine` behind ZeroMQ sockets.
 
 It PULLs `GenerateRequest` / `AbortRequest` / `AdminRequest` from the HTTP
-process and PUSHes `TokenOutput` / `AdminReply` back. When it has work it only
-polls the socket without waiting; when idle it blocks on the socket with a
-short timeout so that background cache work (write-through, stores) still
-completes. Idle or not, the cache is polled only through the scheduler
-(`Engine.poll`, `Engine.step`), which takes or releases every load ticket.
+process and PUSHes `TokenOutput` / `AdminReply` back. The socket is read on the
+inbox's thread (engine/inbox.py), during steps too: a request is received,
+decoded and stamped when it arrives, and the loop queues what arrived before
+each step. When it has work the loop takes the inbox without waiting; when idle
+it blocks on it with a short timeout so that background cache work
+(write-through, stores) still completes. Idle or not, the cache is polled only
+through the scheduler (`Engine.poll`, `Engine.step`), which takes or releases
+every load ticket.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.inbox import Inbox, Received
 from asynchicache.engine.kv_events import KvEventsConfig
 from asynchicache.engine.protocol import (
     AbortRequest,
@@ -26,11 +30,9 @@ from asynchicache.engine.protocol import (
     GenerateRequest,
     StepOutputs,
     TokenOutput,
-    decode,
     encode,
 )
 from asynchicache.storage.base import StorageTier
-from asynchicache.storage.sockets import queued
 
 if TYPE_CHECKING:  # torch: imported in the engine process only, not by the launcher
     from asynchicache.engine.engine import Engine
@@ -40,7 +42,7 @@ if TYPE_CHECKING:  # torch: imported in the engine process only, not by the laun
 log = logging.getLogger(__name__)
 
 # How long an idle engine waits for a message before its housekeeping turn (a message
-# wakes it at once): short while background cache work (copies, stores, storage
+# wakes it at once: the inbox's queue): short while background cache work (copies, stores, storage
 # replies) is in flight, so it completes promptly; longer when nothing is, since each
 # turn costs CPU (at 5 ms an idle server used ~2.5 CPU-s a minute).
 IDLE_POLL_MS = 5
@@ -90,20 +92,16 @@ class EngineLoop:
 
             upkeep = Upkeep(engine)
         self.engine = engine
-        self.pull = pull
+        self.inbox = Inbox(pull)  # reads `pull` on its own thread while `run` runs
         self.push = push
         self.upkeep = upkeep
         self.threads = threads
         self.stopping = False
 
-    def _handle(self, raw: bytes) -> None:
-        try:
-            msg = decode(raw)
-        except ValueError as exc:
-            log.warning("dropping a malformed message: %s", exc)
-            return
+    def _handle(self, received: Received) -> None:
+        msg = received.msg
         if isinstance(msg, GenerateRequest):
-            self._add(msg)
+            self._add(msg, received.at)
         elif isinstance(msg, AbortRequest):
             self.engine.abort(msg.rid, msg.index)
         elif isinstance(msg, AdminRequest):
@@ -111,11 +109,11 @@ class EngineLoop:
         else:
             log.warning("dropping an unexpected message type %s", type(msg).__name__)
 
-    def _add(self, msg: GenerateRequest) -> None:
-        """Queue a request; one that cannot be queued is answered with an error, never
-        allowed to end the loop (and every other request with it)."""
+    def _add(self, msg: GenerateRequest, arrived: float) -> None:
+        """Queue a request (arrived when the inbox had it); one that cannot be queued is
+        answered with an error, never allowed to end the loop (and every other request)."""
         try:
-            early = self.engine.add_request(msg)
+            early = self.engine.add_request(msg, arrived=arrived)
         except Exception as exc:
             from asynchicache.engine.isolation import failure_message
 
@@ -142,10 +140,8 @@ class EngineLoop:
             log.warning("no HTTP process takes outputs; dropped a %s", type(msg).__name__)
 
     def _drain(self, wait_ms: int) -> None:
-        if not self.pull.poll(wait_ms):
-            return
-        for raw in queued(self.pull.recv):
-            self._handle(raw)
+        for received in self.inbox.take(wait_ms / 1000):
+            self._handle(received)
 
     def _idle_wait_ms(self) -> int:
         return IDLE_POLL_MS if self.engine.cache.pending else QUIET_POLL_MS
@@ -160,6 +156,13 @@ class EngineLoop:
                      changed)  # fmt: skip
 
     def run(self) -> None:
+        self.inbox.start()
+        try:
+            self._run()
+        finally:
+            self.inbox.close()  # the socket is the caller's again
+
+    def _run(self) -> None:
         while not self.stopping:
             self._drain(0 if self.engine.has_work else self._idle_wait_ms())
             self._govern_threads()  # after the drain: it sees work arriving

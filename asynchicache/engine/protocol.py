@@ -213,7 +213,8 @@ class StepOutputs:
 class AdminRequest:
     """A cache admin call answered with an `AdminReply` of the same `req_id`.
 
-    `op` is one of "health", "stats" (counters per tier, pins), "lookup"
+    `op` is one of "health", "stats" (counters per tier, pins), "traces" (every
+    kept request trace, engine/trace.py), "lookup"
     (tokens of `token_ids` each tier holds, without touching LRU), "clear"
     (`tiers`, default device, host and disk; one `cache_salt`'s pages or all;
     `include_pinned`), "pin" (the pages of `token_ids`, for `ttl_s`), "unpin"

@@ -65,6 +65,10 @@ class Request:
     handle: MatchHandle | None = None  # the lock on page_table[:shared_pages]
     load_ticket: LoadTicket | None = None  # while LOADING
     load_deadline: float | None = None
+    # Its collected loads (engine/trace.py): submit-to-done seconds, and pages by tier.
+    load_ticket_s: float = 0.0
+    loaded_host_pages: int = 0
+    loaded_storage_pages: int = 0
     cached: CachedTokens = field(default_factory=CachedTokens)
     usage_final: bool = False  # `cached` was set at its first admission (it was preempted)
     # Prompt tokens its arrival prefetch moved into L2, by the tier they came from

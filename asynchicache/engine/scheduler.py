@@ -42,6 +42,7 @@ from asynchicache.engine.memory_budget import MemoryBudget
 from asynchicache.engine.prefetch import ArrivalPrefetcher, by_origin
 from asynchicache.engine.prefill_policy import (
     QuickLoads,
+    StepBudget,
     batch_order,
     chunk_tokens,
     partial_allowed,
@@ -67,6 +68,20 @@ class Batch:
     @property
     def num_tokens(self) -> int:
         return sum(s.num_new for s in self.seqs)
+
+    def __contains__(self, req: object) -> bool:
+        return any(s.request is req for s in self.seqs)
+
+
+@dataclass
+class _Fill:
+    """What is left of a step while its batch is built (`Scheduler._batch`)."""
+
+    budget: int  # prompt tokens
+    chunk: int  # of one prompt
+    spent: int = 0  # prompt tokens taken
+    partials: int = 0  # prompts taken that do not finish in the step
+    starts: set[tuple[object, ...]] = field(default_factory=set)  # fresh prompts' next pages
 
 
 class Scheduler:
@@ -97,6 +112,9 @@ class Scheduler:
         self.backing_off = False  # after a preemption, admit nothing until a request ends
         self.prefetcher = ArrivalPrefetcher(cache_config, cache, cost)
         self.quick_loads = QuickLoads(lambda pages: cost.load_seconds(pages, 0))
+        self.step_budget = StepBudget(
+            engine_config.max_step_ms / 1000, engine_config.max_prefill_tokens
+        )
 
     # ----------------------------------------------------------------- queues
     def add(self, req: Request) -> None:
@@ -255,6 +273,9 @@ class Scheduler:
             self.cost.observe_load(
                 ticket.pages_from_host, ticket.pages_from_storage, ticket.elapsed_s
             )
+            req.load_ticket_s += ticket.elapsed_s
+            req.loaded_host_pages += ticket.pages_from_host
+            req.loaded_storage_pages += ticket.pages_from_storage
 
     def _admit(self) -> None:
         """Start the oldest waiting requests while L1 can hold them (engine/memory_budget.py)."""
@@ -310,35 +331,59 @@ class Scheduler:
         # L2-only loads just started land in milliseconds: in this step (prefill_policy.py).
         self.quick_loads.wait([r for t, r in self.loading.items() if t not in loading], self.poll)
         self._join_computed_prefixes()
-        batch = Batch()
-        # Prompt tokens of all requests this step (--max-prefill-tokens), at most
-        # --chunked-prefill-size of one request.
-        budget = self.config.max_prefill_tokens
+        return self._batch()
+
+    def _batch(self) -> Batch:
+        """Decodes first (one token each), then prompts shortest remaining first (the
+        cached ones: their first token in this step), at most one of them not finished in
+        this step, which fills what is left of the budget; the oldest prompt moves on in
+        every step (prefill_policy.py)."""
         prompts = [r for r in self.running if r.phase is Phase.RUNNING and r.is_prefill]
+        decodes = sum(r.phase is Phase.RUNNING and not r.is_prefill for r in self.running)
+        # Prompt tokens of all requests this step: what the measured pace computes beside
+        # the decodes within --max-step-ms, at most --max-prefill-tokens; at most
+        # --chunked-prefill-size of one request.
+        budget = self.step_budget.prompt_tokens(self.cost.prefill_tok_s.value, decodes)
         queued = bool(self.waiting or self.loading or self.landing)
         chunk = chunk_tokens(self.config.chunked_prefill_size, budget, prompts, queued)
-        # Decodes first (one token each), then prompts shortest remaining first, at most
-        # one of them not finished in this step (prefill_policy.py).
-        partials = 0
-        starts: set[tuple[object, ...]] = set()  # next pages of this step's fresh prompts
+        fill = _Fill(budget, chunk)
+        batch = Batch()
         for req in sorted(self.running, key=batch_order):
-            if req.phase is not Phase.RUNNING:
-                continue  # preempted while building this batch
-            page = self._fresh_page(req) if req.is_prefill else None
-            if page in starts:
-                continue  # another prompt of the step computes it: join its pages next step
-            n = 1 if not req.is_prefill else min(req.remaining, chunk, budget)
-            if req.is_prefill and (n <= 0 or (n < req.remaining and not partial_allowed(partials))):
-                continue
-            if not self._reserve(req, req.num_computed + n, batch):
-                continue
-            batch.seqs.append(ScheduledSeq(req, n))
-            if page is not None:
-                starts.add(page)
-            if req.is_prefill:
-                budget -= n
-                partials += n < req.remaining
+            n = self._tokens_for(req, fill)
+            if n > 0:
+                self._take(batch, req, n, fill)
+        oldest = min(prompts, key=lambda r: r.arrival, default=None)
+        if oldest is not None and oldest.phase is Phase.RUNNING and oldest not in batch:
+            n = self.step_budget.floor_tokens(min(oldest.remaining, fill.chunk), fill.spent)
+            if n > 0 and self._fresh_page(oldest) not in fill.starts:
+                self._take(batch, oldest, n, fill)  # never starved by the hits ahead of it
         return batch
+
+    def _tokens_for(self, req: Request, fill: _Fill) -> int:
+        """New tokens of `req` in this step (0: none)."""
+        if req.phase is not Phase.RUNNING:
+            return 0  # preempted while building this batch
+        if not req.is_prefill:
+            return 1
+        if self._fresh_page(req) in fill.starts:
+            return 0  # another prompt of the step computes it: join its pages next step
+        n = min(req.remaining, fill.chunk, fill.budget)
+        if n < req.remaining and not partial_allowed(fill.partials):
+            return 0
+        return n
+
+    def _take(self, batch: Batch, req: Request, n: int, fill: _Fill) -> None:
+        """`n` new tokens of `req` in `batch`, if L1 has (or preempting makes) their pages."""
+        page = self._fresh_page(req) if req.is_prefill else None  # before its pages grow
+        if not self._reserve(req, req.num_computed + n, batch):
+            return
+        batch.seqs.append(ScheduledSeq(req, n))
+        if page is not None:
+            fill.starts.add(page)
+        if req.is_prefill:
+            fill.budget -= n
+            fill.spent += n
+            fill.partials += n < req.remaining
 
     def _join_computed_prefixes(self) -> None:
         """Prompts that computed nothing of their own yet match again: a prompt admitted

@@ -2,8 +2,13 @@
 
 For each request (a group's leader), from the moment the engine took it:
 
+    arrived      when the engine received it (engine/inbox.py: during a step too)
     queue_s      waiting until admitted (matched: a load started, or it runs)
     load_s       in LOADING: storage -> L2 -> L1 until the scheduler collected it
+    load_ticket_s  of that, the loads' own time, submit to done (`LoadTicket.elapsed_s`:
+                 an L2 -> L1 copy alone when `load_storage_pages` is 0), with
+                 `load_host_pages` and `load_storage_pages` (an arrival prefetch's
+                 storage -> L2 read is not in it: it overlaps `queue_s`)
     wait_s       admitted and not loading, but in no forward: waiting for a step
                  (its prefill chunk did not fit this step's token budget, or
                  the step before it was still running)
@@ -60,6 +65,9 @@ class RequestTrace:
     max_step_tokens: int = 0
     computed_tokens: int = 0  # prompt tokens its forwards computed
     cached: dict[str, int] = field(default_factory=dict)
+    load_ticket_s: float = 0.0
+    load_host_pages: int = 0
+    load_storage_pages: int = 0
 
     @property
     def ttft_s(self) -> float | None:
@@ -205,6 +213,11 @@ class Tracer:
             return
         trace = entry[1]
         trace.cached = {k: v for k, v in asdict(req.cached).items() if v}
+        trace.load_ticket_s = req.load_ticket_s
+        trace.load_host_pages, trace.load_storage_pages = (
+            req.loaded_host_pages,
+            req.loaded_storage_pages,
+        )
         if trace.loading_since is not None:  # ended while loading (aborted)
             trace.load_s += self._clock() - trace.loading_since
             trace.loading_since = None
@@ -212,6 +225,11 @@ class Tracer:
 
     def traces(self) -> list[RequestTrace]:
         return list(self._done)
+
+    def reports(self) -> list[dict[str, Any]]:
+        """Every kept trace whole, oldest first (`/cache/stats?traces=true`: bench pressure
+        lines each client request up with its trace)."""
+        return [t.report() for t in self._done]
 
     def summary(self, slowest: int = SLOWEST) -> dict[str, Any]:
         """Percentiles of every phase over the kept traces, and the slowest ones whole."""

@@ -109,13 +109,17 @@ async def _compute(ctx: AppContext, ids: list[int], salt: str) -> None:
 
 def add_cache_routes(app: FastAPI, ctx: AppContext) -> None:
     @app.get("/cache/stats")
-    async def cache_stats(request: Request, integrity: bool = False) -> dict[str, Any]:
+    async def cache_stats(
+        request: Request, integrity: bool = False, traces: bool = False
+    ) -> dict[str, Any]:
         payload = await admin(ctx, "stats")
         pins = payload.get("pins")
         if isinstance(pins, dict) and not is_admin(request):
             payload["pins"] = {k: v for k, v in pins.items() if k != "pinned"}  # counts only
         if integrity:  # ?integrity=true: also run the cache's check_integrity() (soak, tests)
             payload["integrity"] = await admin(ctx, "integrity")
+        if traces and is_admin(request):  # ?traces=true: every kept request trace (benches)
+            payload["traces"] = (await admin(ctx, "traces"))["traces"]
         return payload
 
     @app.post("/cache/lookup")

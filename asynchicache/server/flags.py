@@ -107,6 +107,9 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         "--chunked-prefill-size": "prompt tokens of one request prefilled per step while a short "
         "prompt is in hand or more are queued (alone, long prompts take --max-prefill-tokens)",
         "--max-prefill-tokens": "prompt tokens of all requests prefilled per step",
+        "--max-step-ms": "a step's target time: its prompt chunks are sized from the measured "
+        "prefill pace to end within it, so a cached request's first token never waits long "
+        "behind a long prompt (0: no time bound)",
     })  # fmt: skip
     g.add_argument(
         "--max-model-len", type=int, help="cap the context length (default: the model's)"

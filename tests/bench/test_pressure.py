@@ -14,7 +14,13 @@ from bench_helpers import ScriptedServer
 
 from asynchicache.bench.pressure import ARMS, PressureOptions, arm_peer, main
 from asynchicache.bench.pressure_client import ClientRun, RequestTiming
-from asynchicache.bench.pressure_report import figures, match_traces, percentile
+from asynchicache.bench.pressure_report import (
+    by_class,
+    figures,
+    match_traces,
+    percentile,
+    request_rows,
+)
 from asynchicache.bench.pressure_workload import PressureParams, build, warm_up_prompt
 from asynchicache.engine.loader import default_model_path
 from asynchicache.engine.tokenizer import Tokenizer
@@ -74,6 +80,34 @@ def test_prompts_of_one_length_sent_together_match_by_first_token() -> None:
         {"arrived": 0.003, "prompt_tokens": 100, "first_token": 2.0},
     ]
     assert match_traces([first_sent, second_sent], traces) == [traces[1], traces[0]]
+
+
+def test_every_request_gets_its_trace_and_its_class() -> None:
+    """First asks of a prefix (misses) and later asks apart; a traced request whose prefix
+    came from the cache counts as fully cached, whichever ask it was."""
+    reqs = [RequestTiming(0.0, 1.0, 2.0, 108, 2), RequestTiming(0.1, 0.3, 1.0, 108, 2),
+            RequestTiming(0.2, 0.2, 1.0, 109, 2)]  # fmt: skip
+    trace = {"steps": 1, "max_step_tokens": 8, "computed_tokens": 8, "queue_s": 0.01,
+             "load_s": 0.02, "load_ticket_s": 0.005, "wait_s": 0.0, "step_s": 0.1,
+             "overhead_s": 0.01, "max_step_s": 0.1, "load_host_pages": 6}  # fmt: skip
+    traces = [
+        {**trace, "arrived": 0.01, "prompt_tokens": 108, "first_token": 0.99, "cached": {}},
+        {**trace, "arrived": 0.11, "prompt_tokens": 108, "first_token": 0.39,
+         "cached": {"host": 96}},
+    ]  # fmt: skip
+    rows = request_rows(ClientRun("ours", 2.0, tuple(reqs)), traces, [0, 0, 1])
+    assert [r["first_ask"] for r in rows] == [True, False, True]
+    assert rows[1]["http_in_s"] == pytest.approx(0.01) and rows[1]["load_ticket_s"] == 0.005
+    assert rows[1]["http_out_s"] == pytest.approx(0.01) and rows[1]["cached"] == {"host": 96}
+    assert rows[1]["load_pages"] == {"host": 6, "storage": 0}
+    assert "http_in_s" not in rows[2]  # no trace fits it
+    classes = by_class(rows, prefix_tokens=100)
+    assert classes["first_ask"] == {"requests": 2, "ttft_p50_s": 0.2, "ttft_p90_s": 1.0,
+                                    "ttft_p99_s": 1.0}  # fmt: skip
+    assert classes["repeat"]["requests"] == 1 and classes["repeat"]["ttft_p90_s"] == 0.3
+    assert classes["fully_cached"]["requests"] == 1  # 96 of 100 prefix tokens cached
+    untraced = request_rows(ClientRun("vllm", 2.0, tuple(reqs)), [], [0, 0, 1])
+    assert set(by_class(untraced, prefix_tokens=100)) == {"first_ask", "repeat"}
 
 
 def test_arms_compute_on_stated_threads(tmp_path: Path) -> None:
@@ -146,7 +180,11 @@ def test_pressure_runs_our_arms_end_to_end(
         assert r["engine_phases"]["requests"] == 24  # the run and the two warm-ups
         slow = r["slowest"][0]
         assert slow["ttft_s"] == f["ttft_max_s"] and slow["steps"] >= 1  # traced
+        # Every request, each with its trace (the engine kept them all).
+        assert len(r["requests"]) == 22 and all("http_in_s" in q for q in r["requests"])
+        assert r["by_class"]["first_ask"]["requests"] == 11
         assert 0 < r["computed_token_ratio"] <= 1
+    assert ours["by_class"]["fully_cached"]["requests"] >= 1
     # Every repeat of a prefix hits with the host tier: less computed than L1 alone.
     assert ours["computed_token_ratio"] < l1["computed_token_ratio"]
     assert set(record["ratios"]["2"]) >= {"ours/ours-l1:req_s", "ours/ours-l1:ttft_p99_s"}

@@ -55,13 +55,14 @@ class LoopHarness:
             raise TimeoutError(f"the engine loop sent nothing for {timeout_s} s")
         return decode(self.recv_sock.recv())
 
-    def generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, timeout_s: float = 120
-    ) -> list[TokenOutput]:
-        """Send all prompts at once; returns each one's final output (all its tokens)."""
-        rids = [f"h{next(self._ids)}" for _ in prompts]
-        for rid, prompt in zip(rids, prompts, strict=True):
-            self.send_sock.send(encode(GenerateRequest(rid, tuple(prompt), sampling)))
+    def send(self, prompt: Sequence[int], sampling: SamplingParams) -> str:
+        """Send one request; returns its rid (`collect` gathers its outputs)."""
+        rid = f"h{next(self._ids)}"
+        self.send_sock.send(encode(GenerateRequest(rid, tuple(prompt), sampling)))
+        return rid
+
+    def collect(self, rids: Sequence[str], timeout_s: float = 120) -> list[TokenOutput]:
+        """Each request's final output (all its tokens), in the order of `rids`."""
         tokens: dict[str, list[int]] = {rid: [] for rid in rids}
         final: dict[str, TokenOutput] = {}
         deadline = time.monotonic() + timeout_s
@@ -82,6 +83,13 @@ class LoopHarness:
             )
             for r in rids
         ]
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, timeout_s: float = 120
+    ) -> list[TokenOutput]:
+        """Send all prompts at once; returns each one's final output (all its tokens)."""
+        rids = [self.send(prompt, sampling) for prompt in prompts]
+        return self.collect(rids, timeout_s)
 
     def admin(self, op: str, timeout_s: float = 30, **options: Any) -> dict:
         """One admin call; `options` are further `AdminRequest` fields (tiers...)."""
