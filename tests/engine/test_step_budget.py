@@ -158,3 +158,20 @@ def test_time_bounded_chunks_give_the_tokens_and_logprobs_of_a_whole_prefill(
     assert chunked[2] == 5 + -(-prompt_tokens // MIN_STEP_TOKENS)  # five chunks
     assert chunked[0] == whole[0]
     assert chunked[1] == pytest.approx(whole[1], abs=1e-4)
+
+
+def test_the_warm_up_measures_the_pace_that_sizes_the_first_steps(
+    tiny_llama: LoadedModel,
+) -> None:
+    engine = Engine(
+        EngineConfig(),
+        CacheConfig(disk_cache_dir=None, host_cache_gb=0.0, device_cache_tokens=512),
+        loaded=tiny_llama,
+    )
+    try:
+        guess = engine.cost.prefill_tok_s.value
+        engine.warm_up()  # its longest forward: 511 tokens (L1 holds 512)
+        measured = engine.cost.prefill_tok_s.value
+    finally:
+        engine.close()
+    assert measured != guess and measured > 0  # the start-up guess is gone at once
