@@ -139,9 +139,10 @@ class Engine:
         storage.register_pool(self.namespace.encode(), pool.name, layout)
 
     def warm_up(self, budget_s: float = WARM_UP_BUDGET_S) -> WarmUp:
-        """Run the model once on a short prompt, once on one token, then on prompts growing
-        toward one of the largest step, and write every L1 page once: as much of that as
-        fits `budget_s` seconds (start-up; the host decides how much, not a fixed amount).
+        """Run the model on a short prompt, on one token and on the short prompt again, then
+        on prompts growing toward one of the largest step, and write every L1 page once: as
+        much of that as fits `budget_s` seconds (start-up; the host decides how much, not a
+        fixed amount).
 
         oneDNN builds a kernel for each new matrix shape on first use (~0.5 ms a
         linear layer here): without this, the first request after a start, often
@@ -165,7 +166,9 @@ class Engine:
         deadline = start + budget_s
         ps = self.cache_config.page_size
         short = max(1, ps - 1)
-        seconds = self._warm_forward([short, 1])
+        # The short prompt again: its second run has no first-use costs, so its time
+        # predicts the longer prompts' (the first one's overstated them several times).
+        seconds = self._warm_forward([short, 1, short])[-1]
         prefaulted = self._prefault_device_pool(0, start + budget_s / 2)
         longest = min(self.config.max_prefill_tokens, self.max_model_len - 1, self.device_tokens)
         n, warmed = short, short
@@ -173,33 +176,33 @@ class Engine:
             n = min(longest, n * WARM_UP_GROWTH)
             if n <= ps or time.monotonic() + seconds * n / warmed > deadline:
                 break
-            seconds, warmed = self._warm_forward([n]), n
+            seconds, warmed = self._warm_forward([n])[0], n
         prefaulted = self._prefault_device_pool(prefaulted, deadline)
         done = WarmUp(warmed, longest, prefaulted, round(time.monotonic() - start, 3))
         log.info("warm-up: %s", done)
         return done
 
-    def _warm_forward(self, steps: list[int]) -> float:
+    def _warm_forward(self, steps: list[int]) -> list[float]:
         """Forwards of `steps[i]` tokens each, one after another, into private pages;
-        the seconds of the first."""
+        the seconds of each (none where the pages were not there)."""
         ps = self.cache_config.page_size
         pages = self.cache.allocate(-(-sum(steps) // ps))
         if pages is None:
-            return 0.0
-        first = 0.0
+            return [0.0] * len(steps)
+        seconds = []
         try:
             done = 0
             for n in steps:
                 began = time.monotonic()
                 self.runner.forward(ForwardBatch([[0] * n], [done], [pages]))
                 took = time.monotonic() - began
-                first = first or took
+                seconds.append(took)
                 if n >= MIN_STEP_TOKENS:  # the pace steps are sized from (prefill_policy.py)
                     self.cost.prefill_tok_s.seed(n, took)
                 done += n
         finally:
             self.cache.free(pages)
-        return first
+        return seconds
 
     def _prefault_device_pool(self, begin: int, deadline: float) -> int:
         """On CPU, write L1 pages [begin, ...) once while none is used, a slice at a time

@@ -315,12 +315,12 @@ def test_warming_up_leaves_the_cache_as_it_was_and_answers_unchanged(
     done = warm.warm_up(budget_s=600)  # time enough on any host: every step runs
     warm.runner.forward = forward  # type: ignore[method-assign]
     page = warm.cache_config.page_size
-    # The short prompt, one token, then prompts growing to one of the largest step (heap
-    # and L1 warm), and every L1 page written.
+    # The short prompt, one token, the short one again (timed), then prompts growing to one
+    # of the largest step (heap and L1 warm), and every L1 page written.
     longest = min(warm.config.max_prefill_tokens, warm.device_tokens, warm.max_model_len - 1)
-    assert steps[:2] == [page - 1, 1] and steps[-1] == longest > page
+    assert steps[:3] == [page - 1, 1, page - 1] and steps[-1] == longest > page
     growth = [b / a for a, b in itertools.pairwise(steps[2:])]
-    assert steps[2] == (page - 1) * WARM_UP_GROWTH and all(1 < g <= WARM_UP_GROWTH for g in growth)
+    assert steps[3] == (page - 1) * WARM_UP_GROWTH and all(1 < g <= WARM_UP_GROWTH for g in growth)
     assert done.tokens == done.wanted_tokens == longest
     assert done.pages_written == warm.cache.stats().device.total
     stats = warm.cache.stats().device
