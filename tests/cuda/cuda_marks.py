@@ -6,6 +6,8 @@ they are collected and skipped with the reason, so they stay importable and lint
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -17,3 +19,10 @@ ON_CUDA = [
         "runs these on a GPU machine",
     ),
 ]
+
+
+def cuda_test_model() -> str | None:
+    """The model the CUDA tests run: $ASYNCHICACHE_CUDA_MODEL (gpu-check.sh sets it to a
+    random SmolLM2-shaped model: the embedded GGUF is too large to carry to a GPU
+    machine), else None, the embedded SmolLM2."""
+    return os.environ.get("ASYNCHICACHE_CUDA_MODEL") or None

@@ -1,11 +1,12 @@
 """Our engine on CUDA against its CPU path: logits, greedy answers, and every cache tier.
 
-The model (the embedded SmolLM2) runs on the GPU in float32 and bfloat16 and on
-the CPU in the same dtype; the GPU must give the CPU's logits (float32: to a few
-hundredths; bfloat16 rounds differently on each device, so there it must pick the
-CPU's greedy token wherever the CPU's choice is clear) and, through the engine with
-L1 on the GPU, the same greedy answer recomputed, from L1, from L2 (pinned host
-memory, copies on a side stream) and from L3 after a restart.
+The model (the embedded SmolLM2, or gpu-check.sh's random one of its shape) runs on
+the GPU in float32 and bfloat16 and on the CPU in the same dtype; the GPU must give
+the CPU's logits (float32: to a few hundredths; bfloat16 rounds differently on each
+device, so there it must pick the CPU's greedy token wherever the CPU's choice is
+clear) and, through the engine with L1 on the GPU, the same greedy answer
+recomputed, from L1, from L2 (pinned host memory, copies on a side stream) and from
+L3 after a restart.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cuda_marks import ON_CUDA
+from cuda_marks import ON_CUDA, cuda_test_model
 
 from asynchicache.bench.engine import new_runner
 from asynchicache.bench.ttft import real_text_prompt
@@ -38,7 +39,8 @@ CLEAR_MARGIN = 0.5  # bfloat16: a CPU top-1 this far above its runner-up must be
 @pytest.fixture(scope="module", params=DTYPES)
 def pair(request: pytest.FixtureRequest) -> tuple[LoadedModel, LoadedModel]:
     """The model on the CPU and on the GPU, in one dtype."""
-    return load_model(None, request.param, "cpu"), load_model(None, request.param, "cuda")
+    model = cuda_test_model()
+    return load_model(model, request.param, "cpu"), load_model(model, request.param, "cuda")
 
 
 @pytest.fixture

@@ -107,11 +107,26 @@ class TiledKV:
     """K or V of one layer as `[blocks, block_size / a, a, kv_heads, head_dim / b, b]`
     (a strided view of vLLM's tensor): token `t` is tile `t // a`, row `t % a`; dim `d`
     is tile `d // b`, column `d % b`. Any `[..., tokens, kv_heads, head_dim]` tensor
-    `tile`d the same way lines up with it element for element."""
+    `tile`d the same way lines up with it element for element.
+
+    `blocks` may hold the elements packed: `dtype` is theirs, `blocks.dtype` a wider one
+    (amx's K, whose bfloat16 dims travel in pairs as int32: a copy of 4-byte elements
+    runs ~10x faster than of the same bytes as 2-byte ones split in a dimension of 2);
+    `head_dim` then counts `dtype` elements and `tile` packs a tensor the same way."""
 
     blocks: torch.Tensor
     a: int = 1
     b: int = 1
+    dtype: torch.dtype | None = None  # the elements' dtype; None: blocks.dtype
+
+    @property
+    def element_dtype(self) -> torch.dtype:
+        return self.blocks.dtype if self.dtype is None else self.dtype
+
+    @property
+    def pack(self) -> int:
+        """Elements per element of `blocks` (1: not packed)."""
+        return self.blocks.element_size() // self.element_dtype.itemsize
 
     @property
     def num_blocks(self) -> int:
@@ -127,11 +142,19 @@ class TiledKV:
 
     @property
     def head_dim(self) -> int:
-        return self.blocks.shape[4] * self.b
+        return self.blocks.shape[4] * self.b * self.pack
 
     def tile(self, x: torch.Tensor) -> torch.Tensor:
-        """`[..., T, H, D]` -> `[..., T / a, a, H, D / b, b]` (a view)."""
+        """`[..., T, H, D]` -> `[..., T / a, a, H, D / b, b]` (a view; packed as `blocks`)."""
+        if x.dtype != self.blocks.dtype:
+            x = x.view(self.blocks.dtype)  # pairs of dims as one element (last dim dense)
         return x.unflatten(-3, (-1, self.a)).unflatten(-1, (-1, self.b))
+
+    def untile(self, x: torch.Tensor) -> torch.Tensor:
+        """A tiled `[..., T / a, a, H, D / b, b]` -> `[..., T, H, D]` of `element_dtype`
+        (a copy when tiled)."""
+        flat = x.flatten(-2).flatten(-4, -3)
+        return flat.contiguous().view(self.element_dtype) if self.pack > 1 else flat
 
     def pages(self, page_size: int) -> torch.Tensor:
         """`[blocks, pages per block, P / a, a, H, D / b, b]` (a view)."""
@@ -143,8 +166,7 @@ class TiledKV:
 
     def logical(self) -> torch.Tensor:
         """`[blocks, block_size, kv_heads, head_dim]`: a view when untiled, else a copy."""
-        b, n, h, d = self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim
-        return self.blocks.reshape(b, n, h, d)
+        return self.untile(self.blocks)
 
 
 def detect_format(backend: str, shape: Sequence[int], geometry: BlockGeometry) -> BlockFormat:
@@ -189,10 +211,13 @@ def tiled_kv(tensor: torch.Tensor, fmt: BlockFormat) -> tuple[TiledKV, TiledKV]:
             f"heads of a multiple of {group * _AMX_PAIR} dims; got {tokens} and {head_dim}"
         )
     s_block, s_head, pair = tensor.stride(0), tensor.stride(1), _AMX_PAIR
-    # K per (block, head): [N / 16 token groups, D / 2 dim pairs, 16 tokens, 2 dims]
-    k = tensor.as_strided(
-        (blocks, tokens // group, group, heads, head_dim // pair, pair),
-        (s_block, group * head_dim, pair, s_head, group * pair, 1),
+    # K per (block, head): [N / 16 token groups, D / 2 dim pairs, 16 tokens, 2 dims]; each
+    # token's pair of dims is 4 contiguous bytes in vLLM's block and in our page alike,
+    # so K is copied as int32 pairs: [N / 16, D / 2, 16] per (block, head)
+    packed = tensor.view(torch.int32)  # [B, H, N, D] pairs
+    k = packed.as_strided(
+        (blocks, tokens // group, group, heads, head_dim // pair, 1),
+        (s_block // pair, group * head_dim // pair, 1, s_head // pair, group, 1),
     )
     # V per (block, head): [D / 16 dim groups, N / 2 token pairs, 16 dims, 2 tokens]
     v = tensor.as_strided(
@@ -200,7 +225,7 @@ def tiled_kv(tensor: torch.Tensor, fmt: BlockFormat) -> tuple[TiledKV, TiledKV]:
         (s_block, group * pair, 1, s_head, tokens * group, pair),
         tensor.storage_offset() + tokens * head_dim,
     )
-    return TiledKV(k, group, pair), TiledKV(v, pair, group)
+    return TiledKV(k, group, 1, tensor.dtype), TiledKV(v, pair, group)
 
 
 def canonical_kv(tensor: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor, torch.Tensor]:
@@ -274,7 +299,7 @@ class BlockCopier:
         self.num_layers = len(self.views)
         self.num_kv_heads = first.num_kv_heads
         self.head_dim = first.head_dim
-        self.dtype = first.blocks.dtype
+        self.dtype = first.element_dtype
         self.device = first.blocks.device
         self._block_dim = 1 if fmt is BlockFormat.KV_FIRST else 0
         self._scratch_bufs: dict[tuple[str, str], torch.Tensor] = {}
@@ -419,7 +444,6 @@ class BlockCopier:
     def _save_range(self, run: _Run, pool: torch.Tensor, slots: Sequence[int]) -> None:
         """Pages `run.first .. ` of one kernel block, as a token range of each layer."""
         pages = slice(run.first, run.first + run.pages)
-        page_shape = (run.pages, *self.page_shape[2:])  # [m, P, H, D]
         if all(b - a == 1 for a, b in itertools.pairwise(slots)):
             dst = pool[slots[0] : slots[0] + run.pages]  # [m, layers, 2, P, H, D]
             for layer, pair in enumerate(self.page_views):
@@ -430,7 +454,8 @@ class BlockCopier:
         index = torch.as_tensor(list(slots), dtype=torch.long)
         for layer, pair in enumerate(self.page_views):
             for kv, view in enumerate(pair):
-                src = view[run.kernel_block, pages].reshape(page_shape).to(pool.device)
+                tiles = self.views[layer][kv]
+                src = tiles.untile(view[run.kernel_block, pages]).to(pool.device)
                 pool[:, layer, kv].index_copy_(0, index, src)
 
     def _save_blocks(self, ids: Sequence[int], pool: torch.Tensor, slots: Sequence[int]) -> None:
@@ -552,4 +577,4 @@ def _slots_of(positions: Sequence[int], slots: Sequence[int], k: int) -> list[in
 
 def _kind(view: TiledKV) -> tuple[int, int, int, torch.dtype]:
     """What every layer's K and V must share: block size, heads, head dim, dtype."""
-    return (view.block_size, view.num_kv_heads, view.head_dim, view.blocks.dtype)
+    return (view.block_size, view.num_kv_heads, view.head_dim, view.element_dtype)

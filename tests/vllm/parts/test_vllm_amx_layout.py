@@ -65,7 +65,8 @@ def test_the_amx_kernel_is_detected_and_its_tiled_views_see_the_truth() -> None:
     geometry = BlockGeometry(num_blocks=B, block_size=N, num_kv_heads=H, head_dim=D)
     assert detect_format("CPU_ATTN:amx", tensor.shape, geometry) is FMT
     view_k, view_v = tiled_kv(tensor, FMT)
-    assert (view_k.a, view_k.b, view_v.a, view_v.b) == (16, 2, 2, 16)
+    assert (view_k.a, view_k.b, view_v.a, view_v.b) == (16, 1, 2, 16)
+    assert (view_k.pack, view_v.pack) == (2, 1)  # K moves as int32 pairs of dims
     for view, want in ((view_k, k), (view_v, v)):
         assert view.blocks.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
         assert (view.num_blocks, view.block_size, view.num_kv_heads, view.head_dim) == (B, N, H, D)
