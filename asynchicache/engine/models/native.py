@@ -372,3 +372,20 @@ def _load(isa: Isa) -> PagedAttentionKernel | None:
     fn.argtypes = [_ptr, _ptr, _i64, _i64, _i32, _i32, _i32, _i32, _i64, _f32, _ptr, _i64,
                    _ptr, _ptr, _ptr, _i64, _i64, _i64]  # fmt: skip
     return PagedAttentionKernel(path, fn, RowKernels.bind(lib), isa.name, lanes())
+
+
+def main() -> int:
+    """`python -m asynchicache.engine.models.native`: build (or find) the library this host
+    runs, so a first start does not pay the compiler (~5 CPU-s); prints the build."""
+    logging.basicConfig(level=logging.INFO)
+    isa = chosen_isa()
+    kernel = load()
+    if kernel is None:
+        print(f"no native kernels on this host ({isa.name}): torch's ops")
+        return 1
+    print(f"{kernel.isa} ({kernel.lanes} lanes): {kernel.library}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
