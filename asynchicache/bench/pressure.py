@@ -264,6 +264,13 @@ def _ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
             a, b = figs["ours"].get(key), figs[other].get(key)
             if a is not None and b:
                 out[f"ours/{other}:{key}"] = round(a / b, 4)
+        # The later asks of a prefix (the hits, where a tier kept it) apart.
+        ours_hits = results["ours"].get("by_class", {}).get("repeat", {})
+        other_hits = results[other].get("by_class", {}).get("repeat", {})
+        for key in ("ttft_p90_s", "ttft_p99_s"):
+            a, b = ours_hits.get(key), other_hits.get(key)
+            if a is not None and b:
+                out[f"ours/{other}:repeat_{key}"] = round(a / b, 4)
     if "vllm-ours" in figs and "vllm" in figs:
         for key in ("req_s", "ttft_p90_s", "ttft_p99_s"):
             a, b = figs["vllm-ours"].get(key), figs["vllm"].get(key)
