@@ -20,7 +20,7 @@ import pytest
 import reaper
 import torch
 from hf_reference import hf_model
-from host_speed import SLOWDOWN_ENV
+from host_speed import SLOWDOWN_ENV, scaled
 from last_user import stop_finished
 from pools import Pool, pool_factory
 from shm_leftovers import snapshot, wait_no_leftovers
@@ -65,6 +65,22 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
         return (yield)
     finally:
         stop_finished(item)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    """A test's pytest-timeout (its mark, else the ini's) scaled to this host's speed, set
+    before pytest-timeout's own wrapper reads it (tests/support/host_speed.py)."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and (marker.args or "timeout" in marker.kwargs):
+        kwargs = dict(marker.kwargs)
+        base = marker.args[0] if marker.args else kwargs.pop("timeout")
+        args = marker.args[1:]
+    else:
+        base, args, kwargs = item.config.getini("timeout") or 0, (), {}
+    if base and float(base) > 0:
+        item.add_marker(pytest.mark.timeout(scaled(float(base)), *args, **kwargs), append=False)
+    yield
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
