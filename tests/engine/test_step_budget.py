@@ -5,6 +5,7 @@ fills what is left and is never starved."""
 from __future__ import annotations
 
 import pytest
+from loop_harness import HeldStep, LoopHarness
 from scheduler_rig import PAGE, Rig, RigMaker, assert_no_locks, cached_prefix, tokens_for
 
 from asynchicache.config import CacheConfig, EngineConfig
@@ -183,9 +184,6 @@ def test_through_the_loop_a_hit_sent_during_a_misss_step_answers_before_the_miss
     """The inbox and the bounded step together, on the real loop: a miss of 400 tokens
     goes in steps of 64 (a fixed slow pace), a hit sent during its first step is taken
     into the next one and answers long before the miss does."""
-    from loop_harness import LoopHarness
-    from test_inbox import HeldStep
-
     engine = Engine(
         EngineConfig(max_step_ms=STEP_MS, prompt_logits_mib=0),
         CacheConfig(disk_cache_dir=None, host_cache_gb=0.0, device_cache_tokens=1024),
