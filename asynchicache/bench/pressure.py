@@ -60,8 +60,10 @@ from typing import Any
 
 import httpx
 
+from asynchicache.bench import conversation_workload as conversation
 from asynchicache.bench import pressure_report as report
 from asynchicache.bench.compare import DEFAULT_VLLM_PYTHON, _model
+from asynchicache.bench.connector_hits import connector_counters
 from asynchicache.bench.output import add_output_arguments, print_report
 from asynchicache.bench.peers import SERVED_NAME, Peer, ours, vllm
 from asynchicache.bench.pressure_client import CLIENTS, ClientRun
@@ -79,7 +81,10 @@ from asynchicache.storage.shm import remove_stale_segments
 
 log = logging.getLogger(__name__)
 
+AnyWorkload = PressureWorkload | conversation.ConversationWorkload
+
 ARMS = ("ours", "ours-l1", "vllm", "vllm-ours")
+WORKLOADS = ("pressure", "conversation")  # conversation: bench/conversation_workload.py
 REPORT = "pressure.json"
 CLIENT_TIMEOUT_S = 4 * 3600.0
 
@@ -99,8 +104,12 @@ class PressureOptions:
     vllm_args: tuple[str, ...] = ()
     startup_timeout_s: float = 900.0
     work_dir: Path | None = None
+    workload: str = "pressure"
+    sessions: int = conversation.ConversationParams.sessions  # --workload conversation
 
     def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"--workload must be one of {WORKLOADS}")
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown or not self.arms:
             raise ValueError(f"--arms: unknown {unknown}; known: {', '.join(ARMS)}")
@@ -163,7 +172,7 @@ def _serving(opts: PressureOptions, peer: Peer, log_path: Path) -> Iterator[Benc
         shutil.rmtree(disk, ignore_errors=True)
 
 
-def _warm_up(url: str, workload: PressureWorkload, prompt: list[int]) -> None:
+def _warm_up(url: str, workload: AnyWorkload, prompt: list[int]) -> None:
     """Two requests of a prompt no run uses, shaped like the run's (first shapes are slow)."""
     body = {
         "model": SERVED_NAME,
@@ -217,11 +226,12 @@ def _server_counters(arm: str, server: BenchServer) -> dict[str, Any]:
         "vllm:external_prefix_cache_queries_total",
         "vllm:external_prefix_cache_hits_total",
     )
-    return {n.removeprefix("vllm:"): metric_sum(metrics, n) for n in names}
+    out = {n.removeprefix("vllm:"): metric_sum(metrics, n) for n in names}
+    return {**out, **connector_counters(metrics)}
 
 
 def _measure(
-    opts: PressureOptions, workload: PressureWorkload, arm: str, c: int, warm: list[int]
+    opts: PressureOptions, workload: AnyWorkload, arm: str, c: int, warm: list[int]
 ) -> tuple[ClientRun, dict[str, Any]]:
     folder = opts.out / f"c{c}" / arm
     folder.mkdir(parents=True, exist_ok=True)
@@ -285,11 +295,21 @@ def _tokenizer(opts: PressureOptions) -> Any:
     return load_tokenizer(str(opts.model))
 
 
+def _workload(opts: PressureOptions, tokenizer: Any) -> tuple[AnyWorkload, list[int]]:
+    """The run's requests and its warm-up prompt (`--workload`)."""
+    if opts.workload == "conversation":
+        p = opts.params
+        params = conversation.ConversationParams(
+            l1_tokens=p.l1_tokens, sessions=opts.sessions, max_tokens=p.max_tokens, seed=p.seed
+        )
+        return conversation.build(params, tokenizer), conversation.warm_up_prompt(params, tokenizer)
+    return build(opts.params, tokenizer), warm_up_prompt(opts.params, tokenizer)
+
+
 def run(opts: PressureOptions) -> dict[str, Any]:
     opts.out.mkdir(parents=True, exist_ok=True)
     tokenizer = _tokenizer(opts)
-    workload = build(opts.params, tokenizer)
-    warm = warm_up_prompt(opts.params, tokenizer)
+    workload, warm = _workload(opts, tokenizer)
     threads = VllmThreads.of(opts.threads)
     record: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -330,7 +350,9 @@ def run(opts: PressureOptions) -> dict[str, Any]:
     plot = opts.plot or opts.out / "pressure_ttft_cdf.png"
     w = workload.describe()
     notes = (
-        f"{w['num_prefixes']} prefixes x {w['repeats']} of {w['prefix_tokens']}+"
+        f"{workload.notes()}; vLLM on {threads.threads} threads; client: {opts.client}"
+        if isinstance(workload, conversation.ConversationWorkload)
+        else f"{w['num_prefixes']} prefixes x {w['repeats']} of {w['prefix_tokens']}+"
         f"{w['suffix_tokens']} tokens, working set {w['working_set']}x L1 "
         f"({w['l1_tokens']} tokens), {w['max_tokens']} output tokens; vLLM on "
         f"{threads.threads} threads; client: {opts.client}"
@@ -376,6 +398,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-arg", action="append", default=[], metavar="ARG")
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--work-dir", type=Path, help="where disk cache folders go (default: tmp)")
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="pressure",
+        help="pressure: shuffled repeats of --prefix-tokens prefixes; conversation: "
+        "multi-turn sessions (bench/conversation_workload.py; of the workload flags "
+        "it takes --l1-tokens, --max-tokens and --seed)",
+    )
+    p.add_argument(
+        "--sessions",
+        type=int,
+        default=conversation.ConversationParams.sessions,
+        help="conversations of --workload conversation (default %(default)s)",
+    )
     return p
 
 
@@ -402,6 +438,8 @@ def options_from_args(args: argparse.Namespace) -> PressureOptions:
         vllm_args=tuple(args.vllm_arg),
         startup_timeout_s=args.startup_timeout,
         work_dir=args.work_dir,
+        workload=args.workload,
+        sessions=args.sessions,
     )
 
 

@@ -1,8 +1,9 @@
-"""When a cached prefix is worth loading instead of recomputing.
+"""When a cached prefix is worth loading instead of recomputing, in our engine.
 
 Loading costs bytes / bandwidth of the tier it comes from; recomputing costs
 tokens / prefill rate. Both rates are measured as the engine runs (exponential
-moving averages), starting from conservative guesses.
+moving averages), starting from conservative guesses. The rule itself is
+cache/load_cost.py's, shared with the vLLM connector.
 """
 
 from __future__ import annotations
@@ -10,29 +11,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from asynchicache.cache.load_cost import LoadCost, Rate
 from asynchicache.config import CacheConfig, PrefetchPolicy
 
+__all__ = ["CostModel", "Rate", "load_deadline"]
 
-@dataclass
-class Rate:
-    """An exponential moving average of a throughput."""
 
-    value: float
-    weight: float = 0.2
-
-    def observe(self, amount: float, seconds: float) -> None:
-        if seconds <= 0 or amount <= 0:
-            return
-        self.value += self.weight * (amount / seconds - self.value)
-
-    def seed(self, amount: float, seconds: float) -> None:
-        """Replace the starting guess by a measurement (the engine's warm-up forward)."""
-        if seconds > 0 and amount > 0:
-            self.value = amount / seconds
+HOST, STORAGE = "host", "storage"  # the engine's tiers below L1, fastest first
 
 
 @dataclass
 class CostModel:
+    """The engine's rates, decided by the shared rule (cache/load_cost.py's `LoadCost`)."""
+
     page_bytes: int
     page_size: int
     min_load_tokens: int
@@ -51,27 +42,26 @@ class CostModel:
             storage_Bps=Rate(3e8),
         )
 
-    def load_seconds(self, host_pages: int, storage_pages: int) -> float:
-        return (
-            host_pages * self.page_bytes / self.host_Bps.value
-            + storage_pages * self.page_bytes / self.storage_Bps.value
+    @property
+    def rule(self) -> LoadCost:
+        """The shared rule over this model's rates (the same `Rate` objects)."""
+        bandwidth = {HOST: self.host_Bps, STORAGE: self.storage_Bps}
+        return LoadCost(
+            self.page_bytes, self.page_size, self.min_load_tokens, self.prefill_tok_s, bandwidth
         )
 
+    def load_seconds(self, host_pages: int, storage_pages: int) -> float:
+        return self.rule.load_seconds({HOST: host_pages, STORAGE: storage_pages})
+
     def recompute_seconds(self, pages: int) -> float:
-        return pages * self.page_size / self.prefill_tok_s.value
+        return self.rule.recompute_seconds(pages)
 
     def observe_load(self, host_pages: int, storage_pages: int, seconds: float) -> None:
         """A finished load: the bandwidth of the tier it came from."""
-        if seconds > 0 and storage_pages == 0 and host_pages:
-            self.host_Bps.observe(host_pages * self.page_bytes, seconds)
-        elif seconds > 0 and storage_pages:
-            self.storage_Bps.observe((host_pages + storage_pages) * self.page_bytes, seconds)
+        self.rule.observe_load({HOST: host_pages, STORAGE: storage_pages}, seconds)
 
     def worth_loading(self, host_pages: int, storage_pages: int) -> bool:
-        pages = host_pages + storage_pages
-        if pages * self.page_size < self.min_load_tokens:
-            return False
-        return self.load_seconds(host_pages, storage_pages) < self.recompute_seconds(pages)
+        return self.rule.pays({HOST: host_pages, STORAGE: storage_pages})
 
 
 def load_deadline(config: CacheConfig, cost: CostModel, pages: int) -> float | None:

@@ -27,9 +27,6 @@ from asynchicache.engine.protocol import (
     decode,
     encode,
 )
-from asynchicache.engine.runner import ForwardBatch
-
-HELD_STEP_S = 0.6  # `HeldStep`: long against a message's way through ZeroMQ (~ms)
 
 
 class LoopHarness:
@@ -127,22 +124,3 @@ class LoopHarness:
         for sock in self._sockets:
             sock.close(linger=0)
         self.ctx.term()
-
-
-class HeldStep:
-    """Holds the engine's first forward for `HELD_STEP_S`; records when it began and ended."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.forward = engine.runner.forward
-        self.began = threading.Event()
-        self.ended: list[float] = []
-        engine.runner.forward = self  # type: ignore[method-assign]
-
-    def __call__(self, batch: ForwardBatch) -> object:
-        if self.began.is_set():
-            return self.forward(batch)
-        self.began.set()
-        time.sleep(HELD_STEP_S)
-        out = self.forward(batch)
-        self.ended.append(time.monotonic())
-        return out

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 import zmq
-from loop_harness import HeldStep, LoopHarness
+from loop_harness import LoopHarness
 
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.inbox import Inbox
 from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import AbortRequest, SamplingParams, encode
+from asynchicache.engine.runner import ForwardBatch
 
 GREEDY = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+STEP_S = 0.6  # the held step: long against a message's way through ZeroMQ (~ms)
 
 
 @pytest.fixture
@@ -28,6 +31,25 @@ def engine(tiny_llama: LoadedModel) -> Iterator[Engine]:
     yield made
     made.cache.check_integrity()
     made.close()
+
+
+class HeldStep:
+    """Holds the engine's first forward for `STEP_S`; records when it began and ended."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.forward = engine.runner.forward
+        self.began = threading.Event()
+        self.ended: list[float] = []
+        engine.runner.forward = self  # type: ignore[method-assign]
+
+    def __call__(self, batch: ForwardBatch) -> object:
+        if self.began.is_set():
+            return self.forward(batch)
+        self.began.set()
+        time.sleep(STEP_S)
+        out = self.forward(batch)
+        self.ended.append(time.monotonic())
+        return out
 
 
 def test_a_request_sent_during_a_step_is_received_before_the_step_ends(engine: Engine) -> None:

@@ -5,7 +5,6 @@ fills what is left and is never starved."""
 from __future__ import annotations
 
 import pytest
-from loop_harness import HeldStep, LoopHarness
 from scheduler_rig import PAGE, Rig, RigMaker, assert_no_locks, cached_prefix, tokens_for
 
 from asynchicache.config import CacheConfig, EngineConfig
@@ -176,34 +175,3 @@ def test_the_warm_up_measures_the_pace_that_sizes_the_first_steps(
     finally:
         engine.close()
     assert measured != guess and measured > 0  # the start-up guess is gone at once
-
-
-def test_through_the_loop_a_hit_sent_during_a_misss_step_answers_before_the_miss(
-    tiny_llama: LoadedModel,
-) -> None:
-    """The inbox and the bounded step together, on the real loop: a miss of 400 tokens
-    goes in steps of 64 (a fixed slow pace), a hit sent during its first step is taken
-    into the next one and answers long before the miss does."""
-    engine = Engine(
-        EngineConfig(max_step_ms=STEP_MS, prompt_logits_mib=0),
-        CacheConfig(disk_cache_dir=None, host_cache_gb=0.0, device_cache_tokens=1024),
-        loaded=tiny_llama,
-    )
-    engine.cost.prefill_tok_s = Rate(1.0, weight=0.0)  # every step at the floor: 64 tokens
-    prefix = [(11 * i) % 1000 + 1 for i in range(96)]
-    sampling = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    engine.generate([prefix + [5] * 8], sampling)  # the prefix cached in L1
-    held = HeldStep(engine)
-    harness = LoopHarness(engine)
-    try:
-        miss = harness.send([(13 * i) % 1000 + 2 for i in range(400)], sampling)
-        assert held.began.wait(30)
-        hit = harness.send(prefix + [7] * 8, sampling)
-        harness.collect([miss, hit])
-    finally:
-        harness.stop()
-        engine.close()
-    traces = {t.rid: t for t in engine.tracer.traces()}
-    assert traces[hit].first_token < traces[miss].first_token
-    assert traces[hit].steps == 1 and traces[hit].computed_tokens <= 8 + 16
-    assert traces[miss].steps == -(-400 // MIN_STEP_TOKENS)

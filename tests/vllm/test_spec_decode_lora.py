@@ -87,6 +87,7 @@ def spec_lora_flags(model: Path, root: Path, adapters: dict[str, Path]) -> VllmF
         "host_cache_gb": 0.5,
         "lookup_timeout_s": 5.0,
         "prefetch_timeout_s": 30.0,
+        "load_policy": "always",  # a tiny model: test the mechanics, not the rates
     }
     modules = [f"{name}={path}" for name, path in adapters.items()]
     extra = (

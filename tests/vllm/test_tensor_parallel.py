@@ -40,6 +40,7 @@ def test_two_ranks_save_and_load_their_own_heads(
         "host_cache_gb": 0.05,
         "lookup_timeout_s": 5.0,
         "prefetch_timeout_s": 30.0,
+        "load_policy": "always",  # a tiny model: test the mechanics, not the rates
     }
     flags = VllmFlags(
         tiny_hf,

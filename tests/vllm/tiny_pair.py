@@ -47,6 +47,8 @@ class TinyPair:
             # a loaded test machine must not turn hits into misses
             "lookup_timeout_s": 5.0,
             "prefetch_timeout_s": 30.0,
+            # a tiny model recomputes faster than most loads pay: test the tiers' mechanics
+            "load_policy": "always",
         }
         return VllmFlags(
             self.model, kv_cache_bytes=32 << 20, connector=CONNECTOR, extra_config=extra

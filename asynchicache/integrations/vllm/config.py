@@ -21,6 +21,8 @@ import xxhash
 from asynchicache.config import GIB, default_disk_cache_dir
 from asynchicache.storage.service.server import default_runtime_dir
 
+LOAD_POLICIES = ("cost", "always")
+
 # Documented keys of earlier releases -> today's (durations without their unit suffix).
 OLD_KEYS = {
     "service_start_timeout": "service_start_timeout_s",
@@ -49,8 +51,20 @@ class ConnectorConfig:
     lookup_timeout_s: float = 0.5  # an unanswered "how far does the chain exist" is 0
     prefetch_timeout_s: float = 2.0  # a load into L2 not done by then is a miss
     store_timeout_s: float = 60.0  # a store the service has not finished by then failed
-    min_load_tokens: int = 0  # hits shorter than this are recomputed
-    load_async: bool = True  # vLLM's load_kv_async: copy into its blocks between steps
+    # Hits shorter than this are recomputed; longer ones are loaded when loading them
+    # beats recomputing them at the rates measured (load_policy.py).
+    min_load_tokens: int = 0
+    # vLLM's load_kv_async. Off: a hit (verified in L2 before it is offered) is copied
+    # into vLLM's blocks right before the forward pass that computes the rest of the
+    # prompt. On: the request waits in WAITING_FOR_REMOTE_KVS and is computed a step
+    # later, for a copy that takes a fraction of a step (a 16-token hit cost a whole
+    # step of TTFT on a CPU).
+    load_async: bool = False
+    # "cost": load a hit, read pages into L2 and wait for a lookup only when it beats
+    # recomputing at the measured rates (load_policy.py); "always": every hit of at
+    # least min_load_tokens, whatever it costs (what tests of the tiers' mechanics
+    # on a model too small to pay for a load use).
+    load_policy: str = "cost"
     service_log_level: str = "WARNING"
     # O_DIRECT page files in a service we start. Off by default: a restarted vLLM
     # reads back what its predecessor wrote moments ago, which the page cache still
@@ -74,6 +88,11 @@ class ConnectorConfig:
                     f"kv_connector_extra_config.{name} must be positive, "
                     f"got {getattr(self, name)!r}"
                 )
+        if self.load_policy not in LOAD_POLICIES:
+            raise ValueError(
+                f"kv_connector_extra_config.load_policy must be one of {LOAD_POLICIES}, "
+                f"got {self.load_policy!r}"
+            )
         if self.min_load_tokens < 0:
             raise ValueError("kv_connector_extra_config.min_load_tokens must be >= 0")
         if self.remote_ttl_s is not None and self.remote_ttl_s <= 0:

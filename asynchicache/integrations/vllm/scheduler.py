@@ -14,10 +14,17 @@ non-blocking `_poll()` at the start of each entry point.
   started only then would take one step per request beyond the first (vLLM
   skips a request whose answer is None for the step), splitting a burst of
   cold prompts into smaller steps than vLLM alone would run. Its pages are read
-  into L2 only once the scheduler reaches the request. Only
-  pages verified in L2 are offered (see `lookup.py`). A hit is counted in our
-  pages, not in vLLM's blocks: its last block may be loaded in part (vLLM
-  computes the rest of it), so a restart recomputes less than a page.
+  into L2 as soon as the service answers. Only pages verified in L2 are offered
+  (see `lookup.py`).
+* What pays (`load_policy.py`, our engine's rule at rates measured here): pages
+  are read into L2 only if reading and copying them beats recomputing them; at
+  the scheduler's visit a lookup not answered yet is waited for (None) only if
+  what it may still bring saves more than the step the request loses, else the
+  request goes at once with what L2 holds; a verified hit is loaded only if
+  copying it beats recomputing it. What does not pay is recomputed and counted.
+* A hit is counted in our pages, not in vLLM's blocks: its last block may be
+  loaded in part (vLLM computes the rest of it), so a restart recomputes less
+  than a page.
 * Loads: once vLLM allocated blocks (`update_state_after_alloc`), a load job
   (L2 slots -> blocks) goes to the worker with the next metadata.
 * Saves (`saves.py`): every full page whose tokens are all known and accepted
@@ -42,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.host_tier import HostTier, Prefetched
 from asynchicache.integrations.vllm.jobs import Job, JobKind
+from asynchicache.integrations.vllm.load_policy import DISK, LoadPolicy, StepClock
 from asynchicache.integrations.vllm.lookup import Lookup, Phase, RequestChain, TierSplit
 from asynchicache.integrations.vllm.metadata import (
     AsynchicacheMetadata,
@@ -52,7 +60,7 @@ from asynchicache.integrations.vllm.request_names import Refusal, RequestNamer
 from asynchicache.integrations.vllm.saves import SavePlanner, saveable_tokens
 from asynchicache.integrations.vllm.service_link import ServiceConflict
 from asynchicache.integrations.vllm.spec import VllmKVSpec
-from asynchicache.integrations.vllm.stats import AsynchicacheStats
+from asynchicache.integrations.vllm.stats import AsynchicacheStats, hit_size
 from asynchicache.storage.base import PageRef
 
 if TYPE_CHECKING:
@@ -112,6 +120,10 @@ class SchedulerSide:
         )
         self._yield_left_s = _YIELD_S  # what waiting lookups may still sleep this step
         self._early: set[str] = set()  # requests whose lookup started at arrival, not yet asked
+        assert self.pool.tensor is not None
+        self.policy = LoadPolicy.measured(self.pool.tensor, config)
+        self.clock = StepClock(self.policy)
+        self._read_started: dict[int, float] = {}  # reads into L2 in flight, by job
         log.info(
             "asynchicache connector: %d L2 slots of %d tokens in %s, service %s",
             self.index.num_slots,
@@ -124,6 +136,10 @@ class SchedulerSide:
             self.namespace.model_fingerprint,
             self.namespace.engine,
             ", ".join(f"{k}={v}" for k, v in spec.identity.numerics),
+        )
+        log.info(
+            "asynchicache load policy at start (measured live from here): %s",
+            self.policy.describe(),
         )
 
     def check_backends(self, backends: set[str]) -> None:
@@ -178,10 +194,24 @@ class SchedulerSide:
             self.stats.add("prefetch_failures")
             self.link.cancel(lk.load_job)
             self._answer(lk)
+        if lk.phase is not Phase.ANSWERED and not self.policy.pays(
+            self._pending_pages(lk), DISK, wait=True
+        ):
+            # What may still come saves less than the step the request would lose:
+            # it goes now with what L2 holds (a read in flight still lands in L2).
+            self.stats.add("lookups_not_waited")
+            self._answer(lk)
         if lk.phase is not Phase.ANSWERED:
             return None, False
         tokens = lk.answer_pages * self.page_size
         return (tokens, self.config.load_async) if tokens else (0, False)
+
+    @staticmethod
+    def _pending_pages(lk: Lookup) -> int:
+        """Pages beyond L2's that a lookup not answered yet may still bring."""
+        if lk.phase is Phase.ASKING:
+            return lk.want_pages - len(lk.host_slots)
+        return lk.service_pages
 
     def _wait_for(self, lk: Lookup) -> None:
         """Sleep until `lk` is answered, within what is left of this step's budget."""
@@ -206,7 +236,8 @@ class SchedulerSide:
         self.stats.add("lookups")
         lk.host_slots = self.index.leading(hashes[first_page : first_page + want])
         self.index.add_readers(lk.host_slots)
-        if len(lk.host_slots) == want:
+        if len(lk.host_slots) == want or not self.policy.pays(want - len(lk.host_slots), DISK):
+            # Nothing more to find, or nothing the service could hold would pay its read.
             self._answer(lk)
         elif not self.link.connected:  # no service: what L2 holds, at once
             self.stats.add("service_unavailable")
@@ -236,11 +267,15 @@ class SchedulerSide:
     def _on_exists(self, lk: Lookup, pages: int) -> None:
         lk.service_pages, lk.loading_since = pages, time.monotonic()
         lk.phase = Phase.ROOM
-        # A lookup started at arrival reads only once the scheduler reaches the request:
-        # by then vLLM's own prefix cache may hold the first pages (the lookup starts
-        # again from there), and a long queue must not fill L2 with pinned reads.
-        if lk.req_id not in self._early:
-            self._read(lk, give_up=False)
+        if pages and not self.policy.pays(pages, DISK):
+            # Reading and copying them costs more than recomputing them.
+            self.stats.add("skipped_unprofitable")
+            self.saves.service_holds(lk.req_id, range(lk.next_page, lk.next_page + pages))
+            self._answer(lk)
+            return
+        # Read at once, also for a lookup started at arrival, so the answer is in when
+        # the scheduler reaches the request (EARLY_LOOKUPS bounds the pinned reads).
+        self._read(lk, give_up=False)
 
     def _read(self, lk: Lookup, give_up: bool) -> None:
         """Read the service's pages into L2 once it has room for all of them. L2 full of
@@ -271,8 +306,14 @@ class SchedulerSide:
         job = self.host.register(Job(JobKind.PREFETCH, lk.req_id, slots, refs, lk.key))
         self.link.load(job, [r.page_hash for r in refs], slots)
         lk.phase, lk.load_job = Phase.LOADING, job
+        self._read_started[job] = time.monotonic()
 
     def _on_prefetched(self, got: Prefetched) -> None:
+        started = self._read_started.pop(got.done.ticket, None)
+        remote = min(got.done.pages_from_remote, len(got.ready))
+        if started is not None and got.ready and not got.done.error:
+            seconds = time.monotonic() - started
+            self.policy.observe_read(len(got.ready) - remote, remote, seconds)
         lk = self._waiting.pop(got.job.lookup_key, None)
         if lk is not None and self._lookups.get(lk.req_id) is lk:
             # Only the pages read and verified are held: a page that failed its checks
@@ -287,7 +328,8 @@ class SchedulerSide:
         """Settle the hit: the verified, pinned L2 pages; unpin the rest."""
         self._waiting.pop(lk.key, None)
         pages = len(lk.slots)
-        if pages * self.page_size < self.config.min_load_tokens:
+        if pages and not self.policy.pays(pages):  # a copy out of L2 that costs more
+            self.stats.add("skipped_unprofitable")
             pages = 0
         split = lk.split(pages)
         self.index.drop_readers(lk.slots[pages:])
@@ -344,9 +386,12 @@ class SchedulerSide:
         self._loads.append(CopyJob(job, request.request_id, tuple(block_ids), tuple(slots)))
         lk.committed = True
         split = lk.split(pages)
+        slowest = "host"
         for tier, n in (("host", split.host), ("disk", split.disk), ("remote", split.remote)):
             if n:
                 self.stats.add(f"hit_tokens_{tier}", n * self.page_size)
+                slowest = tier
+        self.stats.add(f"hits_{slowest}_{hit_size(pages * self.page_size)}")
 
     # -- saves --------------------------------------------------------------
 
@@ -364,6 +409,7 @@ class SchedulerSide:
             if req_id in cached.resumed_req_ids:
                 self.saves.start(req_id, computed)
             self._plan_save(req_id, computed, out, meta)
+        self.clock.scheduled([j.job for j in meta.loads + meta.saves], out.num_scheduled_tokens)
         return meta
 
     def _plan_save(
@@ -388,6 +434,9 @@ class SchedulerSide:
         self._poll()
         if not isinstance(meta, AsynchicacheWorkerMeta):
             return
+        self.clock.reported(
+            meta.loads_done + meta.saves_done + meta.loads_failed + meta.saves_failed
+        )
         for job, ok in self.host.worker_reports(meta):  # every rank's copy reported
             if job.kind is JobKind.COPY_IN:
                 self.index.drop_readers(job.slots)

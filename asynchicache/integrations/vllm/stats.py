@@ -6,6 +6,8 @@ L2. vLLM sums the two each step (`aggregate`) and hands the sum to the
 Prometheus logger in the API server process (`AsynchicachePromMetrics`).
 
     vllm:asynchicache_hit_tokens_total{tier="host|disk|remote"}
+    vllm:asynchicache_hits_total{tier="host|disk|remote",size="le16|le64|le256|le1024|more"}
+                                 (hits loaded, by their slowest tier and their tokens)
     vllm:asynchicache_bytes_total{direction="load|save"}    (L2 <-> vLLM's blocks)
     vllm:asynchicache_events_total{event="..."}             (lookups, failures, ...)
     vllm:asynchicache_refused_total{reason="..."}           (requests not cached, why)
@@ -27,11 +29,22 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from asynchicache.integrations.vllm.request_names import REFUSALS
 
 TIERS = ("host", "disk", "remote")
+# Hit sizes in tokens: up to 16 (the one shared page of a system prompt), 64, 256, 1024.
+HIT_SIZES = ((16, "le16"), (64, "le64"), (256, "le256"), (1024, "le1024"))
+
+
+def hit_size(tokens: int) -> str:
+    """The size bucket of a hit of `tokens` tokens (`hits_<tier>_<bucket>`)."""
+    return next((name for limit, name in HIT_SIZES if tokens <= limit), "more")
+
+
 DIRECTIONS = ("load", "save")
 EVENTS = (
     "lookups",
     "lookup_hits",
     "lookup_timeouts",
+    "lookups_not_waited",
+    "skipped_unprofitable",
     "service_unavailable",
     "prefetch_failures",
     "load_errors",
@@ -93,6 +106,17 @@ class AsynchicachePromMetrics(KVConnectorPromMetrics):
             "refused": ("reason", REFUSALS, "Requests whose pages are not cached, by reason"),
         }
         self._bound: dict[tuple[int, str], Any] = {}
+        hits = self._counter_cls(
+            name="vllm:asynchicache_hits_total",
+            documentation="Hits loaded from asynchicache, by their slowest tier and size",
+            labelnames=[*labelnames, "tier", "size"],
+        )
+        sizes = [name for _, name in HIT_SIZES] + ["more"]
+        for engine, labelvalues in per_engine_labelvalues.items():
+            for tier in TIERS:
+                for size in sizes:
+                    key = f"hits_{tier}_{size}"
+                    self._bound[(engine, key)] = hits.labels(*labelvalues, tier, size)
         for metric, (label, values, doc) in made.items():
             counter = self._counter_cls(
                 name=f"vllm:asynchicache_{metric}",
