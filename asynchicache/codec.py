@@ -36,6 +36,18 @@ Decoder = Callable[[Any], Any]
 _SCALARS = frozenset({int, float, str, bytes, bool, type(None)})
 
 
+def unpack_foreign(data: bytes) -> Any:
+    """Plain msgpack of a format another project defines (vLLM's KV events,
+    kv_events/wire.py, which checks the shapes): the same safe settings as `Codec.decode`
+    (no hooks, no extension types, str keys); ValueError on anything malformed."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except ValueError:
+        raise
+    except Exception as exc:  # msgpack's ExtraData, FormatError, StackError, ...
+        raise ValueError(f"not msgpack: {exc}") from exc
+
+
 class Codec:
     """`encode` / `decode` for one protocol's message types (and the dataclasses they nest)."""
 

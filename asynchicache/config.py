@@ -310,14 +310,18 @@ class LaunchConfig:
     # --storage-timeout: how long the engine waits for one cache-service ticket (an
     # L3/L4 load or store) before it gives up on it; 3x that, silent, restarts the service.
     storage_timeout_s: float = 10.0
-    # --kv-events-endpoint / --kv-events-replay-endpoint (engine/kv_events.py); None: off.
+    # --kv-events-endpoint / --kv-events-replay-endpoint (kv_events/publisher.py); None: off.
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
-    # Who may read them (engine/kv_event_access.py): beyond this machine only when
+    # Who may read them (kv_events/access.py): beyond this machine only when
     # allowed, and then with CURVE keys (the server's certificate, the clients' folder).
     kv_events_allow_remote: bool = False
     kv_events_curve_secret_key: Path | None = None
     kv_events_curve_clients: Path | None = None
+    kv_events_plaintext: bool = False  # tcp:// without CURVE (routers that lack it)
+    kv_events_topic: str = ""  # vLLM's topic frame
+    kv_events_pool: str = "pool:asynchicache"  # `ownership` of the fleet's shared pages
+    kv_events_shared_disk: bool = False  # the L3 folder is the fleet's: announce it as the pool's
 
     def __post_init__(self) -> None:
         check_numbers(self, {"host_cache_tokens": "--hiradix_cache_token_num"})

@@ -1,17 +1,15 @@
 """The four tiers a page can be in, and the events of pages entering and leaving them.
 
 One vocabulary for every layer: the cache's tree (device, host), the cache
-service (disk, remote), the engine's KV event stream, the admin routes, the
+service (disk, remote), the engine's KV event publisher, the admin routes, the
 metrics and the benchmark all name tiers with `Tier` and report changes with
-the three events below. The events carry vLLM's names and fields
-(`BlockStored`, `BlockRemoved`, `AllBlocksCleared`), which is the wire format
-routers that read vLLM's or SGLang's KV events decode; our block is a page and
-its hash the chained page hash of DESIGN.md.
+the three events below, named after vLLM's (our block is a page, its hash the
+chained page hash of DESIGN.md). They stay inside our processes: what leaves
+for routers is vLLM's own wire format, one medium per tier (kv_events/wire.py,
+which the publisher turns these into).
 
-A page may be in several tiers at once. `block_size` is the engine's page size:
-the cache service does not know it, so its events leave it None and the
-engine's publisher fills it in (engine/kv_events.py) before they leave the
-process.
+A page may be in several tiers at once. `block_size`: the cache service does
+not know the page size, so its events leave it None.
 
 This module imports nothing of asynchicache, so every layer may use it.
 """

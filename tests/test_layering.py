@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "asynchicache"
-RANK = {"storage": 0, "cache": 1, "engine": 2, "server": 3, "integrations": 3}
+RANK = {"storage": 0, "cache": 1, "engine": 2, "kv_events": 2, "server": 3, "integrations": 3}
 
 
 def _layer(module: str) -> str | None:

@@ -23,7 +23,6 @@ import zmq
 
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.inbox import Inbox, Received
-from asynchicache.engine.kv_events import KvEventsConfig
 from asynchicache.engine.protocol import (
     AbortRequest,
     AdminRequest,
@@ -32,6 +31,7 @@ from asynchicache.engine.protocol import (
     TokenOutput,
     encode,
 )
+from asynchicache.kv_events.publisher import KvEventsConfig
 from asynchicache.storage.base import StorageTier
 
 if TYPE_CHECKING:  # torch: imported in the engine process only, not by the launcher

@@ -1,6 +1,6 @@
 """`Upkeep`: what the engine loop does between steps besides serving requests.
 
-* publish KV events (engine/kv_events.py), when `--kv-events-endpoint` is set;
+* publish KV events (kv_events/publisher.py), when `--kv-events-endpoint` is set;
 * refresh the pins L2 honours from the cache service's listing (every server on
   the disk folder may pin), while idle, with a short bounded wait.
 """
@@ -12,7 +12,7 @@ import time
 import zmq
 
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.kv_events import KvEventPublisher, KvEventsConfig
+from asynchicache.kv_events.publisher import KvEventPublisher, KvEventsConfig
 from asynchicache.storage.client.storage_client import StorageClient
 
 PIN_REFRESH_S = 10.0

@@ -6,6 +6,7 @@
     POST /cache/pin               POST /cache/unpin              (server/cache_admin.py)
     POST /tokenize, /detokenize   GET /version                   (vLLM's, server/compat_routes.py)
     GET|POST /flush_cache, /clear_hicache_storage_backend         (SGLang's, admin)
+    POST /v1/completions/render, /v1/chat/completions/render      (vLLM's, server/render_routes.py)
 
 Keys: server/auth.py (every endpoint but `/health` and `/ready` wants the API key;
 the admin key opens the cache admin routes and everything else).
@@ -29,6 +30,7 @@ from asynchicache.server.engine_client import EngineUnavailable
 from asynchicache.server.errors import APIError, install_error_handlers
 from asynchicache.server.exposure import ExposureGuard
 from asynchicache.server.readiness import readiness
+from asynchicache.server.render_routes import add_render_routes
 from asynchicache.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -83,6 +85,7 @@ def _routes(app: FastAPI, ctx: AppContext) -> None:
 
     add_cache_routes(app, ctx)
     add_compat_routes(app, ctx)
+    add_render_routes(app, ctx)
 
 
 def create_app(ctx: AppContext, server: ServerConfig | None = None) -> FastAPI:

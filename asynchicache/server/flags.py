@@ -186,13 +186,28 @@ def _add_kv_events(p: argparse.ArgumentParser) -> None:
         "--kv-events-endpoint",
         metavar="ADDR",
         help="publish every tier's page stores and removals on this ZeroMQ PUB address, "
-        "e.g. tcp://127.0.0.1:5557 (msgpack batches, vLLM's event shapes; default: off)",
+        "e.g. ipc:///run/user/1000/ac/events.sock (vLLM's KVEventBatch wire format, "
+        "media GPU/CPU/DISK/EXTERNAL; docs/fleet.md; default: off)",
     )
     g.add_argument(
         "--kv-events-replay-endpoint",
         metavar="ADDR",
-        help="answer requests for the current contents of every tier on this ZeroMQ ROUTER "
-        "address, e.g. tcp://127.0.0.1:5558 (a late or lagging subscriber catches up)",
+        help="answer replay requests (vLLM's protocol: batches from a sequence number on) on "
+        "this ZeroMQ ROUTER address (vllm-router's --kv-event-replay-source)",
+    )
+    g.add_argument("--kv-events-topic", default="", metavar="TOPIC",
+                   help="the topic frame of every batch (vLLM's; default: empty)")  # fmt: skip
+    g.add_argument(
+        "--kv-events-pool",
+        default="pool:asynchicache",
+        metavar="NAME",
+        help="the `ownership` L4 pages (and a shared L3's) are announced under: a router "
+        "credits them to every instance and keeps them when this one restarts",
+    )
+    g.add_argument(
+        "--kv-events-shared-disk",
+        action="store_true",
+        help="the disk folder is shared by the fleet: announce its pages as the pool's",
     )
 
 
@@ -204,11 +219,18 @@ def _add_exposure(p: argparse.ArgumentParser) -> None:
     })  # fmt: skip
     g = p.add_argument_group("KV events: who may read them")
     g.add_argument(
+        "--kv-events-plaintext",
+        action="store_true",
+        help="let the KV events go out on tcp:// without CURVE (a loopback port is readable by "
+        "every local user; with --kv-events-allow-remote, by anyone who reaches it): for "
+        "routers that have no CURVE, e.g. vllm-router",
+    )
+    g.add_argument(
         "--kv-events-allow-remote",
         action="store_true",
         help="let the KV event endpoints listen beyond this machine (tcp://* or another "
-        "address); they need the two CURVE flags below (default: ipc:// in a private folder "
-        "or loopback tcp:// only)",
+        "address); they need the two CURVE flags below or --kv-events-plaintext (default: "
+        "ipc:// in a private folder)",
     )
     g.add_argument(
         "--kv-events-curve-secret-key",

@@ -44,9 +44,9 @@ from setproctitle import setproctitle
 
 from asynchicache.config import GIB, CacheConfig, LaunchConfig, ServiceTuning
 from asynchicache.engine.allocator import allocator_env
-from asynchicache.engine.kv_events import KvEventsConfig, kv_events_config
 from asynchicache.engine.openmp import openmp_env
 from asynchicache.engine.process import EngineProcessConfig, run_engine
+from asynchicache.kv_events.publisher import KvEventsConfig, kv_events_config
 from asynchicache.server.context import AppContext, ModelInfo
 from asynchicache.server.engine_client import (
     EngineClient,

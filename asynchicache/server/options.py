@@ -95,9 +95,13 @@ def to_config(args: argparse.Namespace, environ: Mapping[str, str] | None = None
         kv_events_allow_remote=args.kv_events_allow_remote,
         kv_events_curve_secret_key=args.kv_events_curve_secret_key,
         kv_events_curve_clients=args.kv_events_curve_clients,
+        kv_events_plaintext=args.kv_events_plaintext,
+        kv_events_topic=args.kv_events_topic,
+        kv_events_pool=args.kv_events_pool,
+        kv_events_shared_disk=args.kv_events_shared_disk,
     )
     if config.kv_events_endpoint is not None:  # an address others could reach fails now
-        from asynchicache.engine.kv_events import kv_events_config
+        from asynchicache.kv_events.publisher import kv_events_config
 
         kv_events_config(config)
     return config

@@ -295,5 +295,15 @@ def plan_chat(ctx: AppContext, body: ChatCompletionRequest) -> Plan:
 
 
 def chat_prompt_ids(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
-    """The chat prompt's token ids (for `/cache/lookup`)."""
+    """The chat prompt's token ids (for `/cache/lookup` and the render route)."""
     return _chat_ids(ctx, body)
+
+
+def completion_prompt_ids(ctx: AppContext, body: CompletionRequest) -> list[list[int]]:
+    """Each completion prompt's token ids (for the render route, server/render_routes.py)."""
+    return _completion_prompts(ctx, body)
+
+
+def check_prompt_ids(ctx: AppContext, ids: list[int]) -> None:
+    """400 for an empty prompt or an id outside the vocabulary."""
+    _check_ids(ctx, ids)

@@ -1,4 +1,4 @@
-"""KV events of every tier in one stream (engine/kv_events.py), with a real cache service
+"""KV events of every tier in one stream (kv_events/publisher.py), with a real cache service
 (in a thread, real files, real sockets): a subscriber rebuilds what each tier holds, a late
 or disconnected one detects the gap and catches up from the replay socket."""
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from kv_rig import Rig, kv_rig
 
-from asynchicache.engine.kv_subscriber import KvEventSubscriber
+from asynchicache.kv_events import wire
+from asynchicache.kv_events.subscriber import KvEventSubscriber
 
 DISK_PAGES = 12  # the folder's capacity, in page files: the workload evicts
 
@@ -37,8 +38,8 @@ def test_a_subscriber_rebuilds_every_tier(rig: Rig) -> None:
         assert sub.counts() == truth, (sub.counts(), truth)
         assert truth["disk"] == DISK_PAGES and truth["host"] > 0 and truth["device"] > 0
         assert sub.gaps == 0 and sub.replays == 1
-        on_disk = {h for h, _ in zip(rig.client.contents(("disk",)).disk_hashes, range(10**6),
-                                     strict=False)}  # type: ignore[union-attr]  # fmt: skip
+        listed = rig.client.contents(("disk",))  # type: ignore[union-attr]
+        on_disk = {wire.external_hash(h) for h in listed.disk_hashes}  # type: ignore[union-attr]
         assert sub.tiers["disk"] == on_disk
     finally:
         sub.close()

@@ -1,13 +1,16 @@
 """Issue 22, finding 3: the KV event sockets leak nothing they need not, to no one they
 need not, and survive a flood.
 
-* endpoints: ipc:// in a private folder, loopback tcp:// or inproc:// only, unless
-  `--kv-events-allow-remote`, and a remote endpoint wants ZeroMQ CURVE keys (refused
-  without them); `serve` refuses `tcp://*` before anything starts;
+* endpoints: ipc:// in a private folder or inproc:// only, unless told: loopback tcp://
+  (any local user may connect: issue 39, finding 10) wants CURVE keys or
+  `--kv-events-plaintext`, and beyond this machine also `--kv-events-allow-remote`;
+  `serve` refuses `tcp://*` and a bare loopback port before anything starts;
 * with CURVE keys, only the listed clients read the events;
-* a `cache_salt`'s pages go out as hashes only, in every tier (L1, L2 and disk), live
-  and in a replay; the shared namespace's keep their token ids;
-* the replay socket answers in parts of at most 10,000 events, and a flood of
+* a `cache_salt`'s pages go out with no token ids under keyed names, in every tier (L1,
+  L2 and disk), live and in a replay: nothing derived from the salt (its root as a
+  first page's parent, its pages' hashes) leaves (finding 10); the shared namespace's
+  keep their token ids and plain hashes;
+* the replay socket answers in batches of at most 10,000 events, and a flood of
   requests neither stalls the engine's tick nor keeps a real subscriber out.
 
 Real sockets, a real cache (and cache service, for the disk tier) in this process.
@@ -27,11 +30,11 @@ import pytest
 import zmq
 from kv_rig import PAGE, Rig, kv_rig, page_tokens
 
-from asynchicache.engine.kv_event_access import ClientCurve, CurveKeys
-from asynchicache.engine.kv_event_messages import decode, read_seq, seq_frame
-from asynchicache.engine.kv_events import KvEventsConfig
-from asynchicache.engine.kv_subscriber import KvEventSubscriber
-from asynchicache.tiers import BlockStored
+from asynchicache.kv_events import wire
+from asynchicache.kv_events.access import ClientCurve, CurveKeys
+from asynchicache.kv_events.publisher import KvEventsConfig
+from asynchicache.kv_events.replay import ReplayLimits
+from asynchicache.kv_events.subscriber import KvEventSubscriber
 
 MAX_EVENTS = 10_000
 
@@ -57,12 +60,19 @@ def test_endpoints_beyond_this_machine_are_refused(address: str) -> None:
         KvEventsConfig("ipc:///nonexistent-private/ev.sock", address)
 
 
-@pytest.mark.parametrize(
-    "address", ["tcp://127.0.0.1:5557", "tcp://[::1]:5557", "tcp://localhost:5557",
-                "inproc://events"],
-)  # fmt: skip
-def test_local_endpoints_are_fine(address: str) -> None:
-    KvEventsConfig(address)
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:5557", "tcp://[::1]:5557",
+                                     "tcp://localhost:5557"])  # fmt: skip
+def test_a_loopback_port_wants_curve_or_the_plaintext_flag(address: str) -> None:
+    with pytest.raises(ValueError, match="every user of this machine"):
+        KvEventsConfig(address)
+    with pytest.raises(ValueError, match="--kv-events-replay-endpoint"):
+        KvEventsConfig("inproc://events", address)
+    KvEventsConfig(address, address, plaintext=True)
+
+
+def test_private_endpoints_are_fine(tmp_path: Path) -> None:
+    KvEventsConfig("inproc://events")
+    KvEventsConfig(f"ipc://{tmp_path}/private/ev.sock")
 
 
 def _curve_keys(tmp_path: Path) -> tuple[CurveKeys, Path, Path]:
@@ -86,6 +96,7 @@ def test_a_remote_endpoint_wants_the_flag_and_curve_keys(tmp_path: Path) -> None
         KvEventsConfig("tcp://*:5557")
     with pytest.raises(ValueError, match="CURVE"):
         KvEventsConfig("tcp://*:5557", allow_remote=True)
+    KvEventsConfig("tcp://*:5557", allow_remote=True, plaintext=True)  # the operator's call
     keys, _, _ = _curve_keys(tmp_path)
     KvEventsConfig("tcp://*:5557", "tcp://*:5558", allow_remote=True, curve=keys)
     public_only = CurveKeys(keys.secret_key_file.with_suffix(".key"), keys.clients_dir)
@@ -123,7 +134,11 @@ def test_serve_refuses_a_star_binding_before_starting(tmp_path: Path) -> None:
     assert "--kv-events-allow-remote" in message
     message = _serve_refusal("--kv-events-endpoint", "tcp://*:5557", "--kv-events-allow-remote")
     assert message is not None and "CURVE" in message
-    assert _serve_refusal("--kv-events-endpoint", "tcp://127.0.0.1:5557") is None
+    message = _serve_refusal("--kv-events-endpoint", "tcp://127.0.0.1:5557")
+    assert message is not None and "--kv-events-plaintext" in message
+    assert _serve_refusal("--kv-events-endpoint", "tcp://127.0.0.1:5557",
+                          "--kv-events-plaintext") is None  # fmt: skip
+    assert _serve_refusal("--kv-events-endpoint", f"ipc://{tmp_path}/ev.sock") is None
 
 
 def test_only_listed_curve_clients_read_the_events(tmp_path: Path) -> None:
@@ -171,12 +186,12 @@ class _Recorder(KvEventSubscriber):
     """A subscriber that keeps every BlockStored it applied (live and replayed)."""
 
     def __init__(self, endpoint: str, replay: str) -> None:
-        self.stored: list[BlockStored] = []
+        self.stored: list[wire.BlockStored] = []
         super().__init__(endpoint, replay)
 
-    def _apply(self, batch) -> None:  # type: ignore[no-untyped-def]
-        self.stored += [e for e in batch.events if isinstance(e, BlockStored)]
-        super()._apply(batch)
+    def _apply(self, number: int, batch: wire.KVEventBatch) -> None:
+        self.stored += [e for e in batch.events if isinstance(e, wire.BlockStored)]
+        super()._apply(number, batch)
 
 
 def _catch_up(rig: Rig, sub: KvEventSubscriber) -> None:
@@ -189,7 +204,7 @@ def _catch_up(rig: Rig, sub: KvEventSubscriber) -> None:
         sub.poll(10)
 
 
-def test_salted_pages_go_out_as_hashes_only(rig: Rig) -> None:
+def test_salted_pages_go_out_with_no_tokens_under_keyed_names(rig: Rig) -> None:
     sub = _Recorder(rig.endpoint, rig.replay)
     try:
         sub.request_replay()
@@ -206,67 +221,80 @@ def test_salted_pages_go_out_as_hashes_only(rig: Rig) -> None:
         sub.close()
     secret = set(page_tokens(*SECRET_PAGES))
     shared = page_tokens(*SHARED_PAGES)
+    # Everything derived from the salt: the salted pages' hashes and their chain's root.
+    tree = rig.cache.tree
+    derived = set()
+    for node in tree.iter_nodes():
+        if secret & set(node.tokens):
+            derived.update(node.hashes)
+            assert node.parent is not None
+            derived.add(tree.last_hash(node.parent))  # the salt's root, for a first node
+    plain = {wire.external_hash(h) for h in derived}
+    assert len(derived) >= len(SECRET_PAGES) + 1
     for events, how in ((sub.stored, "live"), (late_stored, "replay")):
-        tiers = {e.tier for e in events}
-        assert {"device", "host", "disk"} <= tiers, (how, tiers)
+        media = {e.medium for e in events}
+        assert {"GPU", "CPU", "DISK"} <= media, (how, media)
         leaked = [e for e in events if secret & set(e.token_ids)]
         assert leaked == [], f"{how}: a salted prompt's token ids went out"
         secret_runs = [e for e in events if not e.token_ids]
-        assert {e.tier for e in secret_runs} >= {"device", "host", "disk"}, how
+        assert {e.medium for e in secret_runs} >= {"GPU", "CPU", "DISK"}, how
         assert sum(len(e.block_hashes) for e in secret_runs) >= 3 * len(SECRET_PAGES), how
-        # The shared prompt's pages keep their tokens where the engine knows them (the
-        # disk tier's events name pages by hash: the service does not send tokens).
+        for e in events:  # no salt-derived name goes out, as a page or as a parent
+            assert not set(e.block_hashes) & plain, how
+            assert e.parent_block_hash not in plain, how
+        # The shared prompt's pages keep their tokens where the engine knows them, and a
+        # first page has no parent (the namespace's root never goes out).
         shared_runs = [e for e in events if e.token_ids[:PAGE] == tuple(shared[:PAGE])]
-        assert {e.tier for e in shared_runs} >= {"device", "host"}, how
+        assert {e.medium for e in shared_runs} >= {"GPU", "CPU"}, how
+        assert all(e.parent_block_hash is None for e in shared_runs), how
+        assert wire.external_hash(tree.root_hash) not in {e.parent_block_hash for e in events}
 
 
 # -- the replay socket ----------------------------------------------------------------------
 
 
-def _fill(rig: Rig, pages: int, per_prompt: int = 50) -> None:
-    for start in range(0, pages, per_prompt):
-        rig.put(*range(1000 + start, 1000 + start + per_prompt))
+def _fill(rig: Rig, pages: int, per_prompt: int = 50, start: int = 0) -> None:
+    for first in range(start, start + pages, per_prompt):
+        rig.put(*range(1000 + first, 1000 + first + per_prompt))
 
 
-def _ask(sock: zmq.Socket, *frames: bytes) -> tuple[int, object]:
-    sock.send_multipart([b"", b"replay", *frames])
-    _empty, seq, payload = sock.recv_multipart()
-    return read_seq(seq), decode(payload)
-
-
-def test_replays_come_in_parts_of_at_most_10000_events(tmp_path: Path) -> None:
+def test_replays_come_in_batches_of_at_most_10000_events(tmp_path: Path) -> None:
     pages = 12_000
+    # A buffer of 4 batches: batch 0 is long gone when the asker comes.
     with kv_rig(tmp_path, device_pages=pages, host_pages=8, disk_pages=None,
-                interval_s=0.0) as rig:  # fmt: skip
-        _fill(rig, pages)
-        rig.publisher.tick()
+                interval_s=0.0, replay=ReplayLimits(buffer_steps=4)) as rig:  # fmt: skip
+        for start in range(0, pages, 1000):
+            _fill(rig, 1000, start=start)
+            rig.publisher.tick()
+        assert rig.publisher.seq > 4
         ctx = zmq.Context()
         asker = ctx.socket(zmq.DEALER)
         asker.setsockopt(zmq.LINGER, 0)
         asker.setsockopt(zmq.RCVTIMEO, 100)
         asker.connect(rig.replay)
         try:
-            parts = []
-            asker.send_multipart([b"", b"replay"])
+            batches = []
+            asker.send_multipart([b"", wire.seq_frame(0)])  # vLLM's request: from batch 0
             while True:
                 rig.publisher.tick()
                 try:
-                    _empty, seq, payload = asker.recv_multipart()
+                    _empty, _topic, seq, payload = asker.recv_multipart()
                 except zmq.Again:
                     continue
-                assert len(payload) < 2_000_000  # one frame never holds the whole cache
-                batch = decode(payload)
-                weight = sum(len(e.block_hashes) if isinstance(e, BlockStored) else 1
-                             for e in batch.events)  # fmt: skip
-                assert weight <= MAX_EVENTS and read_seq(seq) == batch.seq
-                parts.append(batch)
-                if len(parts) == batch.parts:
+                if wire.read_seq(seq) == wire.END_SEQ:
                     break
-                asker.send_multipart([b"", b"replay", seq_frame(batch.seq),
-                                      seq_frame(len(parts))])  # fmt: skip
-            assert len(parts) == 2 and [p.part for p in parts] == [0, 1]
-            device = {h for p in parts for e in p.events if isinstance(e, BlockStored)
-                      and e.tier == "device" for h in e.block_hashes}  # fmt: skip
+                assert len(payload) < 2_000_000  # one frame never holds the whole cache
+                batch = wire.decode(payload)
+                assert sum(wire.weight(e) for e in batch.events) <= MAX_EVENTS
+                batches.append((wire.read_seq(seq), batch))
+            resync = [b for _, b in batches if any(isinstance(e, wire.AllBlocksCleared)
+                                                   for e in b.events)]  # fmt: skip
+            assert len(resync) == 1  # the start (0) was older than the buffer: a resync
+            assert len(batches) == 2  # 12,000 pages in two batches, from AllBlocksCleared on
+            numbers = [n for n, _ in batches]
+            assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+            device = {h for _, b in batches for e in b.events if isinstance(e, wire.BlockStored)
+                      and e.medium == "GPU" for h in e.block_hashes}  # fmt: skip
             assert len(device) == pages
         finally:
             asker.close()
@@ -299,7 +327,7 @@ def test_a_flood_of_replay_requests_stalls_nothing(tmp_path: Path) -> None:
             for _ in range(5_000):
                 for s in flooders:
                     with contextlib.suppress(zmq.Again):
-                        s.send_multipart([b"", b"replay"], zmq.NOBLOCK)
+                        s.send_multipart([b"", wire.seq_frame(0)], zmq.NOBLOCK)
                         sent += 1
             sub.request_replay()
             ticks, started = [], time.monotonic()
@@ -312,6 +340,7 @@ def test_a_flood_of_replay_requests_stalls_nothing(tmp_path: Path) -> None:
                 rig.put(5000 + len(ticks) % 3)  # the engine keeps working meanwhile
             elapsed = time.monotonic() - started
             replays = rig.publisher.replays
+            resyncs = rig.publisher.resyncs
         finally:
             sub.close()
             for s in flooders:
@@ -322,5 +351,5 @@ def test_a_flood_of_replay_requests_stalls_nothing(tmp_path: Path) -> None:
     assert max(ticks) < 1.0, f"a tick took {max(ticks):.2f}s"
     assert sorted(ticks)[len(ticks) // 2] < 0.05
     assert replays is not None
-    assert replays.snapshots_taken <= elapsed / replays.limits.min_interval_s + 2
+    assert resyncs <= elapsed / replays.limits.min_interval_s + 2
     assert replays.answered <= replays.limits.per_tick * len(ticks)

@@ -8,9 +8,9 @@ from typing import Any
 
 import httpx
 
-from asynchicache.engine.kv_event_messages import KVEventBatch
-from asynchicache.engine.kv_subscriber import KvEventSubscriber
-from asynchicache.tiers import TIERS, BlockStored
+from asynchicache.kv_events import wire
+from asynchicache.kv_events.subscriber import KvEventSubscriber
+from asynchicache.tiers import TIERS
 
 PAGE = 16
 
@@ -64,29 +64,23 @@ class ChainSubscriber(KvEventSubscriber):
     pages among the hashes, as a router does)."""
 
     def __init__(self, endpoint: str, replay: str) -> None:
-        self.pages: dict[tuple[bytes, tuple[int, ...]], bytes] = {}  # (parent, tokens) -> hash
-        self.parents: set[bytes] = set()
-        self.hashes: set[bytes] = set()
+        # (parent, tokens) -> hash; a first page's parent is None on the wire
+        self.pages: dict[tuple[int | None, tuple[int, ...]], int] = {}
         super().__init__(endpoint, replay)
 
-    def _apply(self, batch: KVEventBatch) -> None:
+    def _apply(self, number: int, batch: wire.KVEventBatch) -> None:
         for e in batch.events:
-            if isinstance(e, BlockStored) and len(e.token_ids) == PAGE * len(e.block_hashes):
-                parent = e.parent_block_hash or b""
+            if isinstance(e, wire.BlockStored) and len(e.token_ids) == PAGE * len(e.block_hashes):
+                parent = e.parent_block_hash
                 for i, h in enumerate(e.block_hashes):
                     self.pages[(parent, tuple(e.token_ids[i * PAGE : (i + 1) * PAGE]))] = h
-                    self.parents.add(parent)
-                    self.hashes.add(h)
                     parent = h
-        super()._apply(batch)
+        super()._apply(number, batch)
 
-    def chain(self, ids: list[int]) -> list[bytes]:
-        """The hashes of the prompt's pages seen in events (from its root on)."""
-        first = tuple(ids[:PAGE])
-        roots = [p for (p, t) in self.pages if t == first and p not in self.hashes]
-        if not roots:
-            return []
-        out, parent = [], roots[0]
+    def chain(self, ids: list[int]) -> list[int]:
+        """The block hashes of the prompt's pages seen in events (from its first page on)."""
+        out: list[int] = []
+        parent: int | None = None
         for k in range(len(ids) // PAGE):
             h = self.pages.get((parent, tuple(ids[k * PAGE : (k + 1) * PAGE])))
             if h is None:

@@ -29,6 +29,8 @@ from processes import children_of, proc_title
 from redis_server import RedisServer, redis_server_binary
 from serve_process import ServeProcess, disk_server
 
+from asynchicache.kv_events import wire
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 FOREIGN_KEY = "someone-else:key"
@@ -74,7 +76,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         root / "kv", root / "server.log",
         "--device-cache-tokens", "1024", "--host-cache-gb", "0.05", "--disk-cache-gb", "0.1",
         "--remote-url", rds.url, "--kv-events-endpoint", events,
-        "--kv-events-replay-endpoint", replay,
+        "--kv-events-replay-endpoint", replay, "--kv-events-plaintext",
     )  # fmt: skip
     sub: ChainSubscriber | None = None
     try:
@@ -98,7 +100,11 @@ def test_events_rebuild_every_tier_and_agree_with_stats_and_lookup(live: Live) -
     complete(live.url, prompts[0][0])  # a hit from a lower tier
     counts = live.settle()
     assert all(counts[t] > 0 for t in ("device", "host", "disk", "remote")), counts
-    assert live.sub.tiers["remote"] == live.remote_pages()  # the very pages, not only counts
+    # The very pages, not only counts: the shared namespace's under their plain names, the
+    # 30 salted ones (3 prompts of 10 pages) under keyed ones (kv_events/privacy.py).
+    remote = {wire.external_hash(h) for h in live.remote_pages()}
+    assert len(live.sub.tiers["remote"]) == len(remote)
+    assert len(live.sub.tiers["remote"] - remote) <= 30
     unsalted = [ids for ids, salt in prompts if salt is None]
     agreeing = 0
     for ids in unsalted:
@@ -128,7 +134,8 @@ def test_cache_store_false_stays_out_of_disk_and_redis(live: Live) -> None:
     hashes = live.sub.chain(private)
     assert len(hashes) == 6
     assert set(hashes) & (live.sub.tiers["device"] | live.sub.tiers["host"])  # L1/L2: yes
-    assert not set(hashes) & (live.sub.tiers["disk"] | live.remote_pages())
+    remote = {wire.external_hash(h) for h in live.remote_pages()}
+    assert not set(hashes) & (live.sub.tiers["disk"] | remote)
     complete(live.url, private)  # the same pages, by a request that stores
     live.settle()
     assert set(hashes) <= live.sub.tiers["disk"] | live.sub.tiers["remote"]

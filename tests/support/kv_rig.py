@@ -20,8 +20,8 @@ from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.keys import Namespace
 from asynchicache.cache.pools import HostPool, KVLayout
 from asynchicache.config import CacheConfig
-from asynchicache.engine.kv_events import KvEventPublisher, KvEventsConfig
-from asynchicache.engine.kv_subscriber import KvEventSubscriber
+from asynchicache.kv_events.publisher import KvEventPublisher, KvEventsConfig
+from asynchicache.kv_events.subscriber import KvEventSubscriber
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 from asynchicache.storage.disk.backend import DiskConfig

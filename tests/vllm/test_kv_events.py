@@ -2,8 +2,8 @@
 
 vLLM's real scheduler (sched_harness.py) publishes its events on a ZeroMQ PUB
 socket; this test subscribes as a router would and decodes them: the pages a
-request saved appear as BlockStored with medium CPU (our L2) and STORAGE (the
-cache service stored them), named by our page hashes with their tokens, and
+request saved appear as BlockStored with medium CPU (our L2) and DISK (the
+cache service stored them), named by our page hashes' low 64 bits with their tokens, and
 pages evicted from L2 as BlockRemoved with medium CPU. On main the connector
 reported nothing (only vLLM's own GPU blocks appeared).
 """
@@ -21,6 +21,7 @@ import zmq
 from sched_harness import PAGE, Engine, Truth, tiny_model_folder
 
 from asynchicache.integrations.vllm.lookup import RequestChain
+from asynchicache.kv_events.wire import external_hash
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -68,14 +69,10 @@ def engine_and_events(tmp_path: Path) -> Iterator[tuple[Engine, Subscriber]]:
     made.shutdown()
 
 
-def ours(events: list, medium: str, kind: str) -> set[bytes]:
-    return {
-        h
-        for e in events
-        if type(e).__name__ == kind and e.medium == medium
-        for h in e.block_hashes
-        if isinstance(h, bytes)
-    }
+def ours(events: list, medium: str, kind: str) -> set[int]:
+    """Our events' block hashes (vLLM's own go out as medium GPU)."""
+    return {h for e in events if type(e).__name__ == kind and e.medium == medium
+            for h in e.block_hashes}  # fmt: skip
 
 
 def test_stored_and_evicted_pages_reach_vllms_event_stream(
@@ -90,13 +87,14 @@ def test_stored_and_evicted_pages_reach_vllms_event_stream(
     engine.settle()
     engine.add("poke", Truth([3, 4, 5], [6]), max_tokens=1)  # a step hands over new events
     engine.run()
-    chain = set(RequestChain(engine.side.namespace.digest(), PAGE).extend(prompt))
+    pages = RequestChain(engine.side.namespace.digest(), PAGE).extend(prompt)
+    chain = {external_hash(h) for h in pages}
     events = sub.until(
         lambda ev: (
-            ours(ev, "CPU", "BlockStored") >= chain and ours(ev, "STORAGE", "BlockStored") >= chain
+            ours(ev, "CPU", "BlockStored") >= chain and ours(ev, "DISK", "BlockStored") >= chain
         )
     )
-    first = RequestChain(engine.side.namespace.digest(), PAGE).extend(prompt)[0]
+    first = external_hash(pages[0])
     stored = next(e for e in events if e.medium == "CPU" and first in e.block_hashes)
     assert stored.block_size == PAGE and stored.token_ids[:PAGE] == prompt[:PAGE]
     assert stored.parent_block_hash is None  # the chain's first page

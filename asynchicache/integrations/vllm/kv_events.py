@@ -2,17 +2,20 @@
 
 vLLM publishes its own block events (medium GPU) and, each step, those its
 KV connector hands over (`take_events`). Ours, so that a router following
-vLLM's event stream (llm-d) learns what our tiers hold:
+vLLM's event stream (vllm-router, llm-d, Dynamo) learns what our tiers hold, in the
+media of kv_events/wire.py:
 
-    BlockStored  medium CPU      pages published in this instance's L2 (saved or loaded)
-    BlockRemoved medium CPU      pages evicted from L2
-    BlockStored  medium STORAGE  pages the cache service stored (disk, and Redis)
+    BlockStored  medium CPU   pages published in this instance's L2 (saved or loaded)
+    BlockRemoved medium CPU   pages evicted from L2
+    BlockStored  medium DISK  pages the cache service stored (disk, and Redis: the
+                              connector is not told which; routers price it as disk)
 
-A page is one "block" of `page_size` tokens named by our chained hash (16
-bytes; `parent_block_hash` is the previous page's), with its token ids. Pages
-the service later evicts from disk are not reported: the service does not
-tell the connector (a consumer ages STORAGE entries out, or looks them up).
-Events are kept only while vLLM publishes them, so nothing piles up unread.
+A page is one "block" of `page_size` tokens named, as vLLM names its own, by an int:
+the low 64 bits of our chained page hash (`parent_block_hash` is the previous page's;
+None for a chain's first page), with its token ids. Pages the service later evicts
+from disk are not reported: the service does not tell the connector (a consumer ages
+DISK entries out, or looks them up). Events are kept only while vLLM publishes them,
+so nothing piles up unread.
 """
 
 from __future__ import annotations
@@ -20,13 +23,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from vllm.distributed.kv_events import MEDIUM_CPU, MEDIUM_STORAGE, BlockRemoved, BlockStored
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
 
+from asynchicache.kv_events.wire import MEDIUM, external_hash
 from asynchicache.storage.base import PageRef
+from asynchicache.tiers import Tier
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_events import KVCacheEvent
+
+MEDIUM_CPU = MEDIUM[Tier.HOST]
+MEDIUM_STORAGE = MEDIUM[Tier.DISK]
 
 __all__ = ["MEDIUM_CPU", "MEDIUM_STORAGE", "KVEventLog", "events_enabled"]
 
@@ -70,8 +78,8 @@ class KVEventLog:
         parent = run[0].parent
         self._events.append(
             BlockStored(
-                block_hashes=[p.page_hash for p in run],
-                parent_block_hash=None if not parent or parent == root else parent,
+                block_hashes=[external_hash(p.page_hash) for p in run],
+                parent_block_hash=None if not parent or parent == root else external_hash(parent),
                 token_ids=[t for p in run for t in p.tokens],
                 block_size=self.page_size,
                 lora_id=None,
@@ -82,7 +90,9 @@ class KVEventLog:
 
     def removed(self, hashes: Sequence[bytes], medium: str) -> None:
         if self.enabled and hashes:
-            self._events.append(BlockRemoved(block_hashes=list(hashes), medium=medium))
+            self._events.append(
+                BlockRemoved(block_hashes=[external_hash(h) for h in hashes], medium=medium)
+            )
 
     def take(self) -> list[KVCacheEvent]:
         out, self._events = self._events, []

@@ -1,56 +1,49 @@
-"""`KvEventPublisher`: one stream of KV events for every tier of one engine, for routers.
+"""`KvEventPublisher`: one stream of KV events for every tier of one engine, on vLLM's wire.
 
-Routers that send a request to the instance holding its prefix (llm-d's
-KV-cache-aware scheduler, vLLM's production-stack router, SGLang's router)
-learn what each instance holds from KV events. The engine publishes one
-numbered stream (messages: engine/kv_event_messages.py):
+Routers that send a request to the instance holding its prefix (vllm-router's `kv_aware`,
+llm-d's precise prefix-cache scorer, Dynamo's KV router) learn what each instance holds
+from vLLM's KV events (kv_events/wire.py). The engine publishes one numbered stream:
 
 * L1/L2 events come from comparing the tree with what was last published
   (cache.residency), at most every `interval_s` and only after a change;
-* L3/L4 events are the cache service's, relayed (engine/storage_mirror.py keeps
-  the pages they describe, and resyncs from the service's contents when some
-  were lost); together one sequence, so a subscriber needs one socket;
-* a router that starts late, or sees a sequence number jump, asks the replay
-  socket for the current contents (exact as of the batch number it carries), in
-  parts of at most 10,000 events, a bounded number of requests per tick
-  (engine/kv_replay.py).
+* L3/L4 events are the cache service's, relayed (kv_events/mirror.py keeps the pages
+  they describe, and resyncs from the service's contents when some were lost);
+* L4 pages (and L3 pages of a folder the fleet shares, `shared_disk`) are the fleet's:
+  they go out with `ownership` = `pool` (llm-d's `pool:<name>`), so a router credits them
+  at the external tier's cost and keeps them when this instance restarts (its L1/L2 go);
+* a subscriber that lost batches asks the replay socket (vLLM's protocol,
+  kv_events/replay.py) from the first one it lacks; one older than the replay buffer
+  gets a resync: `AllBlocksCleared` and every tier's contents, published as ordinary
+  numbered batches of at most `max_events` events (every subscriber applies them).
 
-Who may read them: engine/kv_event_access.py (a private ipc:// folder or loopback
-unless `--kv-events-allow-remote`, and then ZeroMQ CURVE). What they show: page
-hashes of every tier, and the token ids of the shared namespace's pages only; a
-`cache_salt`'s pages go out as hashes (engine/kv_event_privacy.py).
+Who may read them: kv_events/access.py. What they show (kv_events/privacy.py): token
+ids and plain block hashes of the shared namespace's pages only; a `cache_salt`'s pages,
+and pages whose chain is not known, go out with no tokens under keyed hashes (a secret
+of this publisher), so nothing derived from a salt leaves, and no router can match a
+request to them. A first page's parent is None, as vLLM's is.
 
-Everything runs on the engine's thread, between steps (`tick()`); the PUB
-socket drops batches a slow subscriber cannot take (its high-water mark), which
-that subscriber sees as a gap.
+Everything runs on the engine's thread, between steps (`tick()`); the PUB socket drops
+batches a slow subscriber cannot take (its high-water mark), which it sees as a gap.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from collections import deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import zmq
 
 from asynchicache.config import LaunchConfig
-from asynchicache.engine.kv_event_access import (
-    CurveGuard,
-    CurveKeys,
-    check_endpoint,
-    prepare_ipc,
-)
-from asynchicache.engine.kv_event_messages import (
-    KVEventBatch,
-    encode,
-    seq_frame,
-)
-from asynchicache.engine.kv_event_privacy import PublicChains
-from asynchicache.engine.kv_replay import ReplayLimits, ReplayServer
-from asynchicache.engine.storage_mirror import StorageMirror
+from asynchicache.kv_events import wire
+from asynchicache.kv_events.access import CurveGuard, CurveKeys, check_endpoint, prepare_ipc
+from asynchicache.kv_events.mirror import StorageMirror
+from asynchicache.kv_events.privacy import PublicChains
+from asynchicache.kv_events.replay import ReplayLimits, ReplayServer
 from asynchicache.storage.admin_messages import ContentsReply
-from asynchicache.tiers import STORAGE_TIERS, AllBlocksCleared, BlockStored, TierEvent
+from asynchicache.tiers import STORAGE_TIERS, TIERS, AllBlocksCleared, BlockStored, Tier, TierEvent
 
 if TYPE_CHECKING:  # the launcher imports this module for its config: no torch there
     from asynchicache.cache.hierarchy import HiRadixCache
@@ -60,30 +53,36 @@ log = logging.getLogger(__name__)
 
 RESYNC_EVERY_S = 1.0  # how often to retry asking the service for its contents
 CONTENTS_TIMEOUT_S = 30.0
+DEFAULT_POOL = "pool:asynchicache"
 
 
 @dataclass(frozen=True)
 class KvEventsConfig:
     """Where the engine publishes (`--kv-events-endpoint`) and answers replays."""
 
-    endpoint: str  # PUB, e.g. tcp://127.0.0.1:5557
+    endpoint: str  # PUB, e.g. ipc:///run/user/1000/ac/events.sock
     replay_endpoint: str | None = None  # ROUTER
     topic: str = ""
     interval_s: float = 0.02  # the least time between two walks of the tree
     send_hwm: int = 10_000  # batches queued per subscriber before it loses some
-    allow_remote: bool = False  # --kv-events-allow-remote (and then `curve` is required)
+    allow_remote: bool = False  # --kv-events-allow-remote (and then `curve` or `plaintext`)
     curve: CurveKeys | None = None  # --kv-events-curve-secret-key / --kv-events-curve-clients
+    plaintext: bool = False  # --kv-events-plaintext: tcp:// without CURVE, readable by others
     replay: ReplayLimits = field(default_factory=ReplayLimits)
+    pool: str = DEFAULT_POOL  # `ownership` of the fleet's shared pages (L4, shared L3)
+    shared_disk: bool = False  # L3 is a folder every instance reads: announce it as the pool's
 
     def __post_init__(self) -> None:
         for flag, addr in (("--kv-events-endpoint", self.endpoint),
                            ("--kv-events-replay-endpoint", self.replay_endpoint)):  # fmt: skip
             if addr is not None:
-                check_endpoint(flag, addr, self.allow_remote, self.curve)
+                check_endpoint(flag, addr, self.allow_remote, self.curve, self.plaintext)
         if self.curve is not None:
             self.curve.check()
         if self.interval_s < 0:
             raise ValueError(f"the KV event interval must be >= 0, got {self.interval_s}")
+        if not self.pool:
+            raise ValueError("the KV events' pool name must not be empty")
 
 
 def kv_events_config(launch: LaunchConfig) -> KvEventsConfig | None:
@@ -96,16 +95,13 @@ def kv_events_config(launch: LaunchConfig) -> KvEventsConfig | None:
     return KvEventsConfig(
         launch.kv_events_endpoint,
         launch.kv_events_replay_endpoint,
+        topic=launch.kv_events_topic,
         allow_remote=launch.kv_events_allow_remote,
         curve=curve,
+        plaintext=launch.kv_events_plaintext,
+        pool=launch.kv_events_pool,
+        shared_disk=launch.kv_events_shared_disk,
     )
-
-
-def to_wire(event: TierEvent, page_size: int) -> TierEvent:
-    """`event` as routers get it: a stored run says its block size (the service cannot)."""
-    if isinstance(event, BlockStored):
-        return replace(event, block_size=page_size)
-    return event
 
 
 class KvEventPublisher:
@@ -124,7 +120,11 @@ class KvEventPublisher:
         self.storage = storage
         self.mirror = StorageMirror(cache.page_size)
         self.public = PublicChains(cache.tree.root_hash)
-        self.seq = 0  # the number of the last batch published
+        self.seq = -1  # the number of the last batch published (vLLM's start at 0)
+        self.published: dict[str, set[int]] = {t: set() for t in TIERS}  # wire hashes
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=config.replay.buffer_steps)
+        self.resyncs = 0
+        self._resync_at: tuple[float, int] | None = None  # (when, first seq) of the last
         self._synced = storage is None
         self._last_walk = 0.0
         self._last_sync_try = 0.0
@@ -138,7 +138,7 @@ class KvEventPublisher:
             router = self._socket(ctx, zmq.ROUTER, config.replay_endpoint)
             router.setsockopt(zmq.RCVHWM, config.replay.rcvhwm)
             router.bind(config.replay_endpoint)
-            self.replays = ReplayServer(router, self.snapshot, config.replay)
+            self.replays = ReplayServer(router, self, config.replay)
         log.info("publishing KV events on %s (replay: %s%s)", config.endpoint,
                  config.replay_endpoint, "; CURVE" if self._guard else "")  # fmt: skip
 
@@ -163,7 +163,7 @@ class KvEventPublisher:
             self._last_walk = now
             events += self.residency.changes()
         if events:
-            self._publish(events)
+            self._publish(self._to_wire(events))
 
     # -- L3/L4 ----------------------------------------------------------------------------
 
@@ -175,7 +175,7 @@ class KvEventPublisher:
             self._synced = False
         if self._synced:
             return self.mirror.apply(batch.events)
-        out = self._resync()
+        out = self._resync_storage()
         if not self._synced:
             return out
         # Events taken before the contents and while waiting for them: those numbered
@@ -184,7 +184,7 @@ class KvEventPublisher:
         self._synced = not later.gap
         return out + self.mirror.apply(batch.events + later.events)
 
-    def _resync(self) -> list[TierEvent]:
+    def _resync_storage(self) -> list[TierEvent]:
         """Ask the service what its tiers hold (bounded wait, throttled retries)."""
         now = time.monotonic()
         if self.storage is None or now - self._last_sync_try < RESYNC_EVERY_S:
@@ -199,26 +199,61 @@ class KvEventPublisher:
                  self.mirror.counts())  # fmt: skip
         return events
 
-    # -- out --------------------------------------------------------------------------------
+    # -- to the wire ------------------------------------------------------------------------
 
-    def _publish(self, events: list[TierEvent]) -> None:
-        self.seq += 1
-        wire = tuple(to_wire(e, self.page_size) for e in self.public.filter(events))
+    def _ownership(self, tier: str) -> str | None:
+        shared = tier == Tier.REMOTE or (tier == Tier.DISK and self.config.shared_disk)
+        return self.config.pool if shared else None
+
+    def _to_wire(self, events: list[TierEvent]) -> list[wire.Event]:
+        """Our tier events as vLLM's, with the public/private naming of privacy.py."""
+        out: list[wire.Event] = []
+        for e in self.public.filter(events):
+            medium, owner = wire.MEDIUM[e.tier], self._ownership(e.tier)
+            held = self.published[e.tier]
+            if isinstance(e, BlockStored):
+                stored = self.public.stored(e, self.page_size, medium, owner)
+                held.update(stored.block_hashes)
+                out.append(stored)
+            else:
+                gone = (held.copy() if isinstance(e, AllBlocksCleared)
+                        else {self.public.name(h) for h in e.block_hashes} & held)  # fmt: skip
+                held.difference_update(gone)
+                if gone:
+                    out.append(wire.BlockRemoved(tuple(sorted(gone)), medium, owner))
         if len(self.public) > self.public.prune_at:
             self._prune()
-        payload = encode(KVEventBatch(self.seq, time.time(), wire))
-        try:
-            self._pub.send_multipart([self._topic, seq_frame(self.seq), payload], zmq.NOBLOCK)
-        except zmq.Again:  # PUB never blocks; a full subscriber loses the batch (a gap)
-            log.debug("KV event batch %d dropped", self.seq)
+        return out
 
-    def snapshot(self) -> KVEventBatch:
-        """Every tier's contents as of batch `seq` (publishes pending changes first)."""
+    def _publish(self, events: list[wire.Event]) -> None:
+        for part in wire.split(events, self.config.replay.max_events):
+            self.seq += 1
+            payload = wire.encode(wire.KVEventBatch(time.time(), tuple(part)))
+            self.buffer.append((self.seq, payload))
+            try:
+                self._pub.send_multipart([self._topic, wire.seq_frame(self.seq), payload],
+                                         zmq.NOBLOCK)  # fmt: skip
+            except zmq.Again:  # PUB never blocks; a full subscriber loses the batch (a gap)
+                log.debug("KV event batch %d dropped", self.seq)
+
+    def resync(self) -> int:
+        """Publish every tier's contents from `AllBlocksCleared` on (at most once per
+        `min_interval_s`); returns the number of its first batch."""
+        now = time.monotonic()
+        last = self._resync_at
+        recent = last is not None and now - last[0] < self.config.replay.min_interval_s
+        if recent and last is not None and self.buffer and self.buffer[0][0] <= last[1]:
+            return last[1]  # still buffered: askers share it
         self._flush(force=True)
         events: list[TierEvent] = [*self.residency.snapshot(), *self.mirror.snapshot()]
-        wire: list[TierEvent] = [AllBlocksCleared(t) for t in STORAGE_TIERS]
-        wire += [to_wire(e, self.page_size) for e in self.public.filter(events)]
-        return KVEventBatch(self.seq, time.time(), tuple(wire), replay=True)
+        self.published = {t: set() for t in TIERS}
+        wired: list[wire.Event] = [wire.AllBlocksCleared()]
+        wired += [e for e in self._to_wire(events) if isinstance(e, wire.BlockStored)]
+        first = self.seq + 1
+        self._publish(wired)
+        self._resync_at = (now, first)
+        self.resyncs += 1
+        return first
 
     def _prune(self) -> None:
         self.public.prune(self.residency.pages().union(*self.mirror.tiers.values()))
