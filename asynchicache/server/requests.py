@@ -300,10 +300,17 @@ def chat_prompt_ids(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
 
 
 def completion_prompt_ids(ctx: AppContext, body: CompletionRequest) -> list[list[int]]:
-    """Each completion prompt's token ids (for the render route, server/render_routes.py)."""
-    return _completion_prompts(ctx, body)
-
-
-def check_prompt_ids(ctx: AppContext, ids: list[int]) -> None:
-    """400 for an empty prompt or an id outside the vocabulary."""
-    _check_ids(ctx, ids)
+    """Each completion prompt's token ids as `plan_completion` makes them (for the render
+    route, server/render_routes.py); 400 past MAX_CHOICES prompts, or a prompt whose text
+    alone is longer than the context (before it is tokenized), or a bad id."""
+    items = _completion_items(body)
+    if len(items) > MAX_CHOICES:
+        raise APIError(400, f"more than {MAX_CHOICES} prompts", param="prompt")
+    context = ctx.model.max_model_len
+    if any(_fewest_tokens(ctx, item) > context for item in items):
+        raise APIError(400, f"a prompt is longer than the context ({context} tokens)",
+                       param="prompt")  # fmt: skip
+    prompts = [_tokenize(ctx, item) for item in items]
+    for ids in prompts:
+        _check_ids(ctx, ids)
+    return prompts
