@@ -90,8 +90,19 @@ def router_binary() -> str:
 def router_argv(
     config: RouterConfig, workers: Sequence[Worker], metrics_port: int, port: str = "{port}"
 ) -> list[str]:
-    argv = [router_binary(), "--host", "127.0.0.1", "--port", port, "--policy", config.policy,
-            "--log-level", config.log_level, "--worker-urls", *(w.url for w in workers)]  # fmt: skip
+    argv = [
+        router_binary(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        port,
+        "--policy",
+        config.policy,
+        "--log-level",
+        config.log_level,
+        "--worker-urls",
+        *[w.url for w in workers],
+    ]
     if config.policy == "kv_aware":
         argv += ["--kv-event-block-size", str(config.block_size), "--kv-event-model", config.model]
         for w in workers:

@@ -55,6 +55,14 @@ def prompt(seed: int, words: int = 300) -> str:
     return " ".join(f"w{seed}x{i}" for i in range(words))
 
 
+def tokens(url: str, text: str) -> list[int]:
+    """The ids `text` is as a completion prompt on the server at `url`."""
+    body = {"model": "smollm", "prompt": text, "add_special_tokens": False}
+    r = httpx.post(url + "/tokenize", json=body, timeout=60)
+    r.raise_for_status()
+    return r.json()["tokens"]
+
+
 def send(url: str, text: str, **extra: Any) -> dict[str, int]:
     body = {"model": "smollm", "prompt": text, "max_tokens": 1, "temperature": 0, **extra}
     r = httpx.post(url + "/v1/completions", json=body, timeout=300)
@@ -64,7 +72,7 @@ def send(url: str, text: str, **extra: Any) -> dict[str, int]:
 
 @contextmanager
 def fleet(
-    root: Path, n: int = 2, flags: Sequence[str] = (), config: RouterConfig = RouterConfig()
+    root: Path, n: int = 2, flags: Sequence[str] = (), config: RouterConfig | None = None
 ) -> Iterator[Fleet]:
     """`n` servers (`--served-model-name smollm`, KV events on loopback tcp: vllm-router
     takes nothing else) and a router in front of them."""
@@ -81,7 +89,8 @@ def fleet(
         start_together([i.server for i in instances])
         for i in instances:
             i.worker = Worker(i.url, i.worker.events, i.worker.replay)
-        router = VllmRouter(config, [i.worker for i in instances], root / "router.log")
+        workers = [i.worker for i in instances]
+        router = VllmRouter(config or RouterConfig(), workers, root / "router.log")
         router.start()
         time.sleep(1.0)  # its subscriptions take hold (a SUB misses what came before)
         yield Fleet(instances, router)

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from fleet_rig import PAGE, Fleet, fleet, prompt, send
+from fleet_rig import PAGE, Fleet, fleet, prompt, send, tokens
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -38,12 +37,10 @@ def test_render_gives_the_ids_the_engine_hashes(pair: Fleet) -> None:
     text = prompt(1, 40)
     rendered = httpx.post(url + "/v1/completions/render", json={"model": "smollm",
                           "prompt": text}, timeout=60).json()  # fmt: skip
-    tokens = httpx.post(url + "/tokenize", json={"model": "smollm", "prompt": text,
-                        "add_special_tokens": False}, timeout=60).json()["tokens"]  # fmt: skip
-    assert [r["token_ids"] for r in rendered] == [tokens]
+    assert [r["token_ids"] for r in rendered] == [tokens(url, text)]
     chat = httpx.post(url + "/v1/chat/completions/render", json={"model": "smollm", "messages":
                       [{"role": "user", "content": text}]}, timeout=60).json()  # fmt: skip
-    assert len(chat["token_ids"]) > len(tokens)  # the template's tokens around it
+    assert len(chat["token_ids"]) > len(tokens(url, text))  # the template's tokens around it
 
 
 @pytest.mark.parametrize("holder", [0, 1])
@@ -52,8 +49,7 @@ def test_a_prompt_goes_to_the_instance_that_holds_it(pair: Fleet, holder: int) -
     owner = pair.instances[holder]
     send(owner.url, text)  # now in its L1 (and announced as medium GPU)
     credited = _credited(pair, text + " and one more question", owner.url)
-    n_tokens = len(httpx.post(owner.url + "/tokenize", json={"model": "smollm", "prompt": text,
-                              "add_special_tokens": False}, timeout=60).json()["tokens"])  # fmt: skip
+    n_tokens = len(tokens(owner.url, text))
     assert credited >= (n_tokens // PAGE - 1) * PAGE  # every full page, at L1's full credit
     decision, usage = pair.route(text + " and one more question")
     assert decision.worker == owner.url
