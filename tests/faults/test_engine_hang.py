@@ -24,15 +24,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from host_speed import scaled
 from live_server import LiveServer
 from settling import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-STEP_TIMEOUT_S = 5.0
-REQUEST_TIMEOUT_S = 3.0
-NOTICED_S = 60.0  # bound on noticing (timeout + the watch's turn + a loaded machine's lag)
-RESTART_S = 300.0  # a new engine loads the model and answers
+# Set on the reference host, scaled to this one (tests/support/host_speed.py).
+STEP_TIMEOUT_S = round(scaled(5.0), 1)
+REQUEST_TIMEOUT_S = round(scaled(8.0), 1)  # a short request meets it even when loaded
+NOTICED_S = scaled(60.0)  # bound on noticing (timeout + the watch's turn + a machine's lag)
+RESTART_S = scaled(300.0)  # a new engine loads the model and answers
 GREEDY = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
 LONG = {"prompt": "Count: one, two, three,", "max_tokens": 2000, "temperature": 0,
         "ignore_eos": True, "stream": True}  # fmt: skip
@@ -51,8 +53,13 @@ def _stream_events(server: LiveServer, first: threading.Event, out: list[dict]) 
     first.set()
 
 
+def _completes(server: LiveServer) -> bool:
+    r = httpx.post(server.url + "/v1/completions", json=GREEDY, timeout=scaled(60))
+    return r.status_code == 200
+
+
 def _ready(server: LiveServer) -> tuple[int, dict]:
-    r = httpx.get(server.url + "/ready", timeout=30)
+    r = httpx.get(server.url + "/ready", timeout=scaled(30))
     return r.status_code, r.json()
 
 
@@ -60,11 +67,11 @@ def test_a_hung_engine_is_killed_and_restarted(tmp_path: Path) -> None:
     server = LiveServer(None, tmp_path / "server.log", "--engine-step-timeout",
                         str(STEP_TIMEOUT_S)).start()  # fmt: skip
     try:
-        before = httpx.post(server.url + "/v1/completions", json=GREEDY, timeout=120).json()
+        before = httpx.post(server.url + "/v1/completions", json=GREEDY, timeout=scaled(120)).json()
         first, events = threading.Event(), []
         stream = threading.Thread(target=_stream_events, args=(server, first, events))
         stream.start()
-        assert first.wait(120), server.log_tail()
+        assert first.wait(scaled(120)), server.log_tail()
         hung = server.pids()["engine"]
         os.kill(hung, signal.SIGSTOP)
         t0 = time.monotonic()
@@ -81,7 +88,7 @@ def test_a_hung_engine_is_killed_and_restarted(tmp_path: Path) -> None:
             assert "engine" in body["checks"] and body["status"] == "unavailable", body
         new = server.wait_role("engine", hung, RESTART_S)
         wait_until(lambda: _ready(server)[0] == 200, "/ready 200", RESTART_S, every_s=0.5)
-        after = httpx.post(server.url + "/v1/completions", json=GREEDY, timeout=120).json()
+        after = httpx.post(server.url + "/v1/completions", json=GREEDY, timeout=scaled(120)).json()
         assert after["choices"][0]["text"] == before["choices"][0]["text"]
         assert new != hung and server.proc is not None and server.proc.poll() is None
         assert "alive but silent" in server.log_tail(20_000)
@@ -99,7 +106,7 @@ def test_a_request_past_its_deadline_is_aborted_and_the_engine_left_alone(
         os.kill(engine, signal.SIGSTOP)  # slow, not hung: well within the step timeout
         try:
             t0 = time.monotonic()
-            r = httpx.post(server.url + "/v1/completions", json=GREEDY, timeout=60)
+            r = httpx.post(server.url + "/v1/completions", json=GREEDY, timeout=scaled(60))
             waited = time.monotonic() - t0
             first, events = threading.Event(), []
             _stream_events(server, first, events)
@@ -107,11 +114,10 @@ def test_a_request_past_its_deadline_is_aborted_and_the_engine_left_alone(
             os.kill(engine, signal.SIGCONT)
         assert r.status_code == 504, r.text
         assert r.json()["error"]["code"] == "request_timeout"
-        assert REQUEST_TIMEOUT_S <= waited < 30
+        assert REQUEST_TIMEOUT_S <= waited < REQUEST_TIMEOUT_S + scaled(30)
         assert [e["error"]["code"] for e in events if "error" in e] == ["request_timeout"]
         # The engine ran on (no restart) and dropped the aborted requests.
-        ok = httpx.post(server.url + "/v1/completions", json=GREEDY, timeout=60)
-        assert ok.status_code == 200, ok.text
+        wait_until(lambda: _completes(server), "a completion within the deadline", 120)
         assert server.pids()["engine"] == engine
         wait_until(lambda: server.stats()["queues"]["running"] == 0, "no request running", 30)
     finally:

@@ -2,7 +2,7 @@
 
 A dozen faults of the cache service under load, close together (each within the
 supervisor's `stable_s` of the last restart, so that they read as a crash loop), in
-turn: SIGSTOP for 2 s of a service that answers (`/ready` is 200: past the 3x
+turn: SIGSTOP for 3 s of a service that answers (`/ready` is 200: past the 3x
 `--storage-timeout` silence limit the launcher kills and replaces it), and SIGKILL
 of whatever service runs, at once. On 9f7c8b6 the sixth such fault ended the
 server (`cache-service died (exit code -9); shutting down`) and every request after
@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fault_helpers import FaultRecord, record
+from host_speed import scaled
 from live_server import LiveServer
 from settling import wait_until
 from traffic import Load, make_prompts, references
@@ -31,7 +32,7 @@ from asynchicache.engine.tokenizer import Tokenizer
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 FAULTS = 12
-STOP_S = 2.0  # > 3 x 0.5 s: the frozen service is declared dead and replaced
+STOP_S = 3.0  # > 3 x 0.5 s + a watch turn: the frozen service is declared dead, replaced
 GAP_S = (0.3, 1.0)
 CLIENTS = 3
 SERVICE_BACK_S = 120.0  # a replaced service answers again (spawn, imports, index scan)
@@ -43,7 +44,7 @@ def _up(server: LiveServer) -> bool:
 
 def _ready(server: LiveServer) -> bool:
     try:
-        return httpx.get(server.url + "/ready", timeout=10).status_code == 200
+        return httpx.get(server.url + "/ready", timeout=scaled(10)).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -88,14 +89,15 @@ def test_a_dozen_service_faults_under_load_fail_nothing(tmp_path: Path, tok: Tok
             served = load.served_more(2 * CLIENTS, 120)
         result = load.result
         up = _up(server)
-        record(FaultRecord("cache service stopped/killed 12 times in a row under load",
-                           FAULTS, result.served, result.failed, result.wrong,
-                           seconds=time.monotonic() - t0))  # fmt: skip
     finally:
         log = server.log_path.read_text(errors="replace")
         server.shutdown()
+    restarts, silenced = log.count("cache-service died"), log.count("alive but silent")
+    record(FaultRecord("cache service stopped/killed 12 times in a row under load",
+                       FAULTS, result.served, result.failed, result.wrong,
+                       seconds=time.monotonic() - t0,
+                       notes={"restarts": restarts, "killed_silent": silenced}))  # fmt: skip
     assert result.failed == 0 and result.wrong == 0, result.failures[:10]
     assert up, log[-4000:]
     assert served, f"no request served after the faults:\n{log[-4000:]}"
-    restarts, silenced = log.count("cache-service died"), log.count("alive but silent")
     assert restarts >= FAULTS * 3 // 4 and silenced >= FAULTS // 4, (restarts, silenced)
