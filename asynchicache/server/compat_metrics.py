@@ -155,8 +155,12 @@ class PeerRequestMetrics:
         )
 
     def bind(self, model_name: str) -> None:
-        """Label every series with the served model's name; zeros exported from the start."""
+        """Label every series with the served model's name; zeros exported from the start
+        (a router's scorers, and dashboards, find every series before the first request)."""
         self.labels = (model_name, ENGINE_INDEX)
+        for metric in (self.ttft, self.itl, self.e2e, self.prompt_len, self.output_len,
+                       self.prompt, self.generation, self.cached):  # fmt: skip
+            metric.labels(*self.labels)
         for source in VLLM_SOURCE.values():
             self.cached_by_source.labels(*self.labels, source)
         for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):

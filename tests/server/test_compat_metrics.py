@@ -67,3 +67,28 @@ def test_no_label_carries_a_salt_a_prompt_or_token_ids(scraped: str, frontend: F
             for value in sample.labels.values():
                 assert SALT not in value and "zanzibar" not in value
                 assert str(ids[:3])[1:-1] not in value
+
+
+def test_routers_find_vllms_load_series_from_start_up(
+    fake_engine: Path, frontend: Frontend
+) -> None:
+    """Issue 38: a router's queue and utilisation scorers read these from the first second,
+    with vLLM's labels, before any request (labelled series used to appear only after one)."""
+    srv = ThreadServer(fake_engine, frontend, API_KEY)
+    srv.start()
+    try:
+        scraped = httpx.get(srv.url + "/metrics", headers=AUTH, timeout=30).text
+    finally:
+        srv.close()
+    families = {f.name: f for f in text_string_to_metric_families(scraped)}
+    labels = {"model_name": "fake-model", "engine": "0"}
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                 "vllm:kv_cache_usage_perc"):  # fmt: skip
+        samples = families[name].samples
+        assert [(s.labels, s.value) for s in samples] == [(labels, 0.0)], name
+    for name in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+                 "vllm:e2e_request_latency_seconds", "vllm:request_prompt_tokens"):  # fmt: skip
+        counts = [s for s in families[name].samples if s.name.endswith("_count")]
+        assert [(s.labels, s.value) for s in counts] == [(labels, 0.0)], name
+    for name in ("vllm:prompt_tokens", "vllm:generation_tokens", "vllm:prompt_tokens_cached"):
+        assert [s.labels for s in families[name].samples if s.name.endswith("_total")] == [labels]
