@@ -9,7 +9,7 @@ cache/load_cost.py's, shared with the vLLM connector.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asynchicache.cache.load_cost import LoadCost, Rate
 from asynchicache.config import CacheConfig, PrefetchPolicy
@@ -18,6 +18,21 @@ __all__ = ["CostModel", "Rate", "load_deadline"]
 
 
 HOST, STORAGE = "host", "storage"  # the engine's tiers below L1, fastest first
+
+
+@dataclass
+class Mean:
+    """An exponential moving average of a duration (0 until the first observation)."""
+
+    value: float = 0.0
+    weight: float = 0.2
+
+    def observe(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        self.value = (
+            seconds if self.value <= 0 else self.value + self.weight * (seconds - self.value)
+        )
 
 
 @dataclass
@@ -30,6 +45,9 @@ class CostModel:
     prefill_tok_s: Rate
     host_Bps: Rate
     storage_Bps: Rate
+    # A forward of the decodes alone: what every step costs whatever its prompt tokens
+    # (reading the weights; with busy cores, OpenMP's barriers), engine/prefill_policy.py.
+    small_step_s: Mean = field(default_factory=Mean)
 
     @classmethod
     def initial(cls, page_bytes: int, page_size: int, min_load_tokens: int) -> CostModel:

@@ -40,6 +40,13 @@ unfinished prompt (a miss's chunk) fills what is left; the oldest prompt, left
 out when the prompts ahead of it took the budget, still gets
 `STARVE_FLOOR_TOKENS`: a stream of hits cannot starve a miss. The pace is
 measured on such steps, so the budget settles where a step takes the target.
+But a step is never so short that its fixed cost (a decodes-only forward:
+reading the weights, ~35 ms here; seconds when other processes keep the cores
+busy and OpenMP's barriers wait for descheduled threads) is more than a
+quarter of it: on a busy machine a 250 ms target gave steps of 64 tokens that
+spent most of their time in that fixed cost (a 4-client pressure run at load
+~15: 35 tokens per forward-second against 55 without the bound, 0.11 against
+0.18 req/s). Where the target cannot be met cheaply, throughput wins.
 
 `QuickLoads`: a load served from L2 alone is a memory copy of a few
 milliseconds (a 1,000-token prefix, 45 MB, at ~10 GB/s), but the scheduler
@@ -64,6 +71,8 @@ POLL_S = 0.0005
 # engine measures the prefill pace on steps of 64 prompt tokens or more (engine.py).
 MIN_STEP_TOKENS = 64
 STARVE_FLOOR_TOKENS = 32  # of the unfinished prompt, even when the hits took the budget
+# A step is long enough that its fixed cost is at most 1/4 of it (module docstring).
+OVERHEAD_SHARES = 4
 
 
 def batch_order(req: Request) -> tuple[bool, int, float]:
@@ -89,12 +98,15 @@ class StepBudget:
     max_step_s: float  # 0: no time bound
     cap: int  # --max-prefill-tokens
 
-    def prompt_tokens(self, tok_s: float, decodes: int) -> int:
-        """Prompt tokens a step beside `decodes` decodes may compute at `tok_s` tokens/s."""
+    def prompt_tokens(self, tok_s: float, decodes: int, fixed_s: float = 0.0) -> int:
+        """Prompt tokens a step beside `decodes` decodes may compute at `tok_s` tokens/s;
+        `fixed_s`: what a step costs whatever its prompt tokens (a decodes-only step)."""
         if self.max_step_s <= 0:
             return self.cap
         fits = int(self.max_step_s * tok_s) - decodes
-        return min(self.cap, max(MIN_STEP_TOKENS, fits))
+        # Never so few that the fixed cost is more than 1/OVERHEAD_SHARES of the step.
+        efficient = int(OVERHEAD_SHARES * fixed_s * tok_s)
+        return min(self.cap, max(MIN_STEP_TOKENS, fits, efficient))
 
     def floor_tokens(self, most: int, spent: int) -> int:
         """Tokens the oldest prompt gets in a step that left it out (the hits ahead of it

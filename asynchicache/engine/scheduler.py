@@ -4,7 +4,8 @@ Each step the scheduler (1) collects finished prefix loads, (2) gives up loads
 past their deadline, (3) admits waiting requests: matches their prefix, starts
 an asynchronous load when the prefix is in a lower tier and loading pays, else
 takes what L1 holds, (4) builds a batch of one token per decoding request plus
-prefill chunks under a token budget, allocating L1 pages as it goes (evicting
+prefill chunks under a token budget (what the measured pace computes within
+--max-step-ms: engine/prefill_policy.py), allocating L1 pages as it goes (evicting
 cached pages, then preempting the newest request when L1 is full). It never
 waits on I/O: a request whose prefix is loading sits in LOADING while the batch
 keeps running.
@@ -343,7 +344,10 @@ class Scheduler:
         # Prompt tokens of all requests this step: what the measured pace computes beside
         # the decodes within --max-step-ms, at most --max-prefill-tokens; at most
         # --chunked-prefill-size of one request.
-        budget = self.step_budget.prompt_tokens(self.cost.prefill_tok_s.value, decodes)
+        cost = self.cost
+        budget = self.step_budget.prompt_tokens(
+            cost.prefill_tok_s.value, decodes, cost.small_step_s.value
+        )
         queued = bool(self.waiting or self.loading or self.landing)
         chunk = chunk_tokens(self.config.chunked_prefill_size, budget, prompts, queued)
         fill = _Fill(budget, chunk)

@@ -8,11 +8,12 @@ import pytest
 from scheduler_rig import PAGE, Rig, RigMaker, assert_no_locks, cached_prefix, tokens_for
 
 from asynchicache.config import CacheConfig, EngineConfig
-from asynchicache.engine.cost import Rate
+from asynchicache.engine.cost import Mean, Rate
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.prefill_policy import (
     MIN_STEP_TOKENS,
+    OVERHEAD_SHARES,
     STARVE_FLOOR_TOKENS,
     StepBudget,
 )
@@ -56,12 +57,26 @@ def test_the_budget_follows_the_pace_within_its_bounds() -> None:
     assert budget.prompt_tokens(100.0, decodes=0) == MIN_STEP_TOKENS  # a slow pace: the floor
     assert budget.prompt_tokens(1e6, decodes=0) == 2048  # a fast one: --max-prefill-tokens
     assert StepBudget(max_step_s=0.0, cap=2048).prompt_tokens(1.0, decodes=9) == 2048  # off
+    # A fixed cost of 35 ms a step (quiet): the target rules; of 100 ms (busy cores): the
+    # step grows until that cost is a quarter of it.
+    assert budget.prompt_tokens(1000.0, decodes=0, fixed_s=0.035) == 200
+    assert budget.prompt_tokens(1000.0, decodes=0, fixed_s=0.1) == OVERHEAD_SHARES * 100
     # The oldest prompt, left out: the floor, never past the cap, none without a bound.
     assert budget.floor_tokens(500, spent=150) == STARVE_FLOOR_TOKENS
     assert budget.floor_tokens(10, spent=150) == 10
     assert StepBudget(0.2, cap=40).floor_tokens(500, spent=30) == 10
     assert StepBudget(0.2, cap=40).floor_tokens(500, spent=40) == 0
     assert StepBudget(0.0, cap=2048).floor_tokens(500, spent=150) == 0
+
+
+def test_a_steps_fixed_cost_is_learnt_from_its_first_measure_on() -> None:
+    mean = Mean()
+    mean.observe(0.0)  # nothing measured
+    assert mean.value == 0.0
+    mean.observe(0.04)
+    assert mean.value == 0.04  # the first measure, not a fifth of it
+    mean.observe(0.14)
+    assert mean.value == pytest.approx(0.06)
 
 
 def test_every_step_of_a_long_miss_beside_decodes_stays_within_the_time_budget(
