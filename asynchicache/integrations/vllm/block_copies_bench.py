@@ -2,9 +2,10 @@
 
     python -m asynchicache.integrations.vllm.block_copies_bench [--tokens 1024] [--threads 1]
         [--repeats 20] [--layers 30] [--kv-heads 3] [--head-dim 64] [--block-size 128]
-        [--page-size 16]
+        [--page-size 16] [--kernel vec|amx]
 
-SmolLM2-135M's shape by default (CPU_ATTN's head-major blocks, K transposed). A
+SmolLM2-135M's shape by default (CPU_ATTN's head-major blocks: the vec kernel's, K
+transposed, float32; or with `--kernel amx` the amx kernel's tiles, bfloat16). A
 prompt of `--tokens` (whole blocks) is saved from vLLM's blocks into L2 slots and
 loaded back, two ways each: over consecutive slots (a prompt's fresh slots: the
 one-pass copy, layouts.py) and over scattered slots (the gather,
@@ -49,7 +50,13 @@ def _median_ms(copy: Callable[[], object], repeats: int) -> float:
     return round(statistics.median(times) * 1e3, 3)
 
 
-def measure(shape: Shape, tokens: int, repeats: int) -> dict[str, Any]:
+KERNELS = {
+    "vec": (BlockFormat.HEAD_MAJOR_SPLIT, torch.float32),
+    "amx": (BlockFormat.HEAD_MAJOR_AMX, torch.bfloat16),
+}
+
+
+def measure(shape: Shape, tokens: int, repeats: int, kernel: str = "vec") -> dict[str, Any]:
     """Median ms of a prompt's save and load over consecutive and scattered slots."""
     blocks = max(1, tokens // shape.block_size)
     pages = blocks * shape.block_size // shape.page_size
@@ -58,15 +65,21 @@ def measure(shape: Shape, tokens: int, repeats: int) -> dict[str, Any]:
         torch.randn(2 * blocks + 2, shape.kv_heads, shape.block_size, width)
         for _ in range(shape.layers)
     ]
-    copier = BlockCopier(tensors, BlockFormat.HEAD_MAJOR_SPLIT, 1, shape.page_size)
+    fmt, dtype = KERNELS[kernel]
+    tensors = [t.to(dtype) for t in tensors]
+    copier = BlockCopier(tensors, fmt, 1, shape.page_size)
     copier.warm_up(blocks)
-    pool = torch.zeros(2 * pages, *copier.page_shape)
+    pool = torch.zeros(2 * pages, *copier.page_shape, dtype=dtype)
     block_ids = list(range(1, blocks + 1))
     ways: dict[str, Sequence[int]] = {
         "consecutive": list(range(pages)),
         "scattered": random.Random(0).sample(range(2 * pages), pages),
     }
-    out: dict[str, Any] = {"tokens": blocks * shape.block_size, "shape": vars(shape)}
+    out: dict[str, Any] = {
+        "tokens": blocks * shape.block_size,
+        "shape": vars(shape),
+        "kernel": kernel,
+    }
     for way, slots in ways.items():
         out[f"save_{way}_ms"] = _median_ms(partial(copier.save, block_ids, pool, slots), repeats)
         out[f"load_{way}_ms"] = _median_ms(partial(copier.load, pool, slots, block_ids), repeats)
@@ -83,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--threads", type=int, default=1, help="torch threads (vLLM's worker: 1-2)")
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--kernel", choices=list(KERNELS), default="vec", help="CPU_ATTN's kernel")
     for name, default in vars(Shape()).items():
         p.add_argument("--" + name.replace("_", "-"), type=int, default=default)
     return p
@@ -92,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     shape = Shape(args.layers, args.kv_heads, args.head_dim, args.block_size, args.page_size)
-    result = measure(shape, args.tokens, args.repeats)
+    result = measure(shape, args.tokens, args.repeats, args.kernel)
     result["threads"] = args.threads
     print(json.dumps(result, indent=2))
     return 0

@@ -21,3 +21,13 @@ def test_the_bench_times_both_ways_of_each_copy(capsys: pytest.CaptureFixture[st
         for way in ("consecutive", "scattered"):
             assert out[f"{copy}_{way}_ms"] > 0
             assert out[f"{copy}_{way}_GBps"] > 0
+
+
+def test_the_bench_times_the_amx_kernels_tiles(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--tokens", "64", "--repeats", "1", "--layers", "2", "--block-size", "32"]
+    argv += ["--kv-heads", "2", "--head-dim", "32", "--page-size", "16", "--kernel", "amx"]
+    assert block_copies_bench.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kernel"] == "amx"
+    assert out["bytes"] == 4 * 2 * 2 * 16 * 2 * 32 * 2  # 4 pages, bfloat16
+    assert out["load_consecutive_ms"] > 0 and out["save_scattered_ms"] > 0
