@@ -68,7 +68,7 @@ ISA_ENV = "ASYNCHICACHE_KERNEL_ISA"
 @dataclass(frozen=True)
 class Isa:
     """One build of the kernels: its compiler flags, the vector bytes the source must see
-    (`VEC_BYTES` in vec16.h; 0: whatever the host has) and the CPU flags it needs."""
+    (`VEC_BYTES` in kernels/vec.h; 0: whatever the host has) and the CPU flags it needs."""
 
     name: str
     flags: tuple[str, ...]
@@ -101,8 +101,10 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+@functools.cache
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as Linux names them (empty where /proc/cpuinfo is not)."""
+    """The CPU's feature flags as Linux names them (empty where /proc/cpuinfo is not); read
+    once (a many-core host's /proc/cpuinfo is long)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -361,7 +363,7 @@ def _load(isa: Isa) -> PagedAttentionKernel | None:
         return None
     width = lib.kernel_vector_bytes
     width.restype, width.argtypes = _i32, []
-    if isa.vector_bytes and width() != isa.vector_bytes:  # the #error in vec16.h guards it too
+    if isa.vector_bytes and width() != isa.vector_bytes:  # the #error in vec.h guards it too
         log.warning("the %s kernels were built for %d-byte vectors, not %d; using torch",
                     isa.name, width(), isa.vector_bytes)  # fmt: skip
         return None

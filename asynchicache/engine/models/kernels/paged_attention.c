@@ -1,10 +1,11 @@
 /* Attention over a paged KV pool, reading K and V where they lie (no gather).
  *
- * Built by engine/models/native.py with the machine's C compiler
- * (`cc -O3 -march=native`) and called through ctypes, which releases the GIL.
- * Float32, head_dim a multiple of 16 (one 16-lane vector per 16 dims; GCC's
- * vector extension lowers a 16-lane operation to AVX-512, two AVX2 or four
- * NEON instructions).
+ * Built by engine/models/native.py with the machine's C compiler, once per
+ * instruction set (`-march=x86-64-v4`: LANES 16; `-march=x86-64-v3`, AVX2: LANES 8;
+ * vec.h), and called through ctypes, which releases the GIL. Float32, head_dim a
+ * multiple of 16 (whole vectors of either width). Below, "16" is LANES on AVX-512;
+ * on AVX2 chunks of keys and tiles of query vectors are 8 (other sums' order: the
+ * pages' numerics version, native.py).
  *
  * Pool: page p's K for token t and KV head h starts at
  *     k_base + p * page_stride + t * token_stride + h * head_dim

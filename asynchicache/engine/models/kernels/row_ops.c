@@ -7,7 +7,7 @@
  * a [tokens, intermediate] temporary between them); a long prompt's rows then leave the
  * caches between passes. Here each row is read once and written once while it sits in L1.
  *
- * Float32; any width (a tail shorter than 16 goes lane by lane). Each function does rows
+ * Float32; any width (a tail shorter than LANES goes lane by lane). Each function does rows
  * [r0, r1): threads share a call by rows. Strides are in floats.
  *
  * Numerics follow the reference (Hugging Face's Llama): RMSNorm in float32, the mean of
@@ -22,7 +22,7 @@
 
 #include "vec.h"
 
-/* Sum of squares of n floats: 16 lanes, then a tree. */
+/* Sum of squares of n floats: LANES accumulators, then a tree. */
 static inline float sum_squares(const float *x, int64_t n) {
     vf acc = vsplat(0.0f);
     int64_t i = 0;
