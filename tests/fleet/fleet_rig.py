@@ -5,7 +5,7 @@ to one server or to the router, `routed` waits until the router credits a prompt
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +63,19 @@ def tokens(url: str, text: str) -> list[int]:
     return r.json()["tokens"]
 
 
+def clear(url: str, *tiers: str) -> None:
+    r = httpx.post(url + "/cache/clear", json={"scope": list(tiers)}, timeout=120)
+    r.raise_for_status()
+
+
+def lookup(url: str, text: str) -> dict[str, int]:
+    """Prompt tokens of `text` each tier holds (the instance's own answer)."""
+    body = {"model": "smollm", "prompt": text}
+    r = httpx.post(url + "/cache/lookup", json=body, timeout=60)
+    r.raise_for_status()
+    return r.json()["cached_tokens_by_tier"]
+
+
 def send(url: str, text: str, **extra: Any) -> dict[str, int]:
     body = {"model": "smollm", "prompt": text, "max_tokens": 1, "temperature": 0, **extra}
     r = httpx.post(url + "/v1/completions", json=body, timeout=300)
@@ -72,16 +85,21 @@ def send(url: str, text: str, **extra: Any) -> dict[str, int]:
 
 @contextmanager
 def fleet(
-    root: Path, n: int = 2, flags: Sequence[str] = (), config: RouterConfig | None = None
+    root: Path,
+    n: int = 2,
+    flags: Sequence[str] = (),
+    config: RouterConfig | None = None,
+    per_instance: Callable[[int], Sequence[str]] = lambda k: (),
 ) -> Iterator[Fleet]:
     """`n` servers (`--served-model-name smollm`, KV events on loopback tcp: vllm-router
-    takes nothing else) and a router in front of them."""
+    takes nothing else; `flags`, then `per_instance(k)`) and a router in front of them."""
     instances = []
     for k in range(n):
         ev, rep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
         server = ServeProcess(
             root / f"server{k}.log", "--served-model-name", "smollm", "--kv-events-endpoint",
             ev, "--kv-events-replay-endpoint", rep, "--kv-events-plaintext", *flags,
+            *per_instance(k),
         )  # fmt: skip
         instances.append(Instance(server, Worker("", ev, rep)))
     router = None
