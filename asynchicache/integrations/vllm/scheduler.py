@@ -49,7 +49,12 @@ from typing import TYPE_CHECKING, Any
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.host_tier import HostTier, Prefetched
 from asynchicache.integrations.vllm.jobs import Job, JobKind
-from asynchicache.integrations.vllm.load_policy import DISK, LoadPolicy, StepClock
+from asynchicache.integrations.vllm.load_policy import (
+    DISK,
+    MIN_PREFILL_TOKENS,
+    LoadPolicy,
+    StepClock,
+)
 from asynchicache.integrations.vllm.lookup import Lookup, Phase, RequestChain, TierSplit
 from asynchicache.integrations.vllm.metadata import (
     AsynchicacheMetadata,
@@ -410,6 +415,10 @@ class SchedulerSide:
                 self.saves.start(req_id, computed)
             self._plan_save(req_id, computed, out, meta)
         self.clock.scheduled([j.job for j in meta.loads + meta.saves], out.num_scheduled_tokens)
+        # Stores wait while a prefill computes (their service's CPU would slow it).
+        prefill = sum(n for n in out.num_scheduled_tokens.values() if n > 1)
+        busy = prefill >= MIN_PREFILL_TOKENS
+        self.link.hold_stores(time.monotonic() + 1.5 * self.policy.step_s.value if busy else 0.0)
         return meta
 
     def _plan_save(

@@ -55,6 +55,12 @@ _RESPAWN_EVERY_S = 5.0
 _RENEW_S = 1.0  # lease heartbeat
 LEASE_TTL_S = 30.0  # a lease not renewed for this long ends (a hung engine core)
 _LEASE_WAIT_S = 0.5  # the link thread waits this long for a lease's answer
+# Stores held while vLLM's step is compute-bound (`hold_stores`): a stored page costs
+# the service ~1-4 ms of CPU (bench/service_cpu.py), taken from vLLM's compute threads
+# on a host whose cores they all use. Held at most this long, and this many pages
+# (they keep their L2 slots pinned meanwhile).
+_HOLD_MAX_S = 1.0
+_HOLD_MAX_PAGES = 512
 
 # The connector's keys for ServiceSettings' fields (what a conflict names).
 _KEYS = {
@@ -155,6 +161,9 @@ class ServiceLink:
         self._answered = threading.Event()  # leased or refused once
         self._proc: subprocess.Popen | None = None
         self._loading: set[int] = set()  # load tickets not completed (the link thread's)
+        self._hold_until = 0.0  # stores wait until then (set by the scheduler's thread)
+        self._held: list[_Store] = []  # the link thread's: stores not sent yet, oldest first
+        self._held_since = 0.0
         self._thread = threading.Thread(target=self._run, name="asynchicache-link", daemon=True)
         self._thread.start()
 
@@ -180,6 +189,12 @@ class ServiceLink:
 
     def store(self, job: int, pages: Sequence[PageRef]) -> None:
         self._inbox.put(_Store(job, tuple(pages)))
+
+    def hold_stores(self, until: float) -> None:
+        """Send no store before `until` (CLOCK_MONOTONIC; 0: send now), nor longer than
+        `_HOLD_MAX_S` or past `_HOLD_MAX_PAGES` pages held: the step about to run is
+        compute-bound, and the service's work would take its threads' cores."""
+        self._hold_until = until
 
     def cancel(self, job: int) -> None:
         """Ask the service to skip `job` if it has not started; it still reports done."""
@@ -229,6 +244,7 @@ class ServiceLink:
                         self._handle(client, self._inbox.get_nowait(), tickets)
                 except queue.Empty:
                     pass
+                self._send_held(client, tickets)
                 for done in client.poll():
                     self._report(done, tickets)
                 now = time.monotonic()
@@ -250,6 +266,7 @@ class ServiceLink:
             log.exception("asynchicache service link failed; serving by recompute from now on")
             self._connected.clear()
         finally:
+            self._send_held(client, tickets, everything=True)
             if leased:
                 client.release(_LEASE_WAIT_S)
             client.close()
@@ -271,6 +288,8 @@ class ServiceLink:
     def _wait_s(self, tickets: dict[int, int]) -> float:
         if self._loading:
             return _BUSY_WAIT_S
+        if self._held:
+            return min(_STORE_WAIT_S, max(0.0, self._hold_until - time.monotonic()))
         return _STORE_WAIT_S if tickets else _IDLE_WAIT_S
 
     def _handle(self, client: StorageClient, cmd: object, tickets: dict[int, int]) -> None:
@@ -282,11 +301,32 @@ class ServiceLink:
             tickets[ticket] = cmd.job
             self._loading.add(ticket)
         elif isinstance(cmd, _Store):
-            tickets[client.submit_store(cmd.pages)] = cmd.job
+            if not self._held:
+                self._held_since = time.monotonic()
+            self._held.append(cmd)  # sent by _send_held, now or once the step is over
         elif isinstance(cmd, _Cancel):
             for ticket, job in tickets.items():
                 if job == cmd.job:
                     client.cancel(ticket)
+
+    def _send_held(
+        self, client: StorageClient, tickets: dict[int, int], everything: bool = False
+    ) -> None:
+        """Send the held stores once the hold ended, ran too long or holds too much."""
+        if not self._held:
+            return
+        now = time.monotonic()
+        pages = sum(len(cmd.pages) for cmd in self._held)
+        if not (
+            everything
+            or now >= self._hold_until
+            or now - self._held_since >= _HOLD_MAX_S
+            or pages >= _HOLD_MAX_PAGES
+        ):
+            return
+        for cmd in self._held:
+            tickets[client.submit_store(cmd.pages)] = cmd.job
+        self._held = []
 
     def _report(self, done: Completion | Settled, tickets: dict[int, int]) -> None:
         self._loading.discard(done.ticket)

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,11 +23,13 @@ import pytest
 import torch
 from processes import pid_alive
 
+from asynchicache.cache.keys import Namespace, chain_hashes
 from asynchicache.cache.pools import HostPool, KVLayout
+from asynchicache.integrations.vllm import service_link as link_module
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.service_link import ServiceConflict, ServiceLink
 from asynchicache.integrations.vllm.service_process import service_pid, wait_service_gone
-from asynchicache.storage.base import PageLayout
+from asynchicache.storage.base import Completion, PageLayout, PageRef, TicketKind
 from asynchicache.storage.shm import SHM_DIR
 
 LAYOUT = KVLayout(2, 2, 8, 16, torch.float32)
@@ -157,3 +160,36 @@ def test_an_instance_that_starts_no_service_takes_the_running_one_as_it_is(
     assert links(config).wait_connected(60)
     other = dataclasses.replace(config, disk_cache_gb=5.0, start_service=False)
     assert links(other).wait_connected(20)  # leased, whatever its own disk_cache_gb says
+
+
+def _stored(link: ServiceLink, timeout_s: float) -> list[object]:
+    """The store completions the link reports within `timeout_s`."""
+    got: list[object] = []
+    deadline = time.monotonic() + timeout_s
+    while not got and time.monotonic() < deadline:
+        link.wait_events(0.05)
+        got += [
+            e for e in link.events() if isinstance(e, Completion) and e.kind is TicketKind.STORE
+        ]
+    return got
+
+
+def test_stores_wait_while_a_step_computes_and_go_when_it_ended(
+    links: Links, config: ConnectorConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store sent during a compute-bound step waits for the step's end (the service's
+    CPU would take the compute threads' cores), and never longer than the hold's bound."""
+    link = links(config)
+    assert link.wait_connected(60)
+    root = Namespace("m", "float32", 16).digest()
+    hashes = chain_hashes(root, list(range(32)), 16)
+    refs = [PageRef(hashes[0], tuple(range(16)), 0, root)]
+    link.hold_stores(time.monotonic() + 60)
+    link.store(1, refs)
+    assert _stored(link, 0.5) == []  # held
+    link.hold_stores(0.0)  # the step ended
+    assert len(_stored(link, 30)) == 1
+    monkeypatch.setattr(link_module, "_HOLD_MAX_S", 0.3)
+    link.hold_stores(time.monotonic() + 60)
+    link.store(2, [PageRef(hashes[1], tuple(range(16, 32)), 1, hashes[0])])
+    assert len(_stored(link, 30)) == 1  # held no longer than _HOLD_MAX_S
