@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 FAULTS = 12
 STOP_S = 3.0  # > 3 x 0.5 s + a watch turn: the frozen service is declared dead, replaced
 GAP_S = (0.3, 1.0)
+SETTLE_S = 1.5  # a few of the launcher's watch turns
 CLIENTS = 3
 SERVICE_BACK_S = 120.0  # a replaced service answers again (spawn, imports, index scan)
 
@@ -64,6 +65,10 @@ def _service_pid(server: LiveServer, answering: bool) -> int:
 
 def _fault(server: LiveServer, kind: str) -> None:
     pid = _service_pid(server, answering=kind == "stop")
+    if kind == "stop":
+        # The launcher's own probe reads the first answer on its next watch turn (0.5 s);
+        # until then the service counts as starting (120 s of silence allowed).
+        time.sleep(SETTLE_S)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGSTOP if kind == "stop" else signal.SIGKILL)
     if kind == "stop":
@@ -100,4 +105,4 @@ def test_a_dozen_service_faults_under_load_fail_nothing(tmp_path: Path, tok: Tok
     assert result.failed == 0 and result.wrong == 0, result.failures[:10]
     assert up, log[-4000:]
     assert served, f"no request served after the faults:\n{log[-4000:]}"
-    assert restarts >= FAULTS * 3 // 4 and silenced >= FAULTS // 4, (restarts, silenced)
+    assert restarts >= FAULTS - 1 and silenced >= FAULTS // 2 - 1, (restarts, silenced)
