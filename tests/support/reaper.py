@@ -3,8 +3,8 @@
 The run gets a token in its environment (ASYNCHICACHE_TEST_RUN), which every process it
 starts inherits: servers, their engines and cache services, redis-servers, vLLM, xdist
 workers. A watcher process (this file run as a script, without the token) holds the read
-end of a pipe whose write end only pytest has; when pytest exits in any way (SIGKILL
-included) the pipe closes, and the watcher stops every process of this user whose
+end of a pipe whose write end only pytest has, and a pidfd of pytest; when pytest exits
+in any way (SIGKILL included) either fires, and the watcher stops every process of this user whose
 environment carries the token: SIGTERM, then SIGKILL after a grace period. Fixtures stop
 their servers as before; this is the net under them (a killed run, a hung teardown).
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def start() -> str:
     read, write = os.pipe()  # pytest keeps `write` open until it exits, never writes
     env = {k: v for k, v in os.environ.items() if k != RUN_ENV}
     subprocess.Popen(
-        [sys.executable, __file__, token],
+        [sys.executable, __file__, token, str(os.getpid())],
         stdin=read,
         env=env,
         start_new_session=True,  # a Ctrl-C to pytest's group must not stop the watcher
@@ -92,11 +93,20 @@ def _keep(fd: int) -> None:
     os.set_inheritable(fd, False)
 
 
-def _watch(token: str) -> None:
-    while sys.stdin.buffer.read(4096):  # nothing is ever written: returns at EOF
-        pass
+def _watch(token: str, run_pid: int) -> None:
+    """Sweep once the run is gone: its pipe's EOF, or its pidfd, which also fires when a
+    child forked without exec (multiprocessing's fork) still holds the pipe open."""
+    fds = [sys.stdin.fileno()]
+    with contextlib.suppress(OSError, AttributeError):  # gone already, or an old kernel
+        fds.append(os.pidfd_open(run_pid))
+    while True:
+        ready, _, _ = select.select(fds, [], [])
+        if fds[0] in ready and not os.read(fds[0], 4096):  # nothing is ever written: EOF
+            break
+        if fds[1:] and fds[1] in ready:
+            break
     sweep(token)
 
 
 if __name__ == "__main__":
-    _watch(sys.argv[1])
+    _watch(sys.argv[1], int(sys.argv[2]))
