@@ -37,6 +37,9 @@ BENCHMARKS = {
 MODEL_COMMANDS = {
     "export-hf": "asynchicache.engine.export_hf",
 }
+FLEET_COMMANDS = {
+    "credits": "asynchicache.fleet.credits",
+}
 
 
 def _cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
@@ -106,6 +109,11 @@ def _clear(args: argparse.Namespace, root: Path) -> int:
 
 def _cmd_model(args: argparse.Namespace, rest: list[str]) -> int:
     module = importlib.import_module(MODEL_COMMANDS[args.model_cmd])
+    return int(module.main(rest) or 0)
+
+
+def _cmd_fleet(args: argparse.Namespace, rest: list[str]) -> int:
+    module = importlib.import_module(FLEET_COMMANDS[args.fleet_cmd])
     return int(module.main(rest) or 0)
 
 
@@ -187,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="model tools (export-hf)", add_help=False)
     model.add_argument("model_cmd", choices=sorted(MODEL_COMMANDS), help="what to do")
     model.set_defaults(func=_cmd_model)
+    fleet = sub.add_parser("fleet", help="fleet tools (credits)", add_help=False)
+    fleet.add_argument("fleet_cmd", choices=sorted(FLEET_COMMANDS), help="what to do")
+    fleet.set_defaults(func=_cmd_fleet)
     return parser
 
 
