@@ -373,6 +373,7 @@ def _load(isa: Isa) -> PagedAttentionKernel | None:
     fn.restype = _i32
     fn.argtypes = [_ptr, _ptr, _i64, _i64, _i32, _i32, _i32, _i32, _i64, _f32, _ptr, _i64,
                    _ptr, _ptr, _ptr, _i64, _i64, _i64]  # fmt: skip
+    log.info("native kernels: the %s build (%d lanes), %s", isa.name, lanes(), path.name)
     return PagedAttentionKernel(path, fn, RowKernels.bind(lib), isa.name, lanes())
 
 
