@@ -135,6 +135,8 @@ class CacheConfig:
     disk_admit_tokens: int = 0
     remote_url: str | None = None
     remote_ttl_s: int | None = None
+    # Secrets that sign and verify every page of L3 and L4 (storage/page_keys.py).
+    cache_key_file: Path | None = None
     # Share of L2 slots that timed-out storage tickets may hold quarantined before
     # new storage loads and stores pause (recompute instead of shrinking L2 to nothing).
     max_quarantine_fraction: float = 0.25

@@ -13,6 +13,11 @@ folder; or `--redis-url` for one already running):
   verified, payload received straight into the slots;
 * `redis_py_get_GBps`: the naive client in the same run: a redis-py (hiredis)
   pipeline of GETs, each reply copied into its slot and checksummed;
+* `redis_mac_put_GBps`, `redis_mac_get_GBps`: the same `put` and `get` with a
+  `--cache-key-file` key (every value signed, every read verified: HMAC-SHA256
+  over header and payload, storage.page_keys), in the same round, after the
+  plain arm; `mac_put_ratio`/`mac_get_ratio` are plain / keyed throughput (the
+  issue's bound: at most 1.1);
 * `sweep`: get GB/s by I/O threads x pages per pipelined batch.
 
 GB/s count page payload bytes, 1e9 per GB; medians over the repeats.
@@ -40,6 +45,7 @@ from asynchicache.bench import micro_pages
 from asynchicache.bench.micro_pages import DEFAULT_LAYOUT
 from asynchicache.bench.server_process import free_port
 from asynchicache.storage.header import HEADER_ALIGN, payload_checksum
+from asynchicache.storage.page_keys import PageKeys
 from asynchicache.storage.remote.backend import RedisBackend
 from asynchicache.storage.remote.config import RedisConfig
 
@@ -106,8 +112,10 @@ def _naive_get_all(client: redis.Redis, keys: list[bytes], pool: np.ndarray, ste
     return seconds
 
 
-def _backend(url: str, threads: int, batch: int) -> RedisBackend:
-    cfg = RedisConfig(url, _NAMESPACE, DEFAULT_LAYOUT, io_threads=threads, batch_pages=batch)
+def _backend(url: str, threads: int, batch: int, keys: PageKeys | None = None) -> RedisBackend:
+    cfg = RedisConfig(
+        url, _NAMESPACE, DEFAULT_LAYOUT, io_threads=threads, batch_pages=batch, keys=keys
+    )
     backend = RedisBackend(cfg)
     if not backend.wait_available(10.0):
         backend.close()
@@ -130,11 +138,33 @@ def _one_round(url: str, pool: np.ndarray, pages: int, args: argparse.Namespace)
     finally:
         naive.close()
         backend.close()
+    mac_put_s, mac_get_s = _keyed_round(url, pool, pages, args)
     return {
         "redis_put_GBps": total / put_s / 1e9,
         "redis_get_GBps": total / get_s / 1e9,
         "redis_py_get_GBps": total / naive_s / 1e9,
+        "redis_mac_put_GBps": total / mac_put_s / 1e9,
+        "redis_mac_get_GBps": total / mac_get_s / 1e9,
     }
+
+
+def _keyed_round(
+    url: str, pool: np.ndarray, pages: int, args: argparse.Namespace
+) -> tuple[float, float]:
+    """Seconds of `put` and `get` of every page with a key file's MAC on each value."""
+    keys = PageKeys((os.urandom(32).hex().encode(),))
+    backend = _backend(url, args.redis_threads, args.redis_batch_pages, keys)
+    try:
+        backend.clear()
+        hashes = [os.urandom(16) for _ in range(pages)]
+        put_s = micro_pages.put_all(backend, pool, hashes, args.redis_call_pages)
+        get_s = micro_pages.get_all(backend, pool, hashes, args.redis_call_pages)
+        if backend.stats().extra.get("mac_failures", 0.0):
+            raise RuntimeError("signed pages failed their MAC")
+        backend.clear()
+    finally:
+        backend.close()
+    return put_s, get_s
 
 
 def _sweep(url: str, pool: np.ndarray, pages: int, args: argparse.Namespace) -> dict[str, float]:
@@ -170,6 +200,8 @@ def measure(args: argparse.Namespace) -> dict:
     return {
         **medians,
         "get_vs_redis_py": round(medians["redis_get_GBps"] / medians["redis_py_get_GBps"], 2),
+        "mac_put_ratio": round(medians["redis_put_GBps"] / medians["redis_mac_put_GBps"], 3),
+        "mac_get_ratio": round(medians["redis_get_GBps"] / medians["redis_mac_get_GBps"], 3),
         "runs": [{k: round(r[k], 3) for k in keys} for r in runs],
         "sweep_get_GBps": sweep,
         "backend": f"{args.redis_threads} threads, {args.redis_batch_pages} pages per pipeline, "

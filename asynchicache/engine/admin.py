@@ -45,6 +45,7 @@ DEFAULT_CLEAR_TIERS = (Tier.DEVICE.value, Tier.HOST.value, Tier.DISK.value)
 CLEAR_TIMEOUT_S = 60.0
 PIN_TIMEOUT_S = 10.0
 PINS_TIMEOUT_S = 1.0
+PINS_MAX_AGE_S = 1.0  # /cache/stats: the service's pins listing at most this old
 
 
 class AdminError(Exception):
@@ -81,6 +82,10 @@ class EngineAdmin:
         storage = engine.cache.storage
         self.storage = storage if isinstance(storage, AdminRequests) else None
         self._tenant_key: TenantKey | None = None
+        # The service's last pins listing: `/cache/stats` shows it, never asking the service
+        # on the engine's thread (the upkeep refreshes it when idle, pin/unpin/clear after).
+        self._below: PinsReply | None = None
+        self._below_at = 0.0  # CLOCK_MONOTONIC of that listing
 
     def owner(self, salt: str) -> str:
         """The tenant of `salt` as listings name it ("" for none)."""
@@ -204,6 +209,8 @@ class EngineAdmin:
             None if ttl_s is None else time.time() + ttl_s)  # fmt: skip
         pin_id = hashes[-1].hex()
         self.cache.pins.add(PinnedChain(pin_id, hashes, expires, owner))
+        if reply is not None:
+            self.refresh_pins()  # the folder's pinned bytes, for /cache/stats
         cached = self.cache.persist(tokens[: len(hashes) * self.cache.page_size], salt)
         return {
             "pin_id": pin_id, "owner": owner or None, "pages": len(hashes),
@@ -253,6 +260,7 @@ class EngineAdmin:
             if below is None:
                 raise AdminError("the cache service did not answer the unpin", "unavailable")
             removed = max(removed, below)
+            self.refresh_pins()
         return {"pin_ids": ids, "removed": removed}
 
     def refresh_pins(self, timeout_s: float = PINS_TIMEOUT_S) -> PinsReply | None:
@@ -262,17 +270,29 @@ class EngineAdmin:
             return None
         reply = self.storage.pins(timeout_s=timeout_s)
         if reply is not None:
-            self.cache.pins.replace(
-                PinnedChain(p.pin_id, p.pages, p.expires_at, p.owner) for p in reply.pins
-            )
+            self._take_below(reply, time.monotonic())
         return reply
 
+    def _take_below(self, reply: PinsReply, at: float) -> None:
+        self._below, self._below_at = reply, at
+        self.cache.pins.replace(
+            PinnedChain(p.pin_id, p.pages, p.expires_at, p.owner) for p in reply.pins
+        )
+
     def pins(self) -> dict[str, Any]:
-        """The pins, for `/cache/stats`."""
-        below = self.refresh_pins()
+        """The pins, for `/cache/stats`: the service's latest listing (a snapshot: never a
+        round trip on the engine's thread; an old one asks for the next), else L2's."""
+        snap = self.storage.pins_snapshot(PINS_MAX_AGE_S) if self.storage is not None else None
+        if snap is not None and snap[1] > self._below_at:
+            self._take_below(*snap)
+        below = self._below
         pins = self.cache.pins
         slots = self.cache.parts.host.size
-        return {
+        # server/cache_admin.py's fresh_stats waits for a listing from after its call.
+        at: dict[str, float] = (
+            {"at_monotonic_s": self._below_at} if self.storage is not None else {}
+        )
+        return {**at,
             "pinned": [{"pin_id": c.pin_id, "owner": c.owner or None, "pages": len(c.pages),
                         "expires_at": c.expires_at} for c in pins.chains()],
             "pinned_pages": pins.num_pages,

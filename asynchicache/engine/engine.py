@@ -67,7 +67,7 @@ class WarmUp:
     seconds: float
 
 
-STORAGE_STATS_TIMEOUT_S = 0.5
+STORAGE_STATS_MAX_AGE_S = 1.0  # the cache service's counters: a snapshot at most this old
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -535,16 +535,20 @@ class Engine:
     def _storage_stats(self) -> dict:
         """The cache service's disk/remote counters (corrupt pages, store failures...).
 
-        A short request/reply on the admin path only; {} when there is no service
-        or it does not answer in time (it may be restarting)."""
+        The latest snapshot the service sent (never a round trip on the engine's thread:
+        an older one asks for the next, which a later step's poll brings); {} before the
+        first answer (`at_monotonic_s` 0: asked, or a service restarting) or without one."""
         storage = self.cache.storage
-        reply = storage.stats(timeout_s=STORAGE_STATS_TIMEOUT_S) if storage is not None else None
-        if reply is None:
+        if storage is None:
             return {}
+        reply = storage.stats_snapshot(STORAGE_STATS_MAX_AGE_S)
+        if reply is None:
+            return {"at_monotonic_s": 0.0}
         return {
             "disk": _plain(reply.disk),
             "remote": _plain(reply.remote),
             "service": dict(reply.service),
+            "at_monotonic_s": reply.at,  # server/cache_admin.py's fresh_stats waits on it
         }
 
     def close(self) -> None:

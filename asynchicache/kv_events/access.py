@@ -24,12 +24,23 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-import zmq
-
+from asynchicache.storage.curve import ClientCurve, CurveGuard, CurveKeys
 from asynchicache.storage.fileio import make_private_dir
+
+# The CURVE helpers live in storage/curve.py (the cache service's tcp:// uses them too).
+__all__ = [
+    "LOOPBACK_HINT",
+    "REMOTE_HINT",
+    "ClientCurve",
+    "CurveGuard",
+    "CurveKeys",
+    "check_endpoint",
+    "is_loopback",
+    "is_private",
+    "prepare_ipc",
+]
 
 REMOTE_HINT = (
     "events reveal which prompts are cached: use ipc://PATH (a private folder), or pass "
@@ -41,34 +52,6 @@ LOOPBACK_HINT = (
     "cached: use ipc://PATH (a private folder), CURVE keys (--kv-events-curve-secret-key, "
     "--kv-events-curve-clients), or accept it with --kv-events-plaintext"
 )
-
-
-@dataclass(frozen=True)
-class CurveKeys:
-    """The server's certificate (public and secret key) and the folder of the public key
-    files of the clients allowed in."""
-
-    secret_key_file: Path
-    clients_dir: Path
-
-    def check(self) -> None:
-        """ValueError when a file is missing or holds no secret key, or CURVE is absent."""
-        if not zmq.has("curve"):
-            raise ValueError("this libzmq has no CURVE support: remote KV events are refused")
-        _public, secret = self.load()
-        if not secret:
-            raise ValueError(f"--kv-events-curve-secret-key {self.secret_key_file} holds no "
-                             "secret key (give the '.key_secret' file)")  # fmt: skip
-        if not self.clients_dir.is_dir():
-            raise ValueError(f"--kv-events-curve-clients {self.clients_dir} is not a folder")
-
-    def load(self) -> tuple[bytes, bytes | None]:
-        import zmq.auth
-
-        try:
-            return zmq.auth.load_certificate(self.secret_key_file)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"--kv-events-curve-secret-key {self.secret_key_file}: {exc}") from exc
 
 
 def is_private(address: str) -> bool:
@@ -133,47 +116,3 @@ def prepare_ipc(address: str) -> None:
     checked by `check_endpoint`, never changed)."""
     if address.startswith("ipc://"):
         make_private_dir(Path(address[len("ipc://") :]).parent)
-
-
-class CurveGuard:
-    """The ZAP authenticator that lets in only the listed clients, and the server keys
-    put on each socket; `close()` stops the authenticator."""
-
-    def __init__(self, ctx: zmq.Context, keys: CurveKeys) -> None:
-        from zmq.auth.thread import ThreadAuthenticator
-
-        keys.check()
-        self._public, secret = keys.load()
-        assert secret is not None  # checked
-        self._secret = secret
-        self._auth = ThreadAuthenticator(ctx)
-        self._auth.start()
-        self._auth.configure_curve(domain="*", location=str(keys.clients_dir))
-
-    def secure(self, sock: zmq.Socket) -> None:
-        """Make `sock` a CURVE server (before it binds)."""
-        sock.curve_secretkey = self._secret
-        sock.curve_publickey = self._public
-        sock.curve_server = True
-
-    def close(self) -> None:
-        self._auth.stop()
-
-
-@dataclass(frozen=True)
-class ClientCurve:
-    """A subscriber's CURVE keys: the server's public key and its own certificate."""
-
-    server_public_key_file: Path
-    client_secret_key_file: Path
-
-    def apply(self, sock: zmq.Socket) -> None:
-        import zmq.auth
-
-        server_public, _ = zmq.auth.load_certificate(self.server_public_key_file)
-        public, secret = zmq.auth.load_certificate(self.client_secret_key_file)
-        if secret is None:
-            raise ValueError(f"{self.client_secret_key_file} holds no secret key")
-        sock.curve_serverkey = server_public
-        sock.curve_publickey = public
-        sock.curve_secretkey = secret

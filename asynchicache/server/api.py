@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from asynchicache.config import ServerConfig
 from asynchicache.server import completions
 from asynchicache.server.auth import ADMIN_PATHS, PUBLIC_PATHS, APIKeyMiddleware
-from asynchicache.server.cache_admin import add_cache_routes, admin
+from asynchicache.server.cache_admin import add_cache_routes, fresh_stats
 from asynchicache.server.compat_routes import add_compat_routes
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineUnavailable
@@ -72,7 +72,7 @@ def _routes(app: FastAPI, ctx: AppContext) -> None:
     @app.get("/metrics")
     async def metrics() -> Response:
         try:
-            payload = await admin(ctx, "stats")
+            payload = await fresh_stats(ctx)
         except APIError as exc:
             log.warning("metrics scrape without engine stats: %s", exc.message)
             payload = None

@@ -10,6 +10,10 @@ The engine does the work (engine/admin.py); an op it refuses answers with the
 status its code names: "bad_request" 400, "over_limit" 409 (a pin past
 --max-pinned-fraction), "unavailable" 503.
 
+`?integrity=true` runs a full `check_integrity()` of the cache on the engine's
+thread (a walk of every node, page and slot): only the admin may ask (403
+otherwise), at most once per `INTEGRITY_INTERVAL_S` (429 with `Retry-After`).
+
 Tenants: no answer names a salt (a pin's tenant is its `owner`, a keyed
 fingerprint), and the list of pins with their owners goes to the admin only
 (server/auth.py); others see the counts. A lookup reads one namespace, the shared
@@ -20,16 +24,19 @@ nothing lists salts, so a caller learns only what its own requests could.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
 from asynchicache.server.auth import is_admin
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineUnavailable
-from asynchicache.server.errors import APIError
+from asynchicache.server.errors import APIError, error_body
 from asynchicache.server.requests import chat_prompt_ids
 from asynchicache.server.schemas import (
     ChatCompletionRequest,
@@ -40,6 +47,9 @@ from asynchicache.server.schemas import (
 )
 
 STATS_TIMEOUT_S = 5.0
+INTEGRITY_INTERVAL_S = 1.0  # full integrity scans, server-wide
+FRESH_STATS_WAIT_S = 0.5  # how long /cache/stats and /metrics wait for the service's counters
+FRESH_STATS_POLL_S = 0.01
 CLEAR_TIMEOUT_S = 90.0  # the cache service deletes files and Redis keys meanwhile
 PIN_TIMEOUT_S = 30.0
 _STATUS_BY_CODE = {"bad_request": 400, "over_limit": 409, "unavailable": 503}
@@ -60,6 +70,33 @@ async def admin(
         kind = "invalid_request_error" if 400 <= status < 500 else None
         raise APIError(status, message or "failed", code=code, type_=kind)
     return reply.payload
+
+
+async def fresh_stats(ctx: AppContext, wait_s: float = FRESH_STATS_WAIT_S) -> dict[str, Any]:
+    """The engine's stats with the cache service's counters from after this call began.
+
+    The engine answers from a snapshot, never a round trip to the service on its thread
+    (a stopped service would hold every step); a snapshot older than this call makes it
+    ask for the next one, which a later step brings in. So this asks again, awaiting on
+    the event loop, until the snapshot is newer or `wait_s` passed (then it is what it
+    is: `storage.at_monotonic_s` and `pins.at_monotonic_s` say when they were taken)."""
+    start = time.monotonic()
+    payload = await admin(ctx, "stats")
+    while time.monotonic() - start < wait_s and _older_than(payload, start):
+        await asyncio.sleep(FRESH_STATS_POLL_S)
+        payload = await admin(ctx, "stats")
+    return payload
+
+
+def _older_than(payload: dict[str, Any], start: float) -> bool:
+    """Whether the service's counters or pins in `payload` were taken before `start`
+    (absent: no cache service)."""
+    for part in ("storage", "pins"):
+        section = payload.get(part)
+        at = section.get("at_monotonic_s") if isinstance(section, dict) else None
+        if at is not None and at < start:
+            return True
+    return False
 
 
 def prompt_ids(ctx: AppContext, body: LookupRequest) -> list[int]:
@@ -107,12 +144,45 @@ async def _compute(ctx: AppContext, ids: list[int], salt: str) -> None:
         raise APIError(503, str(exc), type_="service_unavailable") from exc
 
 
+class Spacing:
+    """At most one event per `interval_s`: `wait_s(now)` is 0 (and the event counts) or
+    the seconds until the next may happen."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._last: float | None = None
+
+    def wait_s(self, now: float) -> float:
+        if self._last is not None and now - self._last < self.interval_s:
+            return self.interval_s - (now - self._last)
+        self._last = now
+        return 0.0
+
+
+def _integrity_refused(request: Request, scans: Spacing) -> JSONResponse | None:
+    """Why this caller may not run an integrity scan now (403, 429), or None."""
+    if not is_admin(request):
+        return APIError(403, "?integrity=true is for the admin key", param="integrity",
+                        code="admin_only").response()  # fmt: skip
+    wait = scans.wait_s(time.monotonic())
+    if wait <= 0:
+        return None
+    body = error_body(f"an integrity scan ran less than {INTEGRITY_INTERVAL_S:g} s ago",
+                      "rate_limit_error", "integrity", "rate_limited")  # fmt: skip
+    return JSONResponse(body, 429, headers={"Retry-After": str(max(1, math.ceil(wait)))})
+
+
 def add_cache_routes(app: FastAPI, ctx: AppContext) -> None:
-    @app.get("/cache/stats")
+    scans = Spacing(INTEGRITY_INTERVAL_S)
+
+    @app.get("/cache/stats", response_model=None)
     async def cache_stats(
         request: Request, integrity: bool = False, traces: bool = False
-    ) -> dict[str, Any]:
-        payload = await admin(ctx, "stats")
+    ) -> dict[str, Any] | JSONResponse:
+        refused = _integrity_refused(request, scans) if integrity else None
+        if refused is not None:
+            return refused
+        payload = await fresh_stats(ctx)
         pins = payload.get("pins")
         if isinstance(pins, dict) and not is_admin(request):
             payload["pins"] = {k: v for k, v in pins.items() if k != "pinned"}  # counts only

@@ -116,6 +116,7 @@ class TierStats:
     disk: BackendStats | None = None
     service: dict[str, float] = field(default_factory=dict)
     remote: BackendStats | None = None
+    at: float = 0.0  # CLOCK_MONOTONIC when they arrived (shared by this host's processes)
 
 
 @dataclass
@@ -309,6 +310,12 @@ class StorageTier(Protocol):
     def stats(self, timeout_s: float = 1.0) -> TierStats | None:
         """The tiers' and the service's counters; None when no answer came in `timeout_s`
         (a short request on the admin path, never the scheduler's)."""
+        ...
+
+    def stats_snapshot(self, max_age_s: float = 1.0) -> TierStats | None:
+        """The latest counters the service sent, without waiting: when they are older than
+        `max_age_s`, fresher ones are asked for and arrive with a later `poll()`. None
+        before the first answer. What the engine's thread may call (admin, /metrics)."""
         ...
 
     def poll(self) -> list[Completion | Settled]:

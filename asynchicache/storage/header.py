@@ -6,6 +6,7 @@ model page of 737,280 bytes is itself 180 x 4096):
 
     fixed    magic 8s | version u16 | header_len u32 | payload_len u64
              payload_checksum 16s (xxh3_128) | page_hash 16s | parent_hash 16s
+             key_id 8s | mac 32s (zeros: unsigned)
              ns_len u16 | n_tokens u32 | dtype_len u8 | ndim u8
     variable namespace | tokens (int32 each) | dtype (ascii) | shape (u32 each)
     check    xxh3_64 of everything above (u64)
@@ -14,7 +15,10 @@ The header checksum protects the tokens and the payload checksum; the payload
 checksum protects the KV bytes. `parent_hash` is the hash the page's hash was
 chained from (the previous page's, or the namespace digest for a first page;
 zeros when unknown), so a folder's chains can be rebuilt and audited
-(`asynchicache cache verify --deep`). Version 1 files (no parent) are a miss.
+(`asynchicache cache verify --deep`). `key_id` and `mac` are the keyed MAC of
+storage.page_keys (HMAC-SHA256 of this header with the MAC zeroed, then the
+payload), when the writer has `--cache-key-file`. Files of versions 1 (no
+parent) and 2 (no MAC fields) are a miss.
 Decoding never evaluates anything (no pickle): a header that does not parse is
 a `HeaderError`, which readers treat as a miss.
 """
@@ -23,21 +27,25 @@ from __future__ import annotations
 
 import struct
 from array import array
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import xxhash
 
 from asynchicache.storage.base import PageLayout
+from asynchicache.storage.page_keys import KEY_ID_BYTES, MAC_BYTES, NamespaceKeys
 
 # Anything exposing the buffer protocol (collections.abc.Buffer is 3.12+).
 Buffer = bytes | bytearray | memoryview
 
 MAGIC = b"ACKVPAGE"
-FORMAT_VERSION = 2  # 2: parent_hash
+FORMAT_VERSION = 3  # 2: parent_hash; 3: key_id and mac
 HEADER_ALIGN = 4096
 PAGE_HASH_BYTES = 16
-_FIXED = struct.Struct("<8sHIQ16s16s16sHIBB")
+_FIXED = struct.Struct("<8sHIQ16s16s16s8s32sHIBB")
 _NO_PARENT = bytes(PAGE_HASH_BYTES)
+_NO_KEY = bytes(KEY_ID_BYTES)
+_NO_MAC = bytes(MAC_BYTES)
 _CHECK = struct.Struct("<Q")
 _MAX_HEADER = 1 << 20
 
@@ -61,6 +69,8 @@ class PageHeader:
     payload_len: int
     payload_checksum: bytes
     parent: bytes = b""  # the previous page's hash (b"": unknown)
+    key_id: bytes = b""  # the MAC's key (storage.page_keys); b"": unsigned
+    mac: bytes = b""
 
     @property
     def header_len(self) -> int:
@@ -105,6 +115,8 @@ def encode_header(header: PageHeader) -> bytes:
         raise ValueError(f"page hash must be {PAGE_HASH_BYTES} bytes")
     if len(header.parent) not in (0, PAGE_HASH_BYTES) or header.parent == _NO_PARENT:
         raise ValueError(f"parent hash must be {PAGE_HASH_BYTES} non-zero bytes or empty")
+    if len(header.key_id) not in (0, KEY_ID_BYTES) or len(header.mac) not in (0, MAC_BYTES):
+        raise ValueError(f"key id and MAC must be {KEY_ID_BYTES} and {MAC_BYTES} bytes or empty")
     dtype = header.layout.dtype.encode()
     header_len = header.header_len
     fixed = _FIXED.pack(
@@ -115,6 +127,8 @@ def encode_header(header: PageHeader) -> bytes:
         header.payload_checksum,
         header.page_hash,
         header.parent or _NO_PARENT,
+        header.key_id or _NO_KEY,
+        header.mac or _NO_MAC,
         len(header.namespace),
         len(header.tokens),
         len(dtype),
@@ -147,9 +161,8 @@ def decode_header(data: Buffer) -> PageHeader:
     header_len = peek_header_len(view)
     if len(view) < header_len:
         raise HeaderError(f"header needs {header_len} bytes, got {len(view)}")
-    (_, _, _, payload_len, checksum, page_hash, parent, ns_len, n_tokens, dtype_len, ndim) = (
-        _FIXED.unpack_from(view)
-    )
+    (_, _, _, payload_len, checksum, page_hash, parent, kid, mac, ns_len, n_tokens, dtype_len,
+     ndim) = _FIXED.unpack_from(view)  # fmt: skip
     end = _FIXED.size + ns_len + 4 * n_tokens + dtype_len + 4 * ndim
     if end + _CHECK.size > header_len:
         raise HeaderError("header fields overrun the header")
@@ -172,7 +185,29 @@ def decode_header(data: Buffer) -> PageHeader:
     except ValueError as exc:
         raise HeaderError(f"bad layout in header: {exc}") from exc
     parent = b"" if parent == _NO_PARENT else parent
-    return PageHeader(namespace, page_hash, tokens, layout, payload_len, checksum, parent)
+    kid = b"" if kid == _NO_KEY else kid
+    mac = b"" if mac == _NO_MAC else mac
+    return PageHeader(namespace, page_hash, tokens, layout, payload_len, checksum, parent, kid, mac)
+
+
+def encode_signed(
+    header: PageHeader, keys: NamespaceKeys | None, payload: memoryview | Sequence[memoryview]
+) -> bytes:
+    """`encode_header`, with the MAC of `keys.current` over it and the payload when keyed."""
+    if keys is None:
+        return encode_header(header)
+    unsigned = replace(header, key_id=keys.current, mac=b"")
+    mac = keys.mac(keys.current, encode_header(unsigned), payload)
+    return encode_header(replace(unsigned, mac=mac))
+
+
+def mac_problem(header: PageHeader, keys: NamespaceKeys | None, payload: memoryview) -> str | None:
+    """Why a page read with `keys` is not signed by one of them (a `MacMismatch`), or None
+    (always None without keys: such a reader checks the checksum only)."""
+    if keys is None:
+        return None
+    unsigned = encode_header(replace(header, mac=b""))
+    return keys.problem(header.key_id, header.mac, unsigned, payload)
 
 
 def _check_prologue(magic: bytes, version: int, header_len: int) -> None:

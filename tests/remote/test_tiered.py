@@ -103,15 +103,18 @@ def test_upload_uses_a_private_copy(
     assert np.array_equal(pool.array[8:16], original)
 
 
-def test_full_staging_uploads_inline(
+def test_full_staging_skips_the_upload(
     redis_server: RedisServer, tiers: Tiers, make_pool: Callable[..., Pool]
 ) -> None:
+    """A store never waits on L4 (issue 39, finding 4): past the staging budget its upload
+    is skipped and counted; the disk has the pages."""
     pool = make_pool(16, fill=8)
     a = tiers(redis_server.url, "a", staging_bytes=SMALL.page_bytes)  # one page fits
     hashes = new_hashes(8)
     assert a.put(refs(hashes, range(8)), pool.array) == 8
-    assert a.stats().extra["uploads_inline"] == 1
-    assert a.remote is not None and a.remote.exists(hashes) == 8
+    assert a.stats().extra["uploads_shed"] == 1
+    assert a.disk.exists(hashes) == 8
+    assert a.remote is not None and a.remote.exists(hashes) == 0
 
 
 def test_admission_limits_promotion(

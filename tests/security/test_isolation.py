@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from curve_certs import curve_certs
 
 from asynchicache.cache.keys import Namespace, page_hashes
 from asynchicache.storage.base import PageLayout, PageRef
@@ -166,7 +167,9 @@ def test_service_on_loopback_tcp_when_asked(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     stop = threading.Event()
-    service = CacheService(ServiceConfig(tmp_path / "kv", f"tcp://127.0.0.1:{port}"), stop)
+    keys, _, _ = curve_certs(tmp_path)  # tcp:// needs CURVE (test_service_socket.py)
+    cfg = ServiceConfig(tmp_path / "kv", f"tcp://127.0.0.1:{port}", curve=keys)
+    service = CacheService(cfg, stop)
     thread = threading.Thread(target=service.run, daemon=True)
     thread.start()
     try:

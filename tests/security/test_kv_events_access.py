@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+from curve_certs import curve_certs
 from kv_rig import PAGE, Rig, kv_rig, page_tokens
 
 from asynchicache.kv_events import wire
@@ -75,20 +76,7 @@ def test_private_endpoints_are_fine(tmp_path: Path) -> None:
     KvEventsConfig(f"ipc://{tmp_path}/private/ev.sock")
 
 
-def _curve_keys(tmp_path: Path) -> tuple[CurveKeys, Path, Path]:
-    """(the server's keys, a listed client's certificate, an unlisted client's)."""
-    import zmq.auth
-
-    server_dir, clients_dir, others_dir = (tmp_path / n for n in ("server", "clients", "others"))
-    for d in (server_dir, clients_dir, others_dir):
-        d.mkdir(mode=0o700)
-    _, server_secret = zmq.auth.create_certificates(str(server_dir), "server")
-    _, client_secret = zmq.auth.create_certificates(str(clients_dir), "router")
-    _, other_secret = zmq.auth.create_certificates(str(others_dir), "stranger")
-    for secret in (client_secret, other_secret):  # the listed folder keeps public keys only
-        os.replace(secret, tmp_path / Path(secret).name)
-    keys = CurveKeys(Path(server_secret), clients_dir)
-    return keys, tmp_path / Path(client_secret).name, tmp_path / Path(other_secret).name
+_curve_keys = curve_certs
 
 
 def test_a_remote_endpoint_wants_the_flag_and_curve_keys(tmp_path: Path) -> None:

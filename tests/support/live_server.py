@@ -83,12 +83,17 @@ class LiveServer(ServeProcess):
         return httpx.Client(base_url=self.url, timeout=scaled(timeout), headers=self.headers)
 
     def stats(self, integrity: bool = False) -> dict:
-        r = httpx.get(
-            self.url + "/cache/stats",
-            params={"integrity": "true"} if integrity else None,
-            headers=self.headers,
-            timeout=scaled(30),
-        )
+        """`/cache/stats`; with `integrity`, waits out the scans' rate limit (429)."""
+        for _ in range(60):
+            r = httpx.get(
+                self.url + "/cache/stats",
+                params={"integrity": "true"} if integrity else None,
+                headers=self.headers,
+                timeout=scaled(30),
+            )
+            if r.status_code != 429:
+                break
+            time.sleep(float(r.headers.get("Retry-After", "1")))
         r.raise_for_status()
         return r.json()
 

@@ -96,6 +96,9 @@ class MemoryStorage:
         """No service: no counters (as a service that does not answer)."""
         return None
 
+    def stats_snapshot(self, max_age_s: float = 1.0) -> None:
+        return None
+
     def expire(self) -> None:
         """Every queued ticket times out for the client; the service still holds its work."""
         self._expiring += self.ops

@@ -33,6 +33,10 @@ class AdminRequests:
         """Send `make(req_id)` and wait up to `timeout_s` for its reply."""
         raise NotImplementedError
 
+    def pins_snapshot(self, max_age_s: float = 1.0) -> tuple[PinsReply, float] | None:
+        """The latest pins listing and when it came, without waiting (StorageClient)."""
+        raise NotImplementedError
+
     def clear(
         self,
         tiers: Sequence[str] = STORAGE_TIERS,

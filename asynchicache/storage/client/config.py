@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asynchicache.storage.base import PageLayout
+from asynchicache.storage.curve import ClientCurve
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class ClientConfig:
     heartbeat_s: float = 1.0
     reconnect_ms: int = 100
     events: bool = False  # receive the namespace's L3/L4 KV events (take_events())
+    curve: ClientCurve | None = None  # a tcp:// service's public key and our certificate
 
     def __post_init__(self) -> None:
         if self.ticket_timeout_s <= 0 or self.exists_timeout_s <= 0:

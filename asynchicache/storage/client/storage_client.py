@@ -58,7 +58,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from asynchicache.storage.admin_messages import StorageEvents
+from asynchicache.storage.admin_messages import Pins, PinsReply, StorageEvents
 from asynchicache.storage.base import (
     Completion,
     PageLayout,
@@ -70,6 +70,7 @@ from asynchicache.storage.base import (
 from asynchicache.storage.client.admin import AdminRequests
 from asynchicache.storage.client.config import ClientConfig
 from asynchicache.storage.client.event_feed import EventBatch, EventFeed
+from asynchicache.storage.client.snapshots import Snapshots
 from asynchicache.storage.client.tickets import OpenTicket, TicketBook
 from asynchicache.storage.liveness import ProcessIdentity
 from asynchicache.storage.messages import (
@@ -119,6 +120,7 @@ class StorageClient(AdminRequests):
         self._closed = False
         self._answers: dict[int, Reply] = {}
         self._events = EventFeed()
+        self._snapshots = Snapshots()  # stats and pins for the engine's thread
         self._up = False
         self._registered = False
         self._slots = 0
@@ -133,6 +135,8 @@ class StorageClient(AdminRequests):
         self._sock.setsockopt(zmq.SNDHWM, 100_000)
         self._sock.setsockopt(zmq.RCVHWM, 100_000)
         self._monitor = self._sock.get_monitor_socket(_UP | _DOWN)
+        if config.curve is not None:
+            config.curve.apply(self._sock)
         self._sock.connect(config.address)
         self._service: tuple[threading.Event, threading.Thread] | None = None
 
@@ -288,7 +292,33 @@ class StorageClient(AdminRequests):
         reply = self._ask(Stats(next(self._ids)), timeout_s)
         if not isinstance(reply, StatsReply):
             return None
-        return TierStats(reply.disk, reply.service, reply.remote)
+        return TierStats(reply.disk, reply.service, reply.remote, time.monotonic())
+
+    def stats_snapshot(self, max_age_s: float = 1.0) -> TierStats | None:
+        got = self._snapshot("stats", Stats, max_age_s)
+        reply = got[0] if got is not None else None
+        if got is None or not isinstance(reply, StatsReply):
+            return None
+        return TierStats(reply.disk, reply.service, reply.remote, got[1])
+
+    def pins_snapshot(self, max_age_s: float = 1.0) -> tuple[PinsReply, float] | None:
+        """The service's latest pins listing and its arrival (CLOCK_MONOTONIC), never
+        waiting (as `stats_snapshot`)."""
+        got = self._snapshot("pins", Pins, max_age_s)
+        if got is None or not isinstance(got[0], PinsReply):
+            return None
+        return got[0], got[1]
+
+    def _snapshot(
+        self, kind: str, make: Callable[[int], Request], max_age_s: float
+    ) -> tuple[object, float] | None:
+        self._pump_monitor()
+        self._pump_replies()
+        if self._up and self._snapshots.want(kind, max_age_s):
+            msg = make(next(self._ids))
+            if self._send(msg):
+                self._snapshots.asked(kind, msg.req_id)
+        return self._snapshots.latest(kind)
 
     def take_events(self) -> EventBatch:
         """KV events received (by `poll()` and the waits) since the last call, in order."""
@@ -408,6 +438,8 @@ class StorageClient(AdminRequests):
             self._retry_or_fail(reply)
         elif isinstance(reply, ErrorReply) and reply.req_id in self._book.quarantined:
             self._book.settle(reply.req_id, "refused")  # the service did not take it
+        elif self._snapshots.take(reply.req_id, reply):
+            pass
         else:
             self._answers[reply.req_id] = reply
             if len(self._answers) > 1024:  # answers nobody waits for any more (timed out)

@@ -98,6 +98,7 @@ from asynchicache.storage.fileio import (
 )
 from asynchicache.storage.header import header_len_for
 from asynchicache.storage.page_index import IndexedPage, PageIndex
+from asynchicache.storage.page_keys import MacMismatch
 from asynchicache.tiers import Tier
 
 T = TypeVar("T")
@@ -144,7 +145,8 @@ class DiskBackend(StorageBackend):
         write_meta(self._folder, config.namespace, config.layout)
         self.events = events or EventLog()
         self._index = PageIndex(self.events.index_listener(Tier.DISK))
-        self._files = PageFiles(config.namespace, config.layout)
+        keys = config.keys.for_namespace(config.namespace) if config.keys else None
+        self._files = PageFiles(config.namespace, config.layout, keys)
         self.pins = PinStore(self._folder)
         self._space = DiskSpace(
             config.root, self._folder, config.capacity_bytes, self._index, self.pins, self._path
@@ -411,6 +413,8 @@ class DiskBackend(StorageBackend):
         self._index.remove(page_hash)
         self._space.release(unlink_size(path))
         self._count(corrupt_detected=1)
+        if isinstance(reason, MacMismatch):
+            self._count(mac_failures=1)
 
     def _read_one(self, page_hash: bytes, slot: int, batch: IoBatch) -> IndexedPage | None:
         """Read and verify one page into its slot; its index entry, or None on a miss."""

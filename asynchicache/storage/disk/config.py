@@ -18,6 +18,7 @@ from asynchicache.storage.base import PageLayout
 from asynchicache.storage.deadline import Deadline, passed
 from asynchicache.storage.disk.names import namespace_dir_name
 from asynchicache.storage.header import header_len_for
+from asynchicache.storage.page_keys import PageKeys
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class DiskConfig:
     direct_io: bool = True  # O_DIRECT when the layout and pool are aligned
     scan_wait_s: float = 0.5  # a start waits this long for the index; larger scans go on behind
     max_pinned_fraction: float = CacheConfig.max_pinned_fraction  # of capacity_bytes
+    keys: PageKeys | None = None  # --cache-key-file: pages carry a keyed MAC (page_keys.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))

@@ -4,8 +4,9 @@ A page file is `storage.header` (namespace, page hash, parent hash, token ids,
 layout, payload length and checksum) followed by the page's bytes. A reader
 trusts nothing: a file whose header does not parse, names another page,
 namespace or layout, has the wrong length or fails its payload checksum is
-a miss (the caller removes it). `PageFiles` holds what a namespace's files
-must say; `check` is the header-only look taken at start-up.
+a miss (the caller removes it), as is one whose keyed MAC does not verify when
+the namespace has keys (storage.page_keys). `PageFiles` holds what a
+namespace's files must say; `check` is the header-only look taken at start-up.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from asynchicache.storage.header import (
     HeaderVersionError,
     PageHeader,
     decode_header,
+    mac_problem,
     payload_checksum,
     peek_header_len,
 )
+from asynchicache.storage.page_keys import NamespaceKeys
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class PageFiles:
 
     namespace: bytes
     layout: PageLayout
+    keys: NamespaceKeys | None = None  # --cache-key-file: every page must carry its MAC
 
     def problem(self, header: PageHeader, page_hash: bytes) -> str | None:
         """Why `header` is not the header of page `page_hash` here, or None."""
@@ -105,7 +109,7 @@ class PageFiles:
             return f"length {got} != {header_len + header.payload_len} (truncated or padded)"
         if payload_checksum(dst) != header.payload_checksum:
             return "payload checksum mismatch"
-        return got, header
+        return mac_problem(header, self.keys, dst) or (got, header)
 
 
 class OldFormat(str):

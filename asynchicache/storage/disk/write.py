@@ -34,7 +34,7 @@ from asynchicache.storage.fileio import (
     set_mtime,
     syncfs,
 )
-from asynchicache.storage.header import PageHeader, encode_header, payload_checksum
+from asynchicache.storage.header import PageHeader, encode_signed, payload_checksum
 
 if TYPE_CHECKING:
     from asynchicache.storage.disk.config import DiskConfig, IoBatch
@@ -78,7 +78,7 @@ class PageWriter:
         src = memoryview(batch.pool[page.slot])
         path = self._path_of(page.page_hash)
         tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}-{secrets.token_hex(4)}")
-        header = encode_header(
+        header = encode_signed(
             PageHeader(
                 self.files.namespace,
                 page.page_hash,
@@ -87,7 +87,9 @@ class PageWriter:
                 self.files.layout.page_bytes,
                 payload_checksum(src),
                 page.parent,
-            )
+            ),
+            self.files.keys,
+            src,
         )
         direct = batch.direct and self.direct and len(header) == DIRECT_ALIGN
         try:

@@ -51,6 +51,7 @@ from asynchicache.storage.base import (
 from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.events import EventLog
 from asynchicache.storage.page_index import IndexedPage
+from asynchicache.storage.page_keys import MacMismatch
 from asynchicache.storage.remote.admin import clear_prefix, list_pages
 from asynchicache.storage.remote.breaker import CircuitBreaker
 from asynchicache.storage.remote.config import RedisConfig, remote_key_prefix
@@ -84,7 +85,8 @@ class RedisBackend(StorageBackend):
         self.layout = config.layout
         self.page_bytes = config.layout.page_bytes
         self.prefix = remote_key_prefix(config.namespace, config.layout)
-        self._format = ValueFormat(config.namespace, config.layout, config.ttl_s)
+        keys = config.keys.for_namespace(config.namespace) if config.keys else None
+        self._format = ValueFormat(config.namespace, config.layout, config.ttl_s, keys)
         self._endpoint = config.endpoint
         self._stats = StatsCounter()
         self._count = self._stats.add
@@ -267,6 +269,9 @@ class RedisBackend(StorageBackend):
             bad[0].reason,
         )
         self._count(corrupt_detected=len(bad))
+        forged = sum(isinstance(r.reason, MacMismatch) for r in bad)
+        if forged:
+            self._count(mac_failures=forged)
         self._unlink([keys[r.index] for r in bad])
         self._events.removed([self._page_of(keys[r.index]) for r in bad])
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import xxhash
 
 from asynchicache.storage.base import PageLayout
+from asynchicache.storage.page_keys import PageKeys
 from asynchicache.storage.remote.topology import RemoteEndpoint, parse_remote_url
 
 
@@ -35,6 +36,7 @@ class RedisConfig:
     control_timeout_s: float = 0.5  # EXISTS and friends (the service's loop waits on these)
     retry_initial_s: float = 0.5
     retry_max_s: float = 30.0
+    keys: PageKeys | None = None  # --cache-key-file: values carry a keyed MAC (page_keys.py)
 
     def __post_init__(self) -> None:
         if not self.namespace:

@@ -21,9 +21,10 @@ import numpy as np
 
 from asynchicache.storage.base import PageRef
 from asynchicache.storage.deadline import Deadline, passed
+from asynchicache.storage.page_keys import MacMismatch
 from asynchicache.storage.remote.link import OUTAGE, RemoteLink
 from asynchicache.storage.remote.resp import NodeAddress, RespConnection, RespError, command
-from asynchicache.storage.remote.value import ValueFormat, ValueRejected
+from asynchicache.storage.remote.value import MacRejected, ValueFormat, ValueRejected
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,8 @@ class PagePipeline:
         except RespError as exc:
             return self._error_reply(i, exc)
         except ValueRejected as exc:
-            return PageRead(i, PageStatus.CORRUPT, reason=str(exc))
+            why = MacMismatch(exc) if isinstance(exc, MacRejected) else str(exc)
+            return PageRead(i, PageStatus.CORRUPT, reason=why)
         finally:
             conn.set_time_limit(None)
         if header is None:

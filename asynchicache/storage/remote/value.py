@@ -20,15 +20,21 @@ from asynchicache.storage.header import (
     HeaderError,
     PageHeader,
     decode_header,
-    encode_header,
+    encode_signed,
+    mac_problem,
     payload_checksum,
     peek_header_len,
 )
+from asynchicache.storage.page_keys import NamespaceKeys
 from asynchicache.storage.remote.resp import RespConnection
 
 
 class ValueRejected(Exception):
     """A stored value that is not a valid page of ours (the reason is the message)."""
+
+
+class MacRejected(ValueRejected):
+    """A value whose keyed MAC is missing or does not verify (storage.page_keys)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class ValueFormat:
     namespace: bytes
     layout: PageLayout
     ttl_s: int | None = None
+    keys: NamespaceKeys | None = None  # --cache-key-file: values carry a keyed MAC
 
     def set_command(
         self,
@@ -48,7 +55,7 @@ class ValueFormat:
         parent: bytes = b"",
     ) -> list[bytes | memoryview]:
         """SET key <header + payload> [EX ttl] as buffers around the slot's memory."""
-        header = encode_header(
+        header = encode_signed(
             PageHeader(
                 self.namespace,
                 page_hash,
@@ -57,7 +64,9 @@ class ValueFormat:
                 self.layout.page_bytes,
                 payload_checksum(payload),
                 parent,
-            )
+            ),
+            self.keys,
+            payload,
         )
         argc = 3 if self.ttl_s is None else 5
         value_len = len(header) + len(payload)
@@ -88,6 +97,9 @@ class ValueFormat:
         conn.end_bulk()
         if payload_checksum(dst) != header.payload_checksum:
             raise ValueRejected("payload checksum mismatch")
+        problem = mac_problem(header, self.keys, dst)
+        if problem is not None:
+            raise MacRejected(problem)
         return header
 
     def _read_header(self, conn: RespConnection, n: int) -> PageHeader:

@@ -32,6 +32,17 @@ def _parser() -> argparse.ArgumentParser:
         help="run only while engines hold leases on it; this pid (its starter) holds the "
         "first (storage.service.leases)",
     )
+    p.add_argument(
+        "--curve-secret-key",
+        type=Path,
+        help="ZeroMQ CURVE certificate of the service (a '.key_secret' file of "
+        "zmq.auth.create_certificates); required with a tcp:// --socket",
+    )
+    p.add_argument(
+        "--curve-clients",
+        type=Path,
+        help="folder of the public '.key' files of the clients let in (with --curve-secret-key)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 

@@ -8,7 +8,9 @@ launcher, which writes the service's argv from the same table (`service_argv`);
 
 The service trusts whoever connects (it maps their segments, writes their
 pages): it listens on an `ipc://` file in a private (0700) runtime folder, or
-on loopback TCP, nowhere else.
+on loopback TCP with ZeroMQ CURVE (`--curve-secret-key`, `--curve-clients`:
+only the listed clients' keys get in; any local user could connect to a plain
+loopback port), nowhere else.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from asynchicache.config import (
     check_max_pinned_fraction,
 )
 from asynchicache.config_flags import add_config_flags, config_argv, config_kwargs
+from asynchicache.storage.curve import CurveKeys
 from asynchicache.storage.fileio import make_private_dir
 from asynchicache.storage.messages import ServiceSettings
 from asynchicache.storage.service.tiered import RemoteTierConfig
@@ -94,6 +97,8 @@ class ServiceConfig:
     # Started for vLLM instances (integrations.vllm.service_process): run while a lease is
     # held (storage.service.leases), and this pid holds the first one until it takes its own.
     leased_by: int | None = None
+    key_file: Path | None = None  # --cache-key-file: pages carry a keyed MAC (page_keys.py)
+    curve: CurveKeys | None = None  # --curve-secret-key / --curve-clients: needed on tcp://
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disk_cache_dir", Path(self.disk_cache_dir))
@@ -104,7 +109,9 @@ class ServiceConfig:
             raise ValueError(
                 f"--socket must be a ZeroMQ address like ipc://PATH, got {self.address}"
             )
-        _check_local(self.address)
+        _check_local(self.address, self.curve)
+        if self.curve is not None:
+            self.curve.check()
         if self.leased_by is not None and self.leased_by <= 0:
             raise ValueError(f"--leased-by must be a pid, got {self.leased_by}")
 
@@ -116,6 +123,7 @@ class ServiceConfig:
         address: str,
         direct_io: bool = True,
         leased_by: int | None = None,
+        curve: CurveKeys | None = None,
     ) -> ServiceConfig:
         """The service that `cache` (L3/L4 sizes and policies; its folder set) and `tuning`
         describe."""
@@ -141,6 +149,8 @@ class ServiceConfig:
             remote=remote,
             max_pinned_fraction=cache.max_pinned_fraction,
             leased_by=leased_by,
+            key_file=cache.cache_key_file,
+            curve=curve,
         )
 
     @classmethod
@@ -149,7 +159,14 @@ class ServiceConfig:
         --disk-cache-dir, --socket, --no-direct-io, --leased-by) describe."""
         cache = CacheConfig(**config_kwargs(CacheConfig, args, disk_cache_dir=args.disk_cache_dir))
         tuning = ServiceTuning(**config_kwargs(ServiceTuning, args))
-        return cls.from_configs(cache, tuning, args.socket, not args.no_direct_io, args.leased_by)
+        secret = getattr(args, "curve_secret_key", None)
+        clients = getattr(args, "curve_clients", None)
+        if (secret is None) != (clients is None):
+            raise ValueError("--curve-secret-key and --curve-clients go together")
+        curve = CurveKeys(secret, clients, SERVICE_CURVE_FLAGS) if secret and clients else None
+        return cls.from_configs(
+            cache, tuning, args.socket, not args.no_direct_io, args.leased_by, curve
+        )
 
     @property
     def settings(self) -> ServiceSettings:
@@ -194,6 +211,13 @@ def add_service_flags(
     cache.add_argument(
         "--remote-ttl", type=int, help="L4 value expiry in seconds (default: the server evicts)"
     )
+    cache.add_argument(
+        "--cache-key-file",
+        type=Path,
+        help="a 0600 file of secrets (one per line, the first signs): every L3 page and L4 "
+        "value carries a keyed MAC and one that does not verify is a miss (docs/security.md; "
+        "default: off)",
+    )
     add_config_flags(tuning, ServiceTuning, TUNING_FLAGS)
 
 
@@ -205,10 +229,15 @@ def service_argv(cache: CacheConfig, tuning: ServiceTuning) -> list[str]:
         argv += ["--remote-url", cache.remote_url]
     if cache.remote_ttl_s is not None:
         argv += ["--remote-ttl", str(cache.remote_ttl_s)]
+    if cache.cache_key_file is not None:
+        argv += ["--cache-key-file", str(cache.cache_key_file)]
     return argv
 
 
-def _check_local(address: str) -> None:
+SERVICE_CURVE_FLAGS = ("--curve-secret-key", "--curve-clients")
+
+
+def _check_local(address: str, curve: CurveKeys | None) -> None:
     scheme, _, rest = address.partition("://")
     if scheme == "ipc":
         return
@@ -219,6 +248,12 @@ def _check_local(address: str) -> None:
         loopback = False
     if scheme != "tcp" or not loopback:
         raise ValueError(
-            f"--socket must be ipc://PATH or tcp://127.0.0.1:PORT (the service has no "
-            f"authentication), got {address}"
+            f"--socket must be ipc://PATH or tcp://127.0.0.1:PORT (the service trusts its "
+            f"clients: it stays on this machine), got {address}"
+        )
+    if curve is None:
+        raise ValueError(
+            f"--socket {address}: any local user can connect to a loopback port, so the "
+            "service's tcp:// needs ZeroMQ CURVE (--curve-secret-key and --curve-clients); "
+            "or use ipc://PATH in a private folder (the default)"
         )

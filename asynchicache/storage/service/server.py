@@ -9,7 +9,11 @@ segment (zero-copy numpy view) and moves pages between the disk and L2 slots.
 Only hashes, slot numbers and statuses cross the socket.
 
 `Exists` is answered from the in-memory index on the loop thread (an index
-miss looks at the folder: storage.disk.backend). Loads, stores, clears, pins and
+miss looks at the folder: storage.disk.backend); the loop never talks to
+Redis: when L4 may hold the rest of the chain, a lookup thread asks it and
+replies (at most `_REMOTE_LOOKUPS` waiting; past that the disk's answer goes
+at once, counted in `remote_lookups_shed`: a slow Redis degrades to misses).
+Loads, stores, clears, pins and
 contents run on a worker pool (storage.service.jobs) and reply when done; workers hand their
 replies back through a queue and a wake-up pipe, because a ZeroMQ socket
 belongs to one thread. A client that vanished costs nothing: its replies are
@@ -64,6 +68,7 @@ import zmq
 
 from asynchicache.storage.admin_messages import StorageEvents
 from asynchicache.storage.base import PageLayout
+from asynchicache.storage.curve import CurveGuard
 from asynchicache.storage.deadline import Deadline
 from asynchicache.storage.disk.backend import DiskConfig
 from asynchicache.storage.liveness import ProcessIdentity, pid_alive
@@ -85,6 +90,7 @@ from asynchicache.storage.messages import (
     decode,
     encode,
 )
+from asynchicache.storage.page_keys import PageKeys
 from asynchicache.storage.service.config import (
     ServiceConfig,
     default_address,
@@ -116,6 +122,7 @@ _REFUSED_CLIENTS = 256
 _EVENTS_PER_MESSAGE = 512
 _FLUSH_MS = 1000  # at exit, replies queued for clients get this long to leave
 _SWEEP_S = 0.5  # clients and leases whose process died are seen this often
+_REMOTE_LOOKUPS = 64  # Exists waiting on L4 (the lookup thread's queue)
 
 
 @dataclass
@@ -153,7 +160,11 @@ class CacheService:
         self._done: queue.SimpleQueue[tuple[bytes, Reply]] = queue.SimpleQueue()
         self._counters: dict[str, float] = {}
         self._leases = LeaseDesk(config.settings, config.leased_by, time.monotonic())
+        # A bad key file stops the start, before anything listens.
+        self._keys = PageKeys.load(config.key_file) if config.key_file is not None else None
         self._workers = ThreadPoolExecutor(config.workers, thread_name_prefix="cache-worker")
+        self._lookups = ThreadPoolExecutor(1, thread_name_prefix="remote-lookup")
+        self._lookups_waiting = threading.BoundedSemaphore(_REMOTE_LOOKUPS)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)  # a full pipe already means "wake up"
@@ -163,6 +174,10 @@ class CacheService:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished client raises: count it
         self._sock.setsockopt(zmq.SNDHWM, 100_000)
         self._sock.setsockopt(zmq.RCVHWM, 100_000)
+        # tcp:// only with CURVE (ServiceConfig refuses it otherwise): listed clients only.
+        self._guard = CurveGuard(self._ctx, config.curve) if config.curve is not None else None
+        if self._guard is not None:
+            self._guard.secure(self._sock)
         prepare_address(config.address)
         self._sock.bind(config.address)
         log.info(
@@ -228,12 +243,36 @@ class CacheService:
         elif client is None:
             self._send(ident, ErrorReply(msg.req_id, "unregistered", "send Register first"))
         elif isinstance(msg, Exists):
-            on_disk, in_remote = client.backend.exists_by_tier(msg.hashes)
-            self._send(ident, ExistsReply(msg.req_id, on_disk + in_remote, in_remote))
+            self._exists(ident, client.backend, msg)
         elif isinstance(msg, Work):
             self._submit(ident, client, msg)
         else:  # a reply type sent as a request
             self._send(ident, ErrorReply(msg.req_id, "malformed", type(msg).__name__))
+
+    def _exists(self, ident: bytes, backend: TieredBackend, msg: Exists) -> None:
+        """Answer from the disk now, or let the lookup thread add what L4 holds."""
+        on_disk, ask_remote = backend.disk_exists(msg.hashes)
+        if not ask_remote:
+            self._send(ident, ExistsReply(msg.req_id, on_disk, 0))
+        elif not self._lookups_waiting.acquire(blocking=False):
+            self._count("remote_lookups_shed")
+            self._send(ident, ExistsReply(msg.req_id, on_disk, 0))
+        else:
+            self._lookups.submit(self._remote_lookup, ident, backend, msg, on_disk)
+
+    def _remote_lookup(
+        self, ident: bytes, backend: TieredBackend, msg: Exists, on_disk: int
+    ) -> None:
+        try:
+            in_remote = backend.remote_exists(msg.hashes, on_disk)
+        except Exception:  # a lookup that fails is a miss, never a lost reply
+            log.exception("cache service: remote lookup failed")
+            self._count("remote_lookup_failures")
+            in_remote = 0
+        finally:
+            self._lookups_waiting.release()
+        self._done.put((ident, ExistsReply(msg.req_id, on_disk + in_remote, in_remote)))
+        self._wake()
 
     # -- registration ---------------------------------------------------------
 
@@ -279,7 +318,9 @@ class CacheService:
         key = (namespace, layout)
         if key not in self._backends:
             self._backends[key] = open_tiered(
-                self._disk_config(namespace, layout), self.config.remote
+                self._disk_config(namespace, layout),
+                self.config.remote,
+                remote_jobs=max(1, self.config.workers // 2),  # the rest serve disk loads
             )
         return self._backends[key]
 
@@ -294,6 +335,7 @@ class CacheService:
             sync=cfg.sync,
             direct_io=cfg.direct_io,
             max_pinned_fraction=cfg.max_pinned_fraction,
+            keys=self._keys,
         )
 
     def _attach(self, name: str) -> SharedSegment:
@@ -443,12 +485,15 @@ class CacheService:
 
     def _shutdown(self) -> None:
         self._workers.shutdown(wait=True, cancel_futures=True)
+        self._lookups.shutdown(wait=True, cancel_futures=True)
         self._send_done()
         for backend in self._backends.values():
             backend.close()
         for ident in list(self._clients):
             self._drop_client(ident)
         self._sock.close(linger=_FLUSH_MS)  # the last replies still reach live clients
+        if self._guard is not None:
+            self._guard.close()
         self._ctx.term()
         os.close(self._wake_r)
         os.close(self._wake_w)

@@ -13,8 +13,16 @@ a single storage tier and its protocol does not change:
 * `put` copies the store's slots once, up front (the deadline checked before
   each page), and never reads the slots again: the disk write and the upload
   to the remote tier (`write_remote`, queued so stores do not wait on the
-  network) both work from that copy. When the staging budget is spent the
-  upload happens inline instead, so no page is silently left out of L4.
+  network) both work from that copy. When the staging budget is spent (a
+  slow or stuck Redis) the upload is skipped and counted (`uploads_shed`): a
+  store never waits on L4, so loads from disk never wait behind L4 writes.
+
+L4 never holds up L3: a slow Redis (replies late but within the breaker's
+timeouts) degrades to misses. At most `remote_jobs` loads read from L4 at
+once (a load past that serves what the disk has: `remote_reads_shed`), so
+the service's other workers stay free for disk loads; `exists_by_tier` is for
+callers off the service's loop (its loop asks `disk_exists` and hands the rest
+to a thread, storage.service.server).
 
 So once `load`/`put` returns, nothing of this backend touches the L2 pool.
 
@@ -27,6 +35,7 @@ live on disk (storage.disk.pins) and also spare their pages in a remote clear.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -58,7 +67,8 @@ log = logging.getLogger(__name__)
 _COUNTERS = (
     "pages_from_remote",
     "remote_pages_late",  # fetched and verified, but the job's deadline had passed
-    "uploads_inline",
+    "uploads_shed",  # staging full (L4 slow or down): not uploaded
+    "remote_reads_shed",  # `remote_jobs` loads were reading L4 already: the disk's part only
     "promotions_skipped",
 )
 
@@ -76,12 +86,13 @@ class TieredConfig:
     page_tokens: int = 16
     staging_bytes: int = 1 << 30  # private copies awaiting background writes, per direction
     close_timeout_s: float = 30.0
+    remote_jobs: int = 2  # loads reading L4 at once (the service: half its workers)
 
     def __post_init__(self) -> None:
         if self.admit_hits < 0 or self.admit_tokens < 0 or self.page_tokens <= 0:
             raise ValueError("admission limits must be >= 0 and page_tokens positive")
-        if self.staging_bytes <= 0:
-            raise ValueError("staging_bytes must be positive")
+        if self.staging_bytes <= 0 or self.remote_jobs <= 0:
+            raise ValueError("staging_bytes and remote_jobs must be positive")
 
     def admits(self, pages: int) -> bool:
         """Whether a chain of `pages` pages read from L4 may be written to disk (one hit)."""
@@ -110,9 +121,13 @@ class RemoteTierConfig:
 
 
 def open_tiered(
-    disk: DiskConfig, remote: RemoteTierConfig | None, events: EventLog | None = None
+    disk: DiskConfig,
+    remote: RemoteTierConfig | None,
+    events: EventLog | None = None,
+    remote_jobs: int = TieredConfig.remote_jobs,
 ) -> TieredBackend:
-    """The service's backend for one namespace: its disk store, and L4 when configured."""
+    """The service's backend for one namespace: its disk store, and L4 when configured
+    (both sign and verify pages with the disk config's keys)."""
     events = events or EventLog()
     if remote is None:
         return TieredBackend(DiskBackend(disk, events))
@@ -120,7 +135,12 @@ def open_tiered(
     from asynchicache.storage.remote.config import RedisConfig
 
     redis_cfg = RedisConfig(
-        remote.url, disk.namespace, disk.layout, ttl_s=remote.ttl_s, cluster=remote.cluster
+        remote.url,
+        disk.namespace,
+        disk.layout,
+        ttl_s=remote.ttl_s,
+        cluster=remote.cluster,
+        keys=disk.keys,
     )
     tiered = TieredConfig(
         write_remote=remote.write_remote,
@@ -128,6 +148,7 @@ def open_tiered(
         admit_hits=remote.admit_hits,
         admit_tokens=remote.admit_tokens,
         page_tokens=disk.layout.shape[2],  # [layers, 2, page_size, kv_heads, head_dim]
+        remote_jobs=remote_jobs,
     )
     return TieredBackend(DiskBackend(disk, events), RedisBackend(redis_cfg, events), tiered)
 
@@ -170,6 +191,7 @@ class TieredBackend(StorageBackend):
         # In `extra`, from 0; the service's workers share this backend.
         self._counters = StatsCounter(BackendStats(extra=dict.fromkeys(_COUNTERS, 0.0)))
         self._count = self._counters.add
+        self._remote_gate = threading.BoundedSemaphore(self.config.remote_jobs)
 
     # -- StorageBackend -------------------------------------------------
 
@@ -177,12 +199,21 @@ class TieredBackend(StorageBackend):
         return sum(self.exists_by_tier(hashes))
 
     def exists_by_tier(self, hashes: Hashes) -> tuple[int, int]:
-        """(leading pages on disk, the pages after those in the remote tier)."""
+        """(leading pages on disk, the pages after those in the remote tier); asks Redis."""
         on_disk = self.disk.exists(hashes)
-        if on_disk == len(hashes) or not self._remote_up():
-            return on_disk, 0
+        return on_disk, self.remote_exists(hashes, on_disk)
+
+    def disk_exists(self, hashes: Hashes) -> tuple[int, bool]:
+        """(leading pages on disk, whether L4 may hold more): never waits on the network."""
+        on_disk = self.disk.exists(hashes)
+        return on_disk, on_disk < len(hashes) and self._remote_up()
+
+    def remote_exists(self, hashes: Hashes, on_disk: int) -> int:
+        """The pages after the first `on_disk` that L4 holds (0 when it is down)."""
+        if on_disk >= len(hashes) or not self._remote_up():
+            return 0
         assert self.remote is not None
-        return on_disk, self.remote.exists(hashes[on_disk:])
+        return self.remote.exists(hashes[on_disk:])
 
     def get(
         self, hashes: Hashes, slots: Slots, pool: np.ndarray, deadline: Deadline | None = None
@@ -196,8 +227,14 @@ class TieredBackend(StorageBackend):
         on_disk = self.disk.get(hashes, slots, pool, deadline)
         if on_disk == len(hashes) or not self._remote_up():
             return TieredRead(on_disk)
+        if not self._remote_gate.acquire(blocking=False):
+            self._count(remote_reads_shed=1)
+            return TieredRead(on_disk)
         assert self.remote is not None
-        fetched = self.remote.fetch(hashes[on_disk:], deadline)
+        try:
+            fetched = self.remote.fetch(hashes[on_disk:], deadline)
+        finally:
+            self._remote_gate.release()
         got = fetched.copy_to(pool, slots[on_disk:], deadline)
         if got:
             self._count(pages_from_remote=got)
@@ -215,7 +252,7 @@ class TieredBackend(StorageBackend):
         try:
             stored = self.disk.put(staged.refs, staged.pool, deadline)
             if self.config.write_remote and staged.refs and self._remote_up():
-                held = self._upload(staged, deadline)
+                held = self._upload(staged)
         finally:
             if held is not None:
                 held.release()
@@ -290,13 +327,13 @@ class TieredBackend(StorageBackend):
     def _remote_up(self) -> bool:
         return self.remote is not None and self.remote.available
 
-    def _upload(self, staged: StagedPages, deadline: Deadline | None) -> StagedPages | None:
-        """Queue `staged` for L4 (None: taken over) or, when staging is full, upload it now."""
+    def _upload(self, staged: StagedPages) -> StagedPages | None:
+        """Queue `staged` for L4 (None: taken over); when staging is full (L4 slow), skip it
+        (the caller releases it): a store never waits on the network."""
         assert self.remote is not None and self._uploads is not None
         if self._uploads.submit(staged, self.remote.put):
             return None
-        self._count(uploads_inline=1)
-        self.remote.put(staged.refs, staged.pool, deadline)
+        self._count(uploads_shed=1)
         return staged
 
     def _promote(self, fetched: StagedPages, chain_pages: int) -> None:
