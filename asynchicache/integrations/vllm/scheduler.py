@@ -187,6 +187,7 @@ class SchedulerSide:
             if lk.phase is Phase.ROOM:  # answered before the visit: read now
                 lk.loading_since = time.monotonic()
                 self._read(lk, give_up=False)
+        self._go_unless_worth_waiting(lk)  # not even the step's short sleep otherwise
         self._wait_for(lk)
         now = time.monotonic()
         if lk.phase is Phase.ASKING and now - lk.started > self.config.lookup_timeout_s:
@@ -199,17 +200,21 @@ class SchedulerSide:
             self.stats.add("prefetch_failures")
             self.link.cancel(lk.load_job)
             self._answer(lk)
-        if lk.phase is not Phase.ANSWERED and not self.policy.pays(
-            self._pending_pages(lk), DISK, wait=True
-        ):
-            # What may still come saves less than the step the request would lose:
-            # it goes now with what L2 holds (a read in flight still lands in L2).
-            self.stats.add("lookups_not_waited")
-            self._answer(lk)
+        self._go_unless_worth_waiting(lk)
         if lk.phase is not Phase.ANSWERED:
             return None, False
         tokens = lk.answer_pages * self.page_size
         return (tokens, self.config.load_async) if tokens else (0, False)
+
+    def _go_unless_worth_waiting(self, lk: Lookup) -> None:
+        """Answer `lk` now, with what L2 holds, unless what may still come saves more
+        than the step the request would lose waiting for it (a read in flight still
+        lands in L2, for later requests)."""
+        if lk.phase is Phase.ANSWERED:
+            return
+        if not self.policy.pays(self._pending_pages(lk), DISK, wait=True):
+            self.stats.add("lookups_not_waited")
+            self._answer(lk)
 
     @staticmethod
     def _pending_pages(lk: Lookup) -> int:
