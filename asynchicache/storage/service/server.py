@@ -12,7 +12,9 @@ Only hashes, slot numbers and statuses cross the socket.
 miss looks at the folder: storage.disk.backend); the loop never talks to
 Redis: when L4 may hold the rest of the chain, a lookup thread asks it and
 replies (at most `_REMOTE_LOOKUPS` waiting; past that the disk's answer goes
-at once, counted in `remote_lookups_shed`: a slow Redis degrades to misses).
+at once, counted in `remote_lookups_shed`, as it does for a lookup that waited
+past `_LOOKUP_STALE_S`, whose asker has given up: a slow Redis degrades to
+misses).
 Loads, stores, clears, pins and
 contents run on a worker pool (storage.service.jobs) and reply when done; workers hand their
 replies back through a queue and a wake-up pipe, because a ZeroMQ socket
@@ -123,6 +125,7 @@ _EVENTS_PER_MESSAGE = 512
 _FLUSH_MS = 1000  # at exit, replies queued for clients get this long to leave
 _SWEEP_S = 0.5  # clients and leases whose process died are seen this often
 _REMOTE_LOOKUPS = 64  # Exists waiting on L4 (the lookup thread's queue)
+_LOOKUP_STALE_S = 1.0  # a lookup queued this long answers from the disk (its asker gave up)
 
 
 @dataclass
@@ -258,13 +261,18 @@ class CacheService:
             self._count("remote_lookups_shed")
             self._send(ident, ExistsReply(msg.req_id, on_disk, 0))
         else:
-            self._lookups.submit(self._remote_lookup, ident, backend, msg, on_disk)
+            queued_at = time.monotonic()
+            self._lookups.submit(self._remote_lookup, ident, backend, msg, on_disk, queued_at)
 
     def _remote_lookup(
-        self, ident: bytes, backend: TieredBackend, msg: Exists, on_disk: int
+        self, ident: bytes, backend: TieredBackend, msg: Exists, on_disk: int, queued_at: float
     ) -> None:
         try:
-            in_remote = backend.remote_exists(msg.hashes, on_disk)
+            if time.monotonic() - queued_at > _LOOKUP_STALE_S:
+                self._count("remote_lookups_shed")
+                in_remote = 0
+            else:
+                in_remote = backend.remote_exists(msg.hashes, on_disk)
         except Exception:  # a lookup that fails is a miss, never a lost reply
             log.exception("cache service: remote lookup failed")
             self._count("remote_lookup_failures")
