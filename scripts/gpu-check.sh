@@ -71,23 +71,23 @@ machine() {
 
 step install 45 install || exit 1
 export PYTHONPATH="$ROOT:$WORK/site"
-step machine 15 machine
+step machine 30 machine
 MODEL=$WORK/model
 if [ "$DRY" -eq 1 ]; then
-  step model 45 "$PY" tests/cuda/random_model.py "$GPU_DIR/model" "$MODEL" --layers 2
+  step model 40 "$PY" tests/cuda/random_model.py "$GPU_DIR/model" "$MODEL" --layers 2
   bench=(--device cpu --dtype float32 --prompt-tokens 64 --decode-tokens 4 --batch 2
     --repeats 1 --threads 1 --copy-pages 8 --skip-hf)
 else
-  step model 45 "$PY" tests/cuda/random_model.py "$GPU_DIR/model" "$MODEL"
+  step model 40 "$PY" tests/cuda/random_model.py "$GPU_DIR/model" "$MODEL"
   bench=(--device cuda --dtype bfloat16 --prompt-tokens 2048 --repeats 2 --copy-pages 512)
 fi
 export ASYNCHICACHE_CUDA_MODEL=$MODEL # the model tests/cuda run
 step cuda-tests 180 "$PY" -m pytest -q -rs -m cuda \
   -p no:cacheprovider --junitxml="$OUT/cuda-tests.xml" tests/cuda
 cp "$LOG" "$OUT/cuda-tests.txt"
-step bench-engine 170 "$PY" -m asynchicache bench engine --model "$MODEL" "${bench[@]}" \
+step bench-engine 165 "$PY" -m asynchicache bench engine --model "$MODEL" "${bench[@]}" \
   --json --out "$OUT"
-step summary 15 "$PY" - "$OUT" "$DRY" <<'EOF'
+step summary 10 "$PY" - "$OUT" "$DRY" <<'EOF'
 import json, sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
