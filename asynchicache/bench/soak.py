@@ -75,6 +75,9 @@ async def _drain(http: httpx.AsyncClient, cfg: SoakConfig) -> dict[str, Any]:
     stats: dict[str, Any] = {}
     while time.monotonic() < deadline:
         r = await http.get("/cache/stats", params={"integrity": "true"}, timeout=60)
+        if r.status_code == 429:  # integrity scans run at most once a second
+            await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
+            continue
         r.raise_for_status()
         stats = r.json()
         if idle(stats):

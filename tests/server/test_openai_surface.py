@@ -75,7 +75,12 @@ def _chat(server: ServeProcess, content: str, **kwargs: Any) -> Any:
 
 
 def _stats(server: ServeProcess) -> dict[str, Any]:
-    return httpx.get(server.url + "/cache/stats", params={"integrity": "true"}, timeout=30).json()
+    """Stats with an integrity scan (waiting out the scans' rate limit: 429, Retry-After)."""
+    while True:
+        r = httpx.get(server.url + "/cache/stats", params={"integrity": "true"}, timeout=30)
+        if r.status_code != 429:
+            return r.json()
+        time.sleep(float(r.headers.get("Retry-After", "1")))
 
 
 @pytest.fixture(scope="module")
