@@ -9,6 +9,7 @@ cache/load_cost.py's, shared with the vLLM connector.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from asynchicache.cache.load_cost import LoadCost, Rate
@@ -35,6 +36,39 @@ class Mean:
         )
 
 
+FIT_WINDOW = 32  # prompt steps the fixed-cost fit looks back on
+FIT_MIN_STEPS = 8
+
+
+@dataclass
+class StepFit:
+    """A prompt step's fixed cost: `seconds = fixed_s + tokens * per_token`, fitted by
+    least squares over the last `FIT_WINDOW` prompt steps. With busy cores it is what
+    a decodes-only step does not show: those may run on fewer threads (engine/threads.py),
+    while a prompt step's threads wait at OpenMP's barriers for descheduled siblings."""
+
+    steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=FIT_WINDOW))
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens > 0 and seconds > 0:
+            self.steps.append((tokens, seconds))
+
+    @property
+    def fixed_s(self) -> float:
+        """The fit's intercept, within [0, the quickest step's time]; 0 until the steps
+        seen are enough and of different enough sizes (the longest twice the shortest)."""
+        if len(self.steps) < FIT_MIN_STEPS:
+            return 0.0
+        xs = [float(n) for n, _ in self.steps]
+        ys = [s for _, s in self.steps]
+        if max(xs) < 2 * min(xs):
+            return 0.0
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+        return min(min(ys), max(0.0, my - slope * mx))
+
+
 @dataclass
 class CostModel:
     """The engine's rates, decided by the shared rule (cache/load_cost.py's `LoadCost`)."""
@@ -48,6 +82,12 @@ class CostModel:
     # A forward of the decodes alone: what every step costs whatever its prompt tokens
     # (reading the weights; with busy cores, OpenMP's barriers), engine/prefill_policy.py.
     small_step_s: Mean = field(default_factory=Mean)
+    prompt_steps: StepFit = field(default_factory=StepFit)
+
+    @property
+    def step_fixed_s(self) -> float:
+        """What a step costs whatever its prompt tokens: the larger of the two views."""
+        return max(self.small_step_s.value, self.prompt_steps.fixed_s)
 
     @classmethod
     def initial(cls, page_bytes: int, page_size: int, min_load_tokens: int) -> CostModel:

@@ -388,6 +388,7 @@ class Engine:
         prefill_tokens = sum(s.num_new for s in batch.seqs if s.num_new > 1)
         if clean and prefill_tokens >= MIN_STEP_TOKENS and prefill_tokens > len(batch.seqs):
             self.cost.prefill_tok_s.observe(batch.num_tokens, elapsed)
+            self.cost.prompt_steps.observe(batch.num_tokens, elapsed)
         elif clean and not prefill_tokens:  # decodes alone: a step's fixed cost
             self.cost.small_step_s.observe(elapsed)
         if any(s.request.needs_whole_prompt for s in batch.seqs):

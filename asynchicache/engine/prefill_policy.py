@@ -40,9 +40,11 @@ unfinished prompt (a miss's chunk) fills what is left; the oldest prompt, left
 out when the prompts ahead of it took the budget, still gets
 `STARVE_FLOOR_TOKENS`: a stream of hits cannot starve a miss. The pace is
 measured on such steps, so the budget settles where a step takes the target.
-But a step is never so short that its fixed cost (a decodes-only forward:
-reading the weights, ~35 ms here; seconds when other processes keep the cores
-busy and OpenMP's barriers wait for descheduled threads) is more than a
+But a step is never so short that its fixed cost (`CostModel.step_fixed_s`: a
+decodes-only forward, or the intercept of a line fitted through recent prompt
+steps, the larger; reading the weights, ~35 ms here; seconds when other
+processes keep the cores busy and OpenMP's barriers wait for descheduled
+threads, which a decodes-only step on fewer threads does not show) is more than a
 quarter of it: on a busy machine a 250 ms target gave steps of 64 tokens that
 spent most of their time in that fixed cost (a 4-client pressure run at load
 ~15: 35 tokens per forward-second against 55 without the bound, 0.11 against

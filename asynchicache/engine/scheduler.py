@@ -346,7 +346,7 @@ class Scheduler:
         # --chunked-prefill-size of one request.
         cost = self.cost
         budget = self.step_budget.prompt_tokens(
-            cost.prefill_tok_s.value, decodes, cost.small_step_s.value
+            cost.prefill_tok_s.value, decodes, cost.step_fixed_s
         )
         queued = bool(self.waiting or self.loading or self.landing)
         chunk = chunk_tokens(self.config.chunked_prefill_size, budget, prompts, queued)

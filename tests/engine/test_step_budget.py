@@ -8,7 +8,7 @@ import pytest
 from scheduler_rig import PAGE, Rig, RigMaker, assert_no_locks, cached_prefix, tokens_for
 
 from asynchicache.config import CacheConfig, EngineConfig
-from asynchicache.engine.cost import Mean, Rate
+from asynchicache.engine.cost import CostModel, Mean, Rate, StepFit
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.prefill_policy import (
@@ -77,6 +77,29 @@ def test_a_steps_fixed_cost_is_learnt_from_its_first_measure_on() -> None:
     assert mean.value == 0.04  # the first measure, not a fifth of it
     mean.observe(0.14)
     assert mean.value == pytest.approx(0.06)
+
+
+def test_a_prompt_steps_fixed_cost_is_fitted_from_steps_of_different_sizes() -> None:
+    fit = StepFit()
+    for n in (64, 128, 256, 64, 128, 256, 64):  # 1 s fixed, 4 ms a token (busy cores)
+        fit.observe(n, 1.0 + 0.004 * n)
+    assert fit.fixed_s == 0.0  # too few steps to tell
+    fit.observe(300, 1.0 + 0.004 * 300)
+    assert fit.fixed_s == pytest.approx(1.0)
+    same = StepFit()
+    for _ in range(10):
+        same.observe(100, 0.5)
+    assert same.fixed_s == 0.0  # one size: no line through them
+    noisy = StepFit()
+    for n, sec in [(64, 0.05), (300, 0.02)] * 5:  # a line falling with size: clamped
+        noisy.observe(n, sec)
+    assert 0.0 <= noisy.fixed_s <= 0.02
+    cost = CostModel.initial(page_bytes=1024, page_size=16, min_load_tokens=0)
+    cost.small_step_s.observe(0.035)
+    assert cost.step_fixed_s == 0.035  # the larger view: the prompts' fit knows nothing yet
+    for n in (64, 128, 256, 300) * 2:
+        cost.prompt_steps.observe(n, 1.0 + 0.004 * n)
+    assert cost.step_fixed_s == pytest.approx(1.0)
 
 
 def test_every_step_of_a_long_miss_beside_decodes_stays_within_the_time_budget(
