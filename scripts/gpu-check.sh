@@ -57,8 +57,11 @@ install() {
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target "$WORK/site" "${wheels[@]}" || return
   fi
+  # Built from a copy: setuptools writes build/ and *.egg-info beside the sources.
+  mkdir -p "$WORK/src" && cp -r "$ROOT/asynchicache" "$ROOT/pyproject.toml" "$ROOT/README.md" \
+    "$WORK/src/" || return
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
-    --no-cache-dir --target "$WORK/site" "$ROOT"
+    --no-cache-dir --target "$WORK/site" "$WORK/src"
 }
 
 machine() {
