@@ -150,3 +150,12 @@ def test_a_restart_arm_waits_for_its_cache_service_to_exit(tmp_path: Path) -> No
     finally:
         svc.stop()
     assert _service_gone(address, 10.0)
+
+
+def test_dtype_auto_reaches_every_arm() -> None:
+    """`--dtype auto` on a bfloat16 checkpoint: every arm runs the checkpoint's dtype (on an
+    AMX host, CPU_ATTN's amx kernel), not the float32 default."""
+    arms = _arms(BenchConfig(None, dtype="auto"), Path("/m"), Path("/w"))
+    for arm in arms.values():
+        argv = arm.flags.argv()
+        assert argv[argv.index("--dtype") + 1] == "auto"
