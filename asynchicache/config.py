@@ -258,6 +258,13 @@ class ServerConfig:
     # Generated tokens one HTTP request may ask (prompts x best_of x max_tokens);
     # None: server/work_bound.py's default for the model's context.
     max_request_tokens: int | None = None
+    # Work requests (generation, tokenize) running at once, and waiting for a turn;
+    # past both, a 429 with Retry-After (server/admission.py).
+    max_concurrent_requests: int = 512
+    max_waiting_requests: int = 1024
+    # A connection that has not sent a whole request head this long after it opened (or
+    # after its last answer) is closed (server/http.py: slow-header clients).
+    header_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         check_numbers(self)
@@ -278,6 +285,9 @@ class ServerConfig:
         _positive("--max-request-bytes", self.max_request_bytes)
         if self.max_request_tokens is not None:
             _positive("--max-request-tokens", self.max_request_tokens)
+        _positive("--max-concurrent-requests", self.max_concurrent_requests)
+        _non_negative("--max-waiting-requests", self.max_waiting_requests)
+        _positive("--header-timeout", self.header_timeout_s)
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,13 @@
     GET  /cache/stats             POST /cache/lookup             POST /cache/clear
     POST /cache/pin               POST /cache/unpin              (server/cache_admin.py)
     POST /tokenize, /detokenize   GET /version                   (vLLM's, server/compat_routes.py)
-    GET|POST /flush_cache, /clear_hicache_storage_backend         (SGLang's, admin)
+    POST /flush_cache, /clear_hicache_storage_backend             (SGLang's, admin)
     POST /v1/completions/render, /v1/chat/completions/render      (vLLM's, server/render_routes.py)
 
 Keys: server/auth.py (every endpoint but `/health` and `/ready` wants the API key;
-the admin key opens the cache admin routes and everything else).
+the admin key opens the cache admin routes and everything else). Before the keys,
+server/exposure.py refuses cross-site and rebound browser requests; after them,
+server/admission.py gives each work request its turn (or a 429).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from asynchicache.config import ServerConfig
 from asynchicache.server import completions
+from asynchicache.server.admission import Admission, AdmissionMiddleware
 from asynchicache.server.auth import ADMIN_PATHS, PUBLIC_PATHS, APIKeyMiddleware
 from asynchicache.server.cache_admin import add_cache_routes, fresh_stats
 from asynchicache.server.compat_routes import add_compat_routes
@@ -96,7 +99,10 @@ def create_app(ctx: AppContext, server: ServerConfig | None = None) -> FastAPI:
     install_error_handlers(app)
     _routes(app, ctx)
     keyed = ctx.api_key is not None or ctx.admin_api_key is not None
-    # The last added runs first: where a request comes from, then its key.
+    # The last added runs first: where a request comes from, then its key, then its turn
+    # (so a request without the key never holds a place in the queue).
+    admission = Admission(server.max_concurrent_requests, server.max_waiting_requests)
+    app.add_middleware(AdmissionMiddleware, admission=admission)
     if keyed:
         app.add_middleware(APIKeyMiddleware, api_key=ctx.api_key, admin_api_key=ctx.admin_api_key)
     app.add_middleware(ExposureGuard, listen_host=server.host, keyed=keyed)

@@ -216,6 +216,12 @@ def _add_exposure(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("limits")
     add_config_flags(g, ServerConfig(), {
         "--max-request-bytes": "a larger request body is answered 413 before it is read",
+        "--max-concurrent-requests": "generation, /tokenize and /detokenize requests "
+        "running at once (the next ones wait their turn, fewest-running key first)",
+        "--max-waiting-requests": "requests waiting for a turn; past them a 429 with "
+        "Retry-After (a key holding most of the queue gives up its newest place first)",
+        "--header-timeout": "seconds a connection may take to send a whole request head "
+        "(after it opens, or after its last answer) before it is closed",
     })  # fmt: skip
     g = p.add_argument_group("KV events: who may read them")
     g.add_argument(

@@ -1,5 +1,9 @@
 """uvicorn on a pre-bound socket, stopped by the launcher rather than by its own signals.
 
+Connections are bounded in time: a request head must arrive whole within
+`--header-timeout` of the connection opening (or of its last answer), and be at most
+MAX_HEAD_BYTES; an idle keep-alive connection closes after KEEP_ALIVE_S.
+
 Stopping is graceful: uvicorn stops accepting connections at once, new
 generations on open connections are refused (503), and running ones get
 `--shutdown-timeout` seconds to finish; then each still running ends with an
@@ -18,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from asynchicache.config import ServerConfig
 from asynchicache.server.api import create_app
@@ -29,6 +34,8 @@ from asynchicache.server.errors import JSONErrors
 log = logging.getLogger(__name__)
 
 GRACEFUL_HTTP_S = 5
+KEEP_ALIVE_S = 5  # an idle connection's life after an answer (uvicorn's default, made explicit)
+MAX_HEAD_BYTES = 16 * 1024  # a request line and headers past this are a 400 (h11's default)
 DRAIN_POLL_S = 0.05
 SHUTTING_DOWN = "the server is shutting down"
 
@@ -48,6 +55,42 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
     sock.set_inheritable(False)
     return sock
+
+
+def head_timeout_protocol(timeout_s: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, closing a connection that has not sent a whole request head
+    within `timeout_s` of opening or of its last answer (uvicorn itself waits forever for
+    a head that trickles in: a few hundred such connections hold every file descriptor)."""
+
+    class HeadTimeoutProtocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            self._head_timer = self.loop.call_later(timeout_s, self._expire, self.cycle)
+
+        def _expire(self, cycle: object) -> None:
+            # Still the cycle of when the timer was armed, and no request of it running:
+            # no new head arrived in time.
+            waiting = self.cycle is None or self.cycle.response_complete
+            if self.cycle is cycle and waiting and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadTimeoutProtocol
 
 
 class _Uvicorn(uvicorn.Server):
@@ -82,6 +125,9 @@ async def serve_http(
         timeout_graceful_shutdown=math.ceil(server.shutdown_timeout_s + GRACEFUL_HTTP_S),
         lifespan="off",
         access_log=server.log_level == "debug",
+        http=head_timeout_protocol(server.header_timeout_s),
+        timeout_keep_alive=KEEP_ALIVE_S,
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
     )
     http = _Uvicorn(config)
     task = asyncio.create_task(http.serve(sockets=[sock]))

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import statistics
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from health_probe import HEALTH_MS, HealthProbe
 from keyed_server import KEY, auth
 from live_server import LiveServer
 
@@ -27,7 +27,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 MIB = 2**20
 LIMIT = 8 * MIB
-HEALTH_MS = 100
 
 
 def _rss(pid: int) -> int:
@@ -35,33 +34,6 @@ def _rss(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
-
-
-class HealthProbe:
-    """GET /health every 20 ms in a thread; the latencies, in ms."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.latencies: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=10) as http:
-            while not self._stop.is_set():
-                t = time.perf_counter()
-                assert http.get(self.url + "/health").status_code == 200
-                self.latencies.append((time.perf_counter() - t) * 1000)
-                time.sleep(0.02)
-
-    def __enter__(self) -> HealthProbe:
-        self._thread.start()
-        time.sleep(0.2)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(15)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ connection that never finished its request head stayed open.
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any, cast
 
 import httpx
 import pytest
+from fake_engine import SLOW_SEED
 from server_helpers import API_KEY, FAKE_CONTEXT, ThreadServer
 
 from asynchicache.config import ServerConfig
@@ -207,3 +210,77 @@ def test_state_changing_routes_want_a_key_beyond_loopback(exposed: ThreadServer)
         assert r.status_code == 403, (path, r.text)
         assert "--admin-api-key" in r.json()["error"]["message"]
     assert httpx.post(exposed.url + "/v1/completions", json=BASE, timeout=30).status_code == 200
+
+
+# ------------------------------------------------------------------ 7: admission
+@pytest.fixture
+def narrow(fake_engine: Path, frontend: Frontend) -> Iterator[ThreadServer]:
+    """Two requests at once, four waiting, a 1 s request-head timeout; no key, so every
+    bearer token is a different client."""
+    config = ServerConfig(log_level="warning", max_concurrent_requests=2,
+                          max_waiting_requests=4, header_timeout_s=1.0)  # fmt: skip
+    srv = ThreadServer(fake_engine, frontend, None, config=config)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+# The fake engine echoes the prompt, a token each 0.2 s for this seed: 1.6 s each.
+SLOW = {**BASE, "prompt": [5] * 16, "seed": SLOW_SEED, "max_tokens": 8}
+
+
+def _fire(url: str, key: str, out: list[httpx.Response]) -> threading.Thread:
+    def run() -> None:
+        headers = {"Authorization": f"Bearer {key}"}
+        out.append(httpx.post(url + "/v1/completions", json=SLOW, headers=headers, timeout=120))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _first_refusal(out: list[httpx.Response]) -> None:
+    """Wait until one of the fired requests came back 429 (the queue is full)."""
+    deadline = time.monotonic() + 60
+    while not any(r.status_code == 429 for r in list(out)):
+        assert time.monotonic() < deadline, [r.status_code for r in out]
+        time.sleep(0.02)
+
+
+def test_a_burst_past_the_queue_is_answered_429(narrow: ThreadServer) -> None:
+    out: list[httpx.Response] = []
+    threads = [_fire(narrow.url, "a", out) for _ in range(10)]
+    for t in threads:
+        t.join(120)
+    codes = sorted(r.status_code for r in out)
+    assert codes == [200] * 6 + [429] * 4, codes
+    refused = next(r for r in out if r.status_code == 429)
+    assert int(refused.headers["Retry-After"]) >= 1
+    error = refused.json()["error"]
+    assert error["type"] == "rate_limit_error" and "--max-waiting-requests" in error["message"]
+
+
+def test_one_keys_burst_leaves_room_for_another(narrow: ThreadServer) -> None:
+    """Key a fills both running slots and the whole queue; key b still gets in (one of a's
+    waiting requests makes room for it), instead of a 429."""
+    out: list[httpx.Response] = []
+    threads = [_fire(narrow.url, "a", out) for _ in range(7)]  # 2 run, 4 wait, 1 refused
+    _first_refusal(out)
+    other = httpx.post(narrow.url + "/v1/completions", json=SLOW, timeout=120,
+                       headers={"Authorization": "Bearer b"})  # fmt: skip
+    for t in threads:
+        t.join(120)
+    assert other.status_code == 200, other.text
+    refused = [r for r in out if r.status_code == 429]
+    assert sorted(r.status_code for r in out) == [200] * 5 + [429] * 2
+    assert any("its share" in r.json()["error"]["message"] for r in refused)
+
+
+def test_a_request_head_that_never_ends_is_cut_off(narrow: ThreadServer) -> None:
+    with socket.create_connection(("127.0.0.1", narrow.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # never finished
+        t = time.monotonic()
+        assert sock.recv(1024) == b""  # closed by the server, not by our 10 s timeout
+        assert time.monotonic() - t < 8
