@@ -227,8 +227,9 @@ def narrow(fake_engine: Path, frontend: Frontend) -> Iterator[ThreadServer]:
         srv.close()
 
 
-# The fake engine echoes the prompt, a token each 0.2 s for this seed: 1.6 s each.
-SLOW = {**BASE, "prompt": [5] * 16, "seed": SLOW_SEED, "max_tokens": 8}
+# The fake engine echoes the prompt, a token each 0.2 s for this seed: 5 s each, so a
+# burst fired from threads on a loaded machine is all in before the first one ends.
+SLOW = {**BASE, "prompt": [5] * 32, "seed": SLOW_SEED, "max_tokens": 25}
 
 
 def _fire(url: str, key: str, out: list[httpx.Response]) -> threading.Thread:
