@@ -32,7 +32,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from asynchicache.server.errors import APIError
 
 # The routes that make the engine (or a tokenizer) work; everything else answers at once.
-ADMITTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"})
+ADMITTED_PATHS = frozenset({
+    "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
+    "/v1/completions/render", "/v1/chat/completions/render",
+})  # fmt: skip
 RETRY_AFTER_S = 1
 
 
