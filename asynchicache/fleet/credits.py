@@ -11,9 +11,10 @@ time: loading it costs something, recomputing it costs more. Against a running s
            L4 too, for the disk), so it is loaded from that tier alone
     hot    once more: from L1
 
-each timed as a completion of one token. Per token, compute = (cold - hot) / n and
-load = (tier - hot) / n, n the tokens the usage says that tier served; the credit is
-1 - load / compute, clamped to [0, 1] (medians over the repeats). vllm-router then
+each timed as a completion of one token. Per token, compute = (cold - hot) / n (the
+median over every cold prompt) and load = (tier - hot) / n (the median over the tier's),
+n the tokens the usage says that tier served; the credit is 1 - load / compute, clamped
+to [0, 1]. vllm-router then
 credits a hit at its time's worth: `--kv-penalty-host` (L2), `--kv-penalty-disk` (L3),
 `--kv-penalty-external` (L4, announced as the fleet's pool). It clears the server's
 tiers: run it against an instance out of service (or before the fleet takes traffic).
@@ -98,16 +99,21 @@ class Probe:
 
 
 def measure(probe: Probe, tiers: Sequence[str], words: int, repeats: int) -> list[TierCost]:
+    """Per tier, the median load time per token; against one compute time per token, the
+    median over every cold prompt (the same computation whatever the tier measured next)."""
     probe.complete("warm up " * 8)
+    by_tier = {t: [s for s in (probe.sample(t, words) for _ in range(repeats)) if s]
+               for t in tiers}  # fmt: skip
+    every = [s for samples in by_tier.values() for s in samples]
+    if not every:
+        return []
+    compute = statistics.median(max(0.0, s.cold_s - s.hot_s) / s.tokens for s in every)
     out = []
-    for tier in tiers:
-        samples = [s for s in (probe.sample(tier, words) for _ in range(repeats)) if s]
-        if not samples:
-            continue
-        n = statistics.median(s.tokens for s in samples)
-        compute = statistics.median(max(0.0, s.cold_s - s.hot_s) / s.tokens for s in samples)
-        load = statistics.median(max(0.0, s.tier_s - s.hot_s) / s.tokens for s in samples)
-        out.append(TierCost(tier, int(n), load, compute))
+    for tier, samples in by_tier.items():
+        if samples:
+            n = statistics.median(s.tokens for s in samples)
+            load = statistics.median(max(0.0, s.tier_s - s.hot_s) / s.tokens for s in samples)
+            out.append(TierCost(tier, int(n), load, compute))
     return out
 
 

@@ -11,6 +11,8 @@ from vLLM's KV events (kv_events/wire.py). The engine publishes one numbered str
 * L4 pages (and L3 pages of a folder the fleet shares, `shared_disk`) are the fleet's:
   they go out with `ownership` = `pool` (llm-d's `pool:<name>`), so a router credits them
   at the external tier's cost and keeps them when this instance restarts (its L1/L2 go);
+* with nothing to say for `heartbeat_s`, it publishes an empty batch: a router learns of
+  a restart (the numbers go back) or a lost batch (a gap) within that time;
 * a subscriber that lost batches asks the replay socket (vLLM's protocol,
   kv_events/replay.py) from the first one it lacks; one older than the replay buffer
   gets a resync: `AllBlocksCleared` and every tier's contents, published as ordinary
@@ -69,6 +71,9 @@ class KvEventsConfig:
     curve: CurveKeys | None = None  # --kv-events-curve-secret-key / --kv-events-curve-clients
     plaintext: bool = False  # --kv-events-plaintext: tcp:// without CURVE, readable by others
     replay: ReplayLimits = field(default_factory=ReplayLimits)
+    # An empty batch after this long without one: a router notices a restarted instance
+    # (its numbers went back) within it, not at its next store, and a lost batch as a gap.
+    heartbeat_s: float = 1.0
     pool: str = DEFAULT_POOL  # `ownership` of the fleet's shared pages (L4, shared L3)
     shared_disk: bool = False  # L3 is a folder every instance reads: announce it as the pool's
 
@@ -127,6 +132,7 @@ class KvEventPublisher:
         self._resync_at: tuple[float, int] | None = None  # (when, first seq) of the last
         self._synced = storage is None
         self._last_walk = 0.0
+        self._last_publish = 0.0
         self._last_sync_try = 0.0
         self._topic = config.topic.encode()
         self._guard = CurveGuard(ctx, config.curve) if config.curve is not None else None
@@ -153,6 +159,8 @@ class KvEventPublisher:
     def tick(self) -> None:
         """Publish what changed (L1/L2 at most every `interval_s`); answer replay requests."""
         self._flush(force=False)
+        if time.monotonic() - self._last_publish >= self.config.heartbeat_s:
+            self._publish([])
         if self.replays is not None:
             self.replays.answer()
 
@@ -226,7 +234,8 @@ class KvEventPublisher:
         return out
 
     def _publish(self, events: list[wire.Event]) -> None:
-        for part in wire.split(events, self.config.replay.max_events):
+        self._last_publish = time.monotonic()
+        for part in wire.split(events, self.config.replay.max_events) or [[]]:
             self.seq += 1
             payload = wire.encode(wire.KVEventBatch(time.time(), tuple(part)))
             self.buffer.append((self.seq, payload))

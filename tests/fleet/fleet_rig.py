@@ -50,6 +50,18 @@ class Fleet:
         return decisions[seen], usage
 
 
+def _until_routed(url: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            send(url, "hello")
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def prompt(seed: int, words: int = 300) -> str:
     """A text of a few hundred tokens, distinct per seed from its first word on."""
     return " ".join(f"w{seed}x{i}" for i in range(words))
@@ -110,6 +122,7 @@ def fleet(
         workers = [i.worker for i in instances]
         router = VllmRouter(config or RouterConfig(), workers, root / "router.log")
         router.start()
+        _until_routed(router.url)  # its /health answers before its workers are in
         time.sleep(1.0)  # its subscriptions take hold (a SUB misses what came before)
         yield Fleet(instances, router)
     finally:
