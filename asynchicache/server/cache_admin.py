@@ -148,7 +148,8 @@ async def _compute(ctx: AppContext, ids: list[int], salt: str) -> None:
 
 class Spacing:
     """At most one event per `interval_s`: `wait_s(now)` is 0 (and the event counts) or
-    the seconds until the next may happen."""
+    the seconds until the next may happen; `done(now)` restarts the interval when the
+    event ends (a scan that took long is still followed by a quiet second)."""
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
@@ -159,6 +160,9 @@ class Spacing:
             return self.interval_s - (now - self._last)
         self._last = now
         return 0.0
+
+    def done(self, now: float) -> None:
+        self._last = now
 
 
 def _integrity_refused(request: Request, scans: Spacing) -> JSONResponse | None:
@@ -189,7 +193,10 @@ def add_cache_routes(app: FastAPI, ctx: AppContext) -> None:
         if isinstance(pins, dict) and not is_admin(request):
             payload["pins"] = {k: v for k, v in pins.items() if k != "pinned"}  # counts only
         if integrity:  # ?integrity=true: also run the cache's check_integrity() (soak, tests)
-            payload["integrity"] = await admin(ctx, "integrity")
+            try:
+                payload["integrity"] = await admin(ctx, "integrity")
+            finally:
+                scans.done(time.monotonic())
         if traces and is_admin(request):  # ?traces=true: every kept request trace (benches)
             payload["traces"] = (await admin(ctx, "traces"))["traces"]
         return payload
