@@ -31,6 +31,7 @@ BENCHMARKS = {
     "vllm": "asynchicache.bench.vllm",
     "prefetch": "asynchicache.bench.prefetch",
     "pressure": "asynchicache.bench.pressure",
+    "fleet": "asynchicache.bench.fleet",
 }
 
 # model sub-command -> module whose `main(argv) -> int` runs it

@@ -125,10 +125,12 @@ async def _vllm_run(
 
 
 # ------------------------------------------------------------------- our client
-async def _one(client: httpx.AsyncClient, prompt: Sequence[int], max_tokens: int) -> RequestTiming:
+async def _one(
+    client: httpx.AsyncClient, prompt: Sequence[int] | str, max_tokens: int
+) -> RequestTiming:
     body = {
         "model": SERVED_NAME,
-        "prompt": list(prompt),
+        "prompt": prompt if isinstance(prompt, str) else list(prompt),  # text: bench fleet
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "ignore_eos": True,
@@ -159,13 +161,13 @@ async def _one(client: httpx.AsyncClient, prompt: Sequence[int], max_tokens: int
 
 
 async def _ours_run(
-    prompts: Sequence[Sequence[int]], url: str, concurrency: int, max_tokens: int
+    prompts: Sequence[Sequence[int] | str], url: str, concurrency: int, max_tokens: int
 ) -> ClientRun:
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=3600.0, limits=limits) as client:
 
-        async def limited(prompt: Sequence[int]) -> RequestTiming:
+        async def limited(prompt: Sequence[int] | str) -> RequestTiming:
             async with gate:
                 return await _one(client, prompt, max_tokens)
 
@@ -175,12 +177,16 @@ async def _ours_run(
 
 
 def run(
-    client: str, prompts: Sequence[Sequence[int]], url: str, concurrency: int, max_tokens: int
+    client: str, prompts: Sequence[Sequence[int] | str], url: str, concurrency: int, max_tokens: int
 ) -> ClientRun:
     if client not in CLIENTS:
         raise ValueError(f"unknown client {client!r}; known: {', '.join(CLIENTS)}")
-    go = _vllm_run if client == "vllm" else _ours_run
-    return asyncio.run(go(prompts, url, concurrency, max_tokens))
+    if client == "ours":  # text prompts too (bench fleet)
+        return asyncio.run(_ours_run(prompts, url, concurrency, max_tokens))
+    ids = [p for p in prompts if not isinstance(p, str)]
+    if len(ids) != len(prompts):
+        raise ValueError("the vllm client sends token ids only")
+    return asyncio.run(_vllm_run(ids, url, concurrency, max_tokens))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
