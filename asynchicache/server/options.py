@@ -111,7 +111,9 @@ def exposure_warnings(server: ServerConfig) -> list[str]:
     """What `serve` warns about at start: a server others can reach with no key."""
     if is_loopback(server.host) or server.api_key is not None:
         return []
-    admin = "" if server.admin_api_key is not None else ", clear and pin the cache"
+    # Without any key, clearing and pinning are refused there (server/exposure.py).
+    admin = "" if server.admin_api_key is not None else (
+        "; clearing and pinning the cache are refused until a key is set")  # fmt: skip
     return [
         f"listening on {server.host}, beyond this machine, without --api-key: anyone who "
         f"can reach port {server.port} may generate, read the cache's stats and look up "
