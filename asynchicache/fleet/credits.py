@@ -1,5 +1,5 @@
 """`asynchicache fleet credits`: what a cached token is worth, per tier, on this model and
-host, as vllm-router's `--kv-penalty-*` flags (and per-medium weights for other routers).
+host, as vllm-router's `--kv-penalty-*` flags and llm-d's per-medium weights.
 
 A router that credits a prefix an instance holds in a lower tier should price it by
 time: loading it costs something, recomputing it costs more. Against a running server
@@ -128,6 +128,25 @@ def credits_of(costs: Sequence[TierCost]) -> Credits:
     )
 
 
+def llm_d_backends(credits: Credits) -> list[dict[str, str | float]]:
+    """llm-d's precise prefix-cache scorer's weight per medium, as its
+    `indexerConfig.kvCacheBackendConfigs` takes them: it names a block's tier by the
+    event's medium in lower case (ours: GPU, CPU, DISK, EXTERNAL), and a list given
+    replaces its defaults (gpu 1.0, cpu 0.8), so every medium is listed."""
+    weights = {"gpu": 1.0, "cpu": credits.host, "disk": credits.disk,
+               "external": credits.external}  # fmt: skip
+    return [{"name": name, "weight": round(w, 3)} for name, w in weights.items()]
+
+
+def llm_d_yaml(credits: Credits) -> str:
+    """The scorer's parameters to paste under its plugin (`precise-prefix-cache-scorer`)."""
+    lines = ["indexerConfig:", "  kvCacheBackendConfigs:"]
+    for b in llm_d_backends(credits):
+        lines.append(f"    - name: {b['name']}")
+        lines.append(f"      weight: {b['weight']}")
+    return "\n".join(lines)
+
+
 def report(costs: Sequence[TierCost], credits: Credits) -> str:
     lines = ["tier    tokens  load ms/tok  compute ms/tok  credit"]
     for c in costs:
@@ -140,8 +159,9 @@ def report(costs: Sequence[TierCost], credits: Credits) -> str:
                      "vllm-router's default kept")  # fmt: skip
     lines.append("")
     lines.append("vllm-router (kv_aware): " + " ".join(credits.flags()))
-    weights = f"1.0, {credits.host:.3f}, {credits.disk:.3f}, {credits.external:.3f}"
-    lines.append(f"per-medium weights (GPU, CPU, DISK, EXTERNAL): {weights}")
+    lines.append("")
+    lines.append("llm-d (precise prefix-cache scorer's parameters):")
+    lines.append(llm_d_yaml(credits))
     return "\n".join(lines)
 
 
@@ -171,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     credits = credits_of(costs)
     if args.json:
         print(json.dumps({"tiers": [{**asdict(c), "credit": c.credit} for c in costs],
-                          "vllm_router_flags": credits.flags()}, indent=2))  # fmt: skip
+                          "vllm_router_flags": credits.flags(),
+                          "llm_d_kv_cache_backend_configs": llm_d_backends(credits)},
+                         indent=2))  # fmt: skip
     else:
         print(report(costs, credits))
     return 0
