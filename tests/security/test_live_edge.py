@@ -11,8 +11,9 @@ stream cost ~10 ms of it. The burst runs in a process of its own, so the probe d
 share its interpreter; like tests/security/test_live_limits.py, a busy machine's
 scheduling delay may spoil a try, so the bound must hold in one of three, and it
 follows the host's measured speed; on a shared machine a probe now and then waits for
-the CPU whatever the server does, so 95% of the answers must be within the bound and
-every one within ten times it.
+the CPU whatever the server does (a loaded 2-core host showed single answers of 0.8 to
+1.6 s, at a median of 10 to 14 ms), so 95% of the answers must be within the bound and
+every one within twenty times it.
 """
 
 from __future__ import annotations
@@ -107,9 +108,9 @@ def _one_try(srv: LiveServer) -> list[float]:
 
 
 def test_health_answers_while_the_edge_is_pushed(edge: LiveServer) -> None:
-    """95% of the answers within 100 ms, and every one within a second, on the reference
-    host; both follow the host's measured speed (tests/support/host_speed.py)."""
-    bound_ms, worst_ms = scaled(HEALTH_MS), scaled(10 * HEALTH_MS)
+    """95% of the answers within 100 ms, and every one within two seconds, on the
+    reference host; both follow the host's measured speed (tests/support/host_speed.py)."""
+    bound_ms, worst_ms = scaled(HEALTH_MS), scaled(20 * HEALTH_MS)
     tries = []
     for _ in range(3):
         latencies = sorted(_one_try(edge))
