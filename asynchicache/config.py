@@ -206,8 +206,10 @@ class EngineConfig:
     chunked_prefill_size: int = 512
     max_prefill_tokens: int = 2048
     # A step's target: its new tokens are what the measured pace computes in this time
-    # (engine/prefill_policy.py); 0: no time bound, only the token budgets above.
-    max_step_ms: float = 250.0
+    # (engine/prefill_policy.py); 0: no time bound, only the token budgets above. Off by
+    # default until a quiet-machine sweep picks a value: the only runs so far (a busy host,
+    # docs/benchmarks.md 2026-12-06) lost a third of the requests/s with 250 ms.
+    max_step_ms: float = 0.0
     max_model_len: int | None = None  # None = the model's own context length
     # Loads below this many tokens are not worth a round trip to a lower tier.
     min_load_tokens: int = 32

@@ -109,7 +109,7 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         "--max-prefill-tokens": "prompt tokens of all requests prefilled per step",
         "--max-step-ms": "a step's target time: its prompt chunks are sized from the measured "
         "prefill pace to end within it, so a cached request's first token never waits long "
-        "behind a long prompt (0: no time bound)",
+        "behind a long prompt (default 0: no time bound; e.g. 250)",
     })  # fmt: skip
     g.add_argument(
         "--max-model-len", type=int, help="cap the context length (default: the model's)"
