@@ -144,7 +144,7 @@ class KvEventPublisher:
             router = self._socket(ctx, zmq.ROUTER, config.replay_endpoint)
             router.setsockopt(zmq.RCVHWM, config.replay.rcvhwm)
             router.bind(config.replay_endpoint)
-            self.replays = ReplayServer(router, self, config.replay)
+            self.replays = ReplayServer(router, self, self._topic, config.replay)
         log.info("publishing KV events on %s (replay: %s%s)", config.endpoint,
                  config.replay_endpoint, "; CURVE" if self._guard else "")  # fmt: skip
 

@@ -21,17 +21,15 @@ one answer sends at most `buffer_steps` batches, a resync is taken at most once 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import zmq
 
 from asynchicache.kv_events import wire
 from asynchicache.storage.sockets import queued
-
-if TYPE_CHECKING:
-    from asynchicache.kv_events.publisher import KvEventPublisher
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +45,31 @@ class ReplayLimits:
     rcvhwm: int = 1000  # requests queued in the socket
 
 
+class ReplaySource(Protocol):
+    """What a replay answers from: the publisher's buffer of (seq, payload) batches and its
+    resync (kv_events/publisher.py's `KvEventPublisher`)."""
+
+    buffer: deque[tuple[int, bytes]]
+
+    def resync(self) -> int:
+        """Publish every tier's contents; the number of the resync's first batch."""
+        ...
+
+
 class ReplayServer:
-    """Answers replay requests on a ROUTER socket from `publisher`'s buffer."""
+    """Answers replay requests on a ROUTER socket from `source`'s buffer, under `topic`."""
 
     def __init__(
-        self, sock: zmq.Socket, publisher: KvEventPublisher, limits: ReplayLimits = ReplayLimits()
+        self,
+        sock: zmq.Socket,
+        source: ReplaySource,
+        topic: bytes,
+        limits: ReplayLimits = ReplayLimits(),
     ) -> None:
         self.sock = sock
         self.limits = limits
-        self.publisher = publisher
+        self.source = source
+        self.topic = topic
         self.answered = 0
 
     def answer(self) -> int:
@@ -70,14 +84,13 @@ class ReplayServer:
         return served
 
     def _send(self, envelope: list[bytes], start: int) -> None:
-        buffer = self.publisher.buffer
+        buffer = self.source.buffer
         if not buffer or start < buffer[0][0]:
-            start = max(start, self.publisher.resync())
-        topic = self.publisher.config.topic.encode()
+            start = max(start, self.source.resync())
         try:
             for seq, payload in list(buffer):
                 if seq >= start:
-                    self.sock.send_multipart([*envelope, topic, wire.seq_frame(seq), payload],
+                    self.sock.send_multipart([*envelope, self.topic, wire.seq_frame(seq), payload],
                                              zmq.NOBLOCK)  # fmt: skip
             self.sock.send_multipart([*envelope, b"", wire.seq_frame(wire.END_SEQ), b""],
                                      zmq.NOBLOCK)  # fmt: skip
