@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asynchicache.bench.server_process import BenchServer, free_port
+from asynchicache.fleet.credits import Credits
 
 POLICIES = ("round_robin", "cache_aware", "kv_aware", "power_of_two", "random")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -32,19 +33,6 @@ _DECISION = re.compile(
     r"input_tokens=(?P<input>\d+) new_prefill_tokens=(?P<new>\d+) "
     r"credited_prefix_tokens=(?P<credited>\d+)"
 )
-
-
-@dataclass(frozen=True)
-class Credits:
-    """vllm-router's per-tier credit for a cached token (1.0: as good as L1)."""
-
-    host: float = 0.8  # its defaults
-    disk: float = 0.3
-    external: float = 0.6
-
-    def flags(self) -> list[str]:
-        return ["--kv-penalty-host", f"{self.host:.3f}", "--kv-penalty-disk", f"{self.disk:.3f}",
-                "--kv-penalty-external", f"{self.external:.3f}"]  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,6 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
-from asynchicache.bench.fleet_router import Credits
-
 TIERS_BELOW = ("host", "disk", "remote")  # what a router credits below L1
 ABOVE = {
     "host": ("device",),
@@ -41,6 +39,19 @@ ABOVE = {
     "remote": ("device", "host", "disk"),
 }
 SETTLE_S = 3.0  # write-through to L3/L4 finishes after the reply
+
+
+@dataclass(frozen=True)
+class Credits:
+    """vllm-router's per-tier credit for a cached token (1.0: as good as L1)."""
+
+    host: float = 0.8  # its defaults
+    disk: float = 0.3
+    external: float = 0.6
+
+    def flags(self) -> list[str]:
+        return ["--kv-penalty-host", f"{self.host:.3f}", "--kv-penalty-disk", f"{self.disk:.3f}",
+                "--kv-penalty-external", f"{self.external:.3f}"]  # fmt: skip
 
 
 @dataclass(frozen=True)
