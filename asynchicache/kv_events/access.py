@@ -23,11 +23,10 @@ both sockets, local ones too.
 from __future__ import annotations
 
 import ipaddress
-import os
 from pathlib import Path
 
 from asynchicache.storage.curve import ClientCurve, CurveGuard, CurveKeys
-from asynchicache.storage.fileio import make_private_dir
+from asynchicache.storage.fileio import make_private_dir, private_dir_problem
 
 # The CURVE helpers live in storage/curve.py (the cache service's tcp:// uses them too).
 __all__ = [
@@ -77,12 +76,12 @@ def is_loopback(address: str) -> bool:
 
 
 def _private_folder(folder: Path) -> bool:
-    """An existing folder of ours that no one else may enter, or one still to be made."""
+    """A real folder of ours (not a symlink) that no one else may enter, or one still to
+    be made."""
     try:
-        st = folder.stat()
+        return private_dir_problem(folder) is None
     except FileNotFoundError:
         return True  # made 0700 at bind time
-    return st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
 def check_endpoint(

@@ -17,6 +17,7 @@ import ctypes
 import fcntl
 import mmap
 import os
+import stat
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,6 +60,22 @@ def make_private_dir(path: Path) -> None:
         os.chmod(folder, 0o700)  # mkdir's mode went through the umask
     if not path.is_dir():
         raise NotADirectoryError(f"{path} is not a folder")
+
+
+def private_dir_problem(folder: Path) -> str | None:
+    """Why an existing `folder` is not a real folder of this user's that no one else may
+    enter (None: it is). Checked without following a symlink, which passes every check
+    made through it, then may point elsewhere."""
+    st = os.lstat(folder)
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a folder"
+    if st.st_uid != os.getuid():
+        return f"belongs to uid {st.st_uid}, not to this user (uid {os.getuid()})"
+    if st.st_mode & 0o077:
+        return f"is not private (mode {stat.S_IMODE(st.st_mode):04o}, not 0700)"
+    return None
 
 
 def open_read(path: Path, direct: bool) -> int:

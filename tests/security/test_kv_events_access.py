@@ -102,6 +102,18 @@ def test_an_ipc_endpoint_in_a_folder_others_may_enter_is_refused(tmp_path: Path)
     assert os.stat(shared).st_mode & 0o777 == 0o755
 
 
+def test_an_ipc_endpoint_in_a_symlinked_folder_is_refused(tmp_path: Path) -> None:
+    # A symlink passes every check made through it (the folder it points to is ours and
+    # 0700 now), then may be pointed elsewhere: the socket's folder must be a real one.
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(private)
+    KvEventsConfig(f"ipc://{private}/ev.sock")
+    with pytest.raises(ValueError, match="private"):
+        KvEventsConfig(f"ipc://{link}/ev.sock")
+
+
 def _serve_refusal(*argv: str) -> str | None:
     from asynchicache.server.options import parse_args, to_config
 

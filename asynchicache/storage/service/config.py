@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from asynchicache.config import (
 )
 from asynchicache.config_flags import add_config_flags, config_argv, config_kwargs
 from asynchicache.storage.curve import CurveKeys
-from asynchicache.storage.fileio import make_private_dir
+from asynchicache.storage.fileio import make_private_dir, private_dir_problem
 from asynchicache.storage.messages import ServiceSettings
 from asynchicache.storage.service.tiered import RemoteTierConfig
 
@@ -62,16 +61,7 @@ def prepare_runtime_dir(folder: Path) -> None:
     (which passes every check made through it, then points elsewhere)."""
     if not os.path.lexists(folder):
         make_private_dir(folder)
-    st = os.lstat(folder)
-    why = None
-    if stat.S_ISLNK(st.st_mode):
-        why = "is a symlink"
-    elif not stat.S_ISDIR(st.st_mode):
-        why = "is not a folder"
-    elif st.st_uid != os.getuid():
-        why = f"belongs to uid {st.st_uid}, not to this user (uid {os.getuid()})"
-    elif st.st_mode & 0o077:
-        why = f"is not private (mode {stat.S_IMODE(st.st_mode):04o}, not 0700)"
+    why = private_dir_problem(folder)
     if why is not None:
         raise PermissionError(
             f"the socket folder {folder} {why}: whoever controls it could read or serve this "
