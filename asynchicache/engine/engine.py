@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, is_dataclass
 
 import torch
 
@@ -20,7 +20,13 @@ from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.admin import EngineAdmin
 from asynchicache.engine.cost import CostModel
 from asynchicache.engine.group import Forker, make_members
-from asynchicache.engine.isolation import fail_requests, failure_message, pick_isolated
+from asynchicache.engine.isolation import (
+    fail_requests,
+    failure_message,
+    forward_input,
+    pick_isolated,
+    without_culprits,
+)
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.logprobs import collect_prompt_logprobs
 from asynchicache.engine.prefill_policy import MIN_STEP_TOKENS
@@ -36,36 +42,17 @@ from asynchicache.engine.protocol import (
 )
 from asynchicache.engine.request import Phase, Request
 from asynchicache.engine.runner import (
-    ForwardBatch,
     ModelRunner,
     attention_kernel,
     numerics_version,
 )
 from asynchicache.engine.sampler import Pick
-from asynchicache.engine.scheduler import Batch, ScheduledSeq, Scheduler
+from asynchicache.engine.scheduler import Batch, Scheduler
 from asynchicache.engine.trace import Tracer
+from asynchicache.engine.warm_up import WARM_UP_BUDGET_S, WARM_UP_GROWTH, WarmUp, warm_up
 from asynchicache.storage.base import PageLayout, StorageTier
 
 log = logging.getLogger(__name__)
-
-# Start-up's warm-up: seconds it may take (the host decides how much work fits; the whole
-# warm-up took ~2 s on the AVX-512 host, and the rest of a start ~5 s of the 10 s a start
-# may take), how much longer each warm-up prompt is than the last, and the L1 pool written
-# per slice.
-WARM_UP_BUDGET_S = 4.0
-WARM_UP_GROWTH = 8
-PREFAULT_SLICE_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class WarmUp:
-    """What `Engine.warm_up` did within its budget."""
-
-    tokens: int  # the longest prompt it ran
-    wanted_tokens: int  # the largest step (what it would run with time enough)
-    pages_written: int  # L1 pages written once (all of them, or where time ran out)
-    seconds: float
-
 
 STORAGE_STATS_MAX_AGE_S = 1.0  # the cache service's counters: a snapshot at most this old
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -141,86 +128,10 @@ class Engine:
         storage.register_pool(self.namespace.encode(), pool.name, layout)
 
     def warm_up(self, budget_s: float = WARM_UP_BUDGET_S) -> WarmUp:
-        """Run the model on a short prompt, on one token and on the short prompt again, then
-        on prompts growing toward one of the largest step, and write every L1 page once: as
-        much of that as fits `budget_s` seconds (start-up; the host decides how much, not a
-        fixed amount).
-
-        oneDNN builds a kernel for each new matrix shape on first use (~0.5 ms a
-        linear layer here): without this, the first request after a start, often
-        a whole-prompt cache hit that computes one token, pays for them. The long
-        prompt (`--max-prefill-tokens`, within the context and L1) grows the heap to
-        a step's activations, and on CPU every L1 page is written once before it:
-        the first long prompt after a start paid for both (one process, SmolLM2, a
-        1,546-token forward after the short warm-up alone 1.58-1.62 s, after these
-        1.46-1.49 s, later ones 1.44-1.50 s). vLLM's start-up also runs a forward of
-        its step budget (its memory profiling). The KV goes to private pages freed
-        again; nothing reaches the cache.
-
-        Bounded by time: a forward of the largest step took ~1 s on an AVX-512 host and
-        over 10 on an AVX2 one, so a fixed amount of work made start-up as slow as the
-        host. Each prompt is `WARM_UP_GROWTH` times the last, run only when the last one's
-        time scaled by that factor fits what is left of the budget (per token, a short
-        prompt costs more than a long one: the guess errs toward stopping early); the
-        pages are written in slices, half the budget for them before the long prompts and
-        the rest of it after. Returns what it did."""
-        start = time.monotonic()
-        deadline = start + budget_s
-        ps = self.cache_config.page_size
-        short = max(1, ps - 1)
-        # The short prompt again: its second run has no first-use costs, so its time
-        # predicts the longer prompts' (the first one's overstated them several times).
-        seconds = self._warm_forward([short, 1, short])[-1]
-        prefaulted = self._prefault_device_pool(0, start + budget_s / 2)
+        """Run the model on growing prompts and write every L1 page once, as much as fits
+        `budget_s` seconds (start-up; engine/warm_up.py). Returns what it did."""
         longest = min(self.config.max_prefill_tokens, self.max_model_len - 1, self.device_tokens)
-        n, warmed = short, short
-        while n < longest:
-            n = min(longest, n * WARM_UP_GROWTH)
-            if n <= ps or time.monotonic() + seconds * n / warmed > deadline:
-                break
-            seconds, warmed = self._warm_forward([n])[0], n
-        prefaulted = self._prefault_device_pool(prefaulted, deadline)
-        done = WarmUp(warmed, longest, prefaulted, round(time.monotonic() - start, 3))
-        log.info("warm-up: %s", done)
-        return done
-
-    def _warm_forward(self, steps: list[int]) -> list[float]:
-        """Forwards of `steps[i]` tokens each, one after another, into private pages;
-        the seconds of each (none where the pages were not there)."""
-        ps = self.cache_config.page_size
-        pages = self.cache.allocate(-(-sum(steps) // ps))
-        if pages is None:
-            return [0.0] * len(steps)
-        seconds = []
-        try:
-            done = 0
-            for n in steps:
-                began = time.monotonic()
-                self.runner.forward(ForwardBatch([[0] * n], [done], [pages]))
-                took = time.monotonic() - began
-                seconds.append(took)
-                if n >= MIN_STEP_TOKENS:  # the pace steps are sized from (prefill_policy.py)
-                    self.cost.prefill_tok_s.seed(n, took)
-                done += n
-        finally:
-            self.cache.free(pages)
-        return seconds
-
-    def _prefault_device_pool(self, begin: int, deadline: float) -> int:
-        """On CPU, write L1 pages [begin, ...) once while none is used, a slice at a time
-        until the deadline: the pool is mapped lazily (`torch.zeros`), so each page would
-        fault in on a request's first write. Returns the pages written from 0."""
-        pool = self.cache.device_pool.tensor
-        total = pool.shape[0]
-        occupancy = self.cache.stats().device
-        if pool.device.type != "cpu" or occupancy.free != occupancy.total:
-            return total
-        per_slice = max(1, PREFAULT_SLICE_BYTES // max(1, pool[0].numel() * pool.element_size()))
-        while begin < total and time.monotonic() < deadline:
-            end = min(total, begin + per_slice)
-            pool[begin:end].zero_()
-            begin = end
-        return begin
+        return warm_up(self.cache, self.runner, self.cost, longest, budget_s)
 
     # ---------------------------------------------------------------- requests
     def add_request(self, msg: GenerateRequest, arrived: float | None = None) -> TokenOutput | None:
@@ -326,50 +237,18 @@ class Engine:
             )
             return []
 
-    @staticmethod
-    def _forward_input(batch: Batch) -> ForwardBatch:
-        every = [s.request.needs_whole_prompt for s in batch.seqs]
-        return ForwardBatch(
-            token_ids=[
-                s.request.tokens[s.request.num_computed : s.request.num_computed + s.num_new]
-                for s in batch.seqs
-            ],
-            starts=[s.request.num_computed for s in batch.seqs],
-            page_tables=[s.request.page_table for s in batch.seqs],
-            every_position=every if any(every) else (),
-        )
-
     def _forward_isolated(self, batch: Batch) -> tuple[Batch, torch.Tensor | None]:
         """The batch's forward: the batch that ran and its logits (None: nothing left to
-        run). If it raises, `_without_culprits` runs again what it can."""
+        run). If it raises, what can run again without its culprits does (engine/isolation.py)."""
         try:
-            return batch, self.runner.forward(self._forward_input(batch))
+            return batch, self.runner.forward(forward_input(batch))
         except Exception as exc:
             log.exception("a forward of %d sequences failed; running each alone", len(batch.seqs))
-            rest = self._without_culprits(batch, exc)
+            rest, failed = without_culprits(self.runner, self.scheduler, batch, exc)
+            self.failed_requests += failed
         if not rest.seqs:
             return rest, None
-        return rest, self.runner.forward(self._forward_input(rest))
-
-    def _without_culprits(self, batch: Batch, exc: Exception) -> Batch:
-        """Each sequence of a failed forward runs alone; those that fail end with an error,
-        the others are returned to run again together (a forward is idempotent: it writes
-        the same KV to the same slots). Raises `exc` when no sequence can be told apart
-        (every one of several fails alone): then the step fails as a whole."""
-        culprits = {s.request.rid for s in batch.seqs if self._fails_alone(s)}
-        if len(batch.seqs) > 1 and len(culprits) == len({s.request.rid for s in batch.seqs}):
-            raise exc
-        message = failure_message("computing a step", exc)
-        self.failed_requests += fail_requests(self.scheduler, culprits, message)
-        return Batch([s for s in batch.seqs if s.request.rid not in culprits])
-
-    def _fails_alone(self, seq: ScheduledSeq) -> bool:
-        try:
-            self.runner.forward(self._forward_input(Batch([seq])))
-        except Exception as exc:
-            log.error("request %s fails the forward alone: %r", seq.request.rid, exc)
-            return True
-        return False
+        return rest, self.runner.forward(forward_input(rest))
 
     def _run(self, batch: Batch) -> list[TokenOutput]:
         self.computed_prompt_tokens += sum(
@@ -593,4 +472,4 @@ def _plain(obj: object) -> object:
     return obj
 
 
-__all__ = ["CachedTokens", "Engine"]
+__all__ = ["WARM_UP_GROWTH", "CachedTokens", "Engine", "WarmUp"]

@@ -8,7 +8,7 @@ engine must not die with it: that would end every client's stream.
 * Sampling: the batch is picked at once; if that raises, each row is picked
   alone and only the rows that still raise fail.
 * The forward pass: if it raises, each sequence runs alone; those that still
-  raise fail, the others run again together (`Engine._forward_isolated`). A
+  raise fail, the others run again together (`without_culprits`). A
   failure that comes back for every sequence alone cannot be pinned on one.
 * Anything else in a step (prompt logprobs, forking a group), and a forward no
   sequence can be blamed for, fails every request of that step (with the
@@ -28,8 +28,9 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from asynchicache.engine.request import Request
+from asynchicache.engine.runner import ForwardBatch, ModelRunner
 from asynchicache.engine.sampler import Pick, pick
-from asynchicache.engine.scheduler import Scheduler
+from asynchicache.engine.scheduler import Batch, ScheduledSeq, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -77,3 +78,43 @@ def fail_requests(scheduler: Scheduler, rids: Iterable[str], message: str) -> in
     for req in found:
         scheduler.finish(req, "error", message)
     return len(found)
+
+
+def forward_input(batch: Batch) -> ForwardBatch:
+    """The model's input for a scheduled batch: each sequence's new tokens from where its
+    computed part ends."""
+    every = [s.request.needs_whole_prompt for s in batch.seqs]
+    return ForwardBatch(
+        token_ids=[
+            s.request.tokens[s.request.num_computed : s.request.num_computed + s.num_new]
+            for s in batch.seqs
+        ],
+        starts=[s.request.num_computed for s in batch.seqs],
+        page_tables=[s.request.page_table for s in batch.seqs],
+        every_position=every if any(every) else (),
+    )
+
+
+def without_culprits(
+    runner: ModelRunner, scheduler: Scheduler, batch: Batch, exc: Exception
+) -> tuple[Batch, int]:
+    """Each sequence of a failed forward runs alone; those that fail end with an error,
+    the others are returned to run again together (a forward is idempotent: it writes
+    the same KV to the same slots), with how many requests failed. Raises `exc` when no
+    sequence can be told apart (every one of several fails alone): then the step fails as
+    a whole."""
+    culprits = {s.request.rid for s in batch.seqs if _fails_alone(runner, s)}
+    if len(batch.seqs) > 1 and len(culprits) == len({s.request.rid for s in batch.seqs}):
+        raise exc
+    message = failure_message("computing a step", exc)
+    failed = fail_requests(scheduler, culprits, message)
+    return Batch([s for s in batch.seqs if s.request.rid not in culprits]), failed
+
+
+def _fails_alone(runner: ModelRunner, seq: ScheduledSeq) -> bool:
+    try:
+        runner.forward(forward_input(Batch([seq])))
+    except Exception as exc:
+        log.error("request %s fails the forward alone: %r", seq.request.rid, exc)
+        return True
+    return False
