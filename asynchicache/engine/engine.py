@@ -18,6 +18,7 @@ from asynchicache.cache.keys import Namespace
 from asynchicache.cache.pools import KVLayout
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.admin import EngineAdmin
+from asynchicache.engine.batch import Batch
 from asynchicache.engine.cost import CostModel
 from asynchicache.engine.group import Forker, make_members
 from asynchicache.engine.isolation import (
@@ -47,7 +48,7 @@ from asynchicache.engine.runner import (
     numerics_version,
 )
 from asynchicache.engine.sampler import Pick
-from asynchicache.engine.scheduler import Batch, Scheduler
+from asynchicache.engine.scheduler import Scheduler
 from asynchicache.engine.trace import Tracer
 from asynchicache.engine.warm_up import WARM_UP_BUDGET_S, WARM_UP_GROWTH, WarmUp, warm_up
 from asynchicache.storage.base import PageLayout, StorageTier

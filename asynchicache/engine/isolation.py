@@ -27,10 +27,11 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from asynchicache.engine.batch import Batch, ScheduledSeq
 from asynchicache.engine.request import Request
 from asynchicache.engine.runner import ForwardBatch, ModelRunner
 from asynchicache.engine.sampler import Pick, pick
-from asynchicache.engine.scheduler import Batch, ScheduledSeq, Scheduler
+from asynchicache.engine.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

@@ -33,11 +33,11 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.results import LockedPages, MatchHandle
 from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.batch import Batch, ScheduledSeq, StepFill
 from asynchicache.engine.cost import CostModel, load_deadline
 from asynchicache.engine.memory_budget import MemoryBudget
 from asynchicache.engine.prefetch import ArrivalPrefetcher, by_origin
@@ -46,7 +46,6 @@ from asynchicache.engine.prefill_policy import (
     StepBudget,
     batch_order,
     chunk_tokens,
-    partial_allowed,
 )
 from asynchicache.engine.prefix_join import fresh_page, owns_nothing
 from asynchicache.engine.protocol import CachedTokens
@@ -54,35 +53,6 @@ from asynchicache.engine.request import Phase, Request
 from asynchicache.engine.sampler import request_generator
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ScheduledSeq:
-    request: Request
-    num_new: int  # tokens fed this step: request.tokens[num_computed : num_computed + num_new]
-
-
-@dataclass
-class Batch:
-    seqs: list[ScheduledSeq] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new for s in self.seqs)
-
-    def __contains__(self, req: object) -> bool:
-        return any(s.request is req for s in self.seqs)
-
-
-@dataclass
-class _Fill:
-    """What is left of a step while its batch is built (`Scheduler._batch`)."""
-
-    budget: int  # prompt tokens
-    chunk: int  # of one prompt
-    spent: int = 0  # prompt tokens taken
-    partials: int = 0  # prompts taken that do not finish in the step
-    starts: set[tuple[object, ...]] = field(default_factory=set)  # fresh prompts' next pages
 
 
 class Scheduler:
@@ -350,10 +320,10 @@ class Scheduler:
         )
         queued = bool(self.waiting or self.loading or self.landing)
         chunk = chunk_tokens(self.config.chunked_prefill_size, budget, prompts, queued)
-        fill = _Fill(budget, chunk)
+        fill = StepFill(budget, chunk)
         batch = Batch()
         for req in sorted(self.running, key=batch_order):
-            n = self._tokens_for(req, fill)
+            n = fill.tokens_for(req, self._fresh_page(req))
             if n > 0:
                 self._take(batch, req, n, fill)
         oldest = min(prompts, key=lambda r: r.arrival, default=None)
@@ -363,20 +333,7 @@ class Scheduler:
                 self._take(batch, oldest, n, fill)  # never starved by the hits ahead of it
         return batch
 
-    def _tokens_for(self, req: Request, fill: _Fill) -> int:
-        """New tokens of `req` in this step (0: none)."""
-        if req.phase is not Phase.RUNNING:
-            return 0  # preempted while building this batch
-        if not req.is_prefill:
-            return 1
-        if self._fresh_page(req) in fill.starts:
-            return 0  # another prompt of the step computes it: join its pages next step
-        n = min(req.remaining, fill.chunk, fill.budget)
-        if n < req.remaining and not partial_allowed(fill.partials):
-            return 0
-        return n
-
-    def _take(self, batch: Batch, req: Request, n: int, fill: _Fill) -> None:
+    def _take(self, batch: Batch, req: Request, n: int, fill: StepFill) -> None:
         """`n` new tokens of `req` in `batch`, if L1 has (or preempting makes) their pages."""
         page = self._fresh_page(req) if req.is_prefill else None  # before its pages grow
         if not self._reserve(req, req.num_computed + n, batch):
