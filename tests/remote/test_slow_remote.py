@@ -96,7 +96,7 @@ def test_lookups_on_a_slow_redis_do_not_hold_up_disk_loads(
         service.stop()
     assert done.pages_ok == 4
     assert answers == [(0, 0)] * 8  # none is in Redis (asked, or answered from the disk)
-    # One lookup thread, 0.4 s a question: the later ones waited past _LOOKUP_STALE_S and
+    # One lookup thread, 0.4 s a question: the later ones waited past LOOKUP_STALE_S and
     # answered from the disk without asking.
     assert stats is not None and stats.service.get("remote_lookups_shed", 0) >= 1, stats
     # Behind eight lookups of 0.4 s each on the loop this took over 3 s.

@@ -11,9 +11,7 @@ Only hashes, slot numbers and statuses cross the socket.
 `Exists` is answered from the in-memory index on the loop thread (an index
 miss looks at the folder: storage.disk.backend); the loop never talks to
 Redis: when L4 may hold the rest of the chain, a lookup thread asks it and
-replies (at most `_REMOTE_LOOKUPS` waiting; past that the disk's answer goes
-at once, counted in `remote_lookups_shed`, as it does for a lookup that waited
-past `_LOOKUP_STALE_S`, whose asker has given up: a slow Redis degrades to
+replies (storage.service.remote_lookups: bounded, a slow Redis degrades to
 misses).
 Loads, stores, clears, pins and
 contents run on a worker pool (storage.service.jobs) and reply when done; workers hand their
@@ -79,7 +77,6 @@ from asynchicache.storage.messages import (
     CancelReply,
     ErrorReply,
     Exists,
-    ExistsReply,
     Lease,
     Load,
     Register,
@@ -101,6 +98,7 @@ from asynchicache.storage.service.config import (
 )
 from asynchicache.storage.service.jobs import Work, execute, failed
 from asynchicache.storage.service.leases import LeaseDesk
+from asynchicache.storage.service.remote_lookups import RemoteLookups
 from asynchicache.storage.service.tiered import TieredBackend, open_tiered
 from asynchicache.storage.shm import SHM_DIR, SharedSegment, owner_pid
 from asynchicache.storage.sockets import queued
@@ -124,8 +122,6 @@ _REFUSED_CLIENTS = 256
 _EVENTS_PER_MESSAGE = 512
 _FLUSH_MS = 1000  # at exit, replies queued for clients get this long to leave
 _SWEEP_S = 0.5  # clients and leases whose process died are seen this often
-_REMOTE_LOOKUPS = 64  # Exists waiting on L4 (the lookup thread's queue)
-_LOOKUP_STALE_S = 1.0  # a lookup queued this long answers from the disk (its asker gave up)
 
 
 @dataclass
@@ -166,8 +162,7 @@ class CacheService:
         # A bad key file stops the start, before anything listens.
         self._keys = PageKeys.load(config.key_file) if config.key_file is not None else None
         self._workers = ThreadPoolExecutor(config.workers, thread_name_prefix="cache-worker")
-        self._lookups = ThreadPoolExecutor(1, thread_name_prefix="remote-lookup")
-        self._lookups_waiting = threading.BoundedSemaphore(_REMOTE_LOOKUPS)
+        self._lookups = RemoteLookups(self._send, self._send_later, self._count)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)  # a full pipe already means "wake up"
@@ -246,41 +241,11 @@ class CacheService:
         elif client is None:
             self._send(ident, ErrorReply(msg.req_id, "unregistered", "send Register first"))
         elif isinstance(msg, Exists):
-            self._exists(ident, client.backend, msg)
+            self._lookups.exists(ident, client.backend, msg)
         elif isinstance(msg, Work):
             self._submit(ident, client, msg)
         else:  # a reply type sent as a request
             self._send(ident, ErrorReply(msg.req_id, "malformed", type(msg).__name__))
-
-    def _exists(self, ident: bytes, backend: TieredBackend, msg: Exists) -> None:
-        """Answer from the disk now, or let the lookup thread add what L4 holds."""
-        on_disk, ask_remote = backend.disk_exists(msg.hashes)
-        if not ask_remote:
-            self._send(ident, ExistsReply(msg.req_id, on_disk, 0))
-        elif not self._lookups_waiting.acquire(blocking=False):
-            self._count("remote_lookups_shed")
-            self._send(ident, ExistsReply(msg.req_id, on_disk, 0))
-        else:
-            queued_at = time.monotonic()
-            self._lookups.submit(self._remote_lookup, ident, backend, msg, on_disk, queued_at)
-
-    def _remote_lookup(
-        self, ident: bytes, backend: TieredBackend, msg: Exists, on_disk: int, queued_at: float
-    ) -> None:
-        try:
-            if time.monotonic() - queued_at > _LOOKUP_STALE_S:
-                self._count("remote_lookups_shed")
-                in_remote = 0
-            else:
-                in_remote = backend.remote_exists(msg.hashes, on_disk)
-        except Exception:  # a lookup that fails is a miss, never a lost reply
-            log.exception("cache service: remote lookup failed")
-            self._count("remote_lookup_failures")
-            in_remote = 0
-        finally:
-            self._lookups_waiting.release()
-        self._done.put((ident, ExistsReply(msg.req_id, on_disk + in_remote, in_remote)))
-        self._wake()
 
     # -- registration ---------------------------------------------------------
 
@@ -438,6 +403,10 @@ class CacheService:
     def _finished(self, ident: bytes, msg: Work, future: Future[Reply]) -> None:
         # Runs on the worker thread (or the loop thread for a cancel).
         reply = failed(msg, "cancelled") if future.cancelled() else future.result()
+        self._send_later(ident, reply)
+
+    def _send_later(self, ident: bytes, reply: Reply) -> None:
+        """Queue a reply for the loop thread to send (any thread)."""
         self._done.put((ident, reply))
         self._wake()
 
@@ -493,7 +462,7 @@ class CacheService:
 
     def _shutdown(self) -> None:
         self._workers.shutdown(wait=True, cancel_futures=True)
-        self._lookups.shutdown(wait=True, cancel_futures=True)
+        self._lookups.shutdown()
         self._send_done()
         for backend in self._backends.values():
             backend.close()
