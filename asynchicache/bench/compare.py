@@ -44,7 +44,7 @@ import httpx
 from asynchicache.bench import compare_phases as phases
 from asynchicache.bench.output import add_output_arguments, print_report
 from asynchicache.bench.peers import Peer, ours, parse_peer, vllm
-from asynchicache.bench.server_process import BenchServer, ServerError, stop_servers_on_sigterm
+from asynchicache.bench.server_process import BenchServer, ServerError, start_server_bench
 from asynchicache.bench.sweep import machine
 from asynchicache.bench.vllm_process import VllmThreads
 from asynchicache.config_flags import add_config_flags, config_kwargs
@@ -346,14 +346,7 @@ def options_from_args(args: argparse.Namespace) -> CompareOptions:
 
 
 def main(argv: Sequence[str]) -> int:
-    stop_servers_on_sigterm()
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    args = _parser().parse_args(list(argv))
-    try:
-        opts = options_from_args(args)
-    except ValueError as exc:
-        raise SystemExit(f"asynchicache bench compare: {exc}") from exc
+    args, opts = start_server_bench("compare", _parser(), argv, options_from_args)
     record = compare(opts)
     headline = {
         k: record[k]

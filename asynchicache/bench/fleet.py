@@ -64,7 +64,7 @@ from asynchicache.bench.fleet_router import Credits, RouterConfig, VllmRouter
 from asynchicache.bench.ideal import replay
 from asynchicache.bench.output import add_output_arguments, print_report
 from asynchicache.bench.pressure_client import SERVED_NAME, ClientRun
-from asynchicache.bench.server_process import ServerError, stop_servers_on_sigterm
+from asynchicache.bench.server_process import ServerError, start_server_bench
 from asynchicache.bench.sweep import machine
 from asynchicache.bench.valkey_cluster import ValkeyCluster
 from asynchicache.tiers import TIERS
@@ -387,14 +387,7 @@ def options_from_args(args: argparse.Namespace) -> FleetOptions:
 
 
 def main(argv: Sequence[str]) -> int:
-    stop_servers_on_sigterm()
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    args = _parser().parse_args(list(argv))
-    try:
-        opts = options_from_args(args)
-    except ValueError as exc:
-        raise SystemExit(f"asynchicache bench fleet: {exc}") from exc
+    args, opts = start_server_bench("fleet", _parser(), argv, options_from_args)
     record = run(opts)
     view = table(record) + "\n" + json.dumps({"ratios": record["ratios"],
                                               "failed": record["failed"]}, indent=2)  # fmt: skip

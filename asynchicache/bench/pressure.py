@@ -73,7 +73,7 @@ from asynchicache.bench.pressure_workload import (
     build,
     warm_up_prompt,
 )
-from asynchicache.bench.server_process import BenchServer, ServerError, stop_servers_on_sigterm
+from asynchicache.bench.server_process import BenchServer, ServerError, start_server_bench
 from asynchicache.bench.sweep import machine
 from asynchicache.bench.vllm_process import CONNECTOR_MODULE, VllmThreads, metric_sum
 from asynchicache.config_flags import add_config_flags, config_kwargs
@@ -465,14 +465,7 @@ def _view(record: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    stop_servers_on_sigterm()
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    args = _parser().parse_args(list(argv))
-    try:
-        opts = options_from_args(args)
-    except ValueError as exc:
-        raise SystemExit(f"asynchicache bench pressure: {exc}") from exc
+    args, opts = start_server_bench("pressure", _parser(), argv, options_from_args)
     record = run(opts)
     print_report(args, record, _view(record))
     return 1 if record["failed"] else 0

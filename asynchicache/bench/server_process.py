@@ -3,6 +3,7 @@ benchmark, on a free port."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -11,12 +12,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 log = logging.getLogger(__name__)
+Options = TypeVar("Options")  # a bench's options, built from its arguments
 
 
 _GROUP_GRACE_S = 15.0  # a stopped server's helpers finish their clean-up within this
@@ -66,6 +69,25 @@ def stop_servers_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, leave)
+
+
+def start_server_bench(
+    name: str,
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str],
+    options: Callable[[argparse.Namespace], Options],
+) -> tuple[argparse.Namespace, Options]:
+    """How a bench that runs servers starts: SIGTERM stops its servers, INFO logs (httpx's
+    one line per request kept quiet), its arguments parsed and `options` built from them
+    (a ValueError exits naming `asynchicache bench NAME`)."""
+    stop_servers_on_sigterm()
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    args = parser.parse_args(list(argv))
+    try:
+        return args, options(args)
+    except ValueError as exc:
+        raise SystemExit(f"asynchicache bench {name}: {exc}") from exc
 
 
 class ServerError(RuntimeError):

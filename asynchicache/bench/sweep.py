@@ -41,7 +41,7 @@ from asynchicache.bench.output import add_output_arguments, print_report
 from asynchicache.bench.prompts import chat_ids, ideal_of_run, planned_messages
 from asynchicache.bench.results import RequestResult, write_results
 from asynchicache.bench.server_log import read_load_events
-from asynchicache.bench.server_process import BenchServer, ServerError, stop_servers_on_sigterm
+from asynchicache.bench.server_process import BenchServer, ServerError, start_server_bench
 from asynchicache.bench.setups import (
     ServerPlan,
     Setup,
@@ -458,14 +458,7 @@ def plan(opts: SweepOptions) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str]) -> int:
-    stop_servers_on_sigterm()
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
-    args = _parser().parse_args(list(argv))
-    try:
-        opts = options_from_args(args)
-    except ValueError as exc:
-        raise SystemExit(f"asynchicache bench sweep: {exc}") from exc
+    args, opts = start_server_bench("sweep", _parser(), argv, options_from_args)
     if args.dry_run:
         print(json.dumps(plan(opts), indent=2))
         return 0
