@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 from ports import free_port
+from redis_server import RedisServer, redis_server_binary
 from serve_process import ServeProcess, shutdown_together, start_together
 
 from asynchicache.bench.fleet_router import Decision, RouterConfig, VllmRouter, Worker
@@ -129,3 +130,22 @@ def fleet(
         if router is not None:
             router.stop()
         shutdown_together([i.server for i in instances])
+
+
+@contextmanager
+def fleet_on_redis(
+    root: Path, flags: Sequence[str] = (), config: RouterConfig | None = None
+) -> Iterator[Fleet]:
+    """`fleet` of two servers sharing a real Redis as L4 (`flags`, then `--remote-url`), each
+    with its own disk folder under `root`."""
+    rds = RedisServer(redis_server_binary(), root / "redis").start()
+    try:
+        with fleet(
+            root,
+            flags=(*flags, "--remote-url", rds.url),
+            config=config,
+            per_instance=lambda k: ("--disk-cache-dir", str(root / f"kv{k}")),
+        ) as made:
+            yield made
+    finally:
+        rds.stop()

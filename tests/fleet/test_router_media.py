@@ -9,8 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from fleet_rig import PAGE, Fleet, clear, fleet, lookup, prompt, send, tokens
-from redis_server import RedisServer, redis_server_binary
+from fleet_rig import PAGE, Fleet, clear, fleet_on_redis, lookup, prompt, send, tokens
 
 from asynchicache.bench.fleet_router import Credits, RouterConfig
 
@@ -23,20 +22,10 @@ SEEDS = {"device": 101, "host": 102, "disk": 103, "remote": 104}
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    flags = ("--device-cache-tokens", "2048", "--host-cache-gb", "0.2", "--disk-cache-gb", "0.4")
     root = tmp_path_factory.mktemp("media")
-    rds = RedisServer(redis_server_binary(), root / "redis").start()
-    flags = ("--device-cache-tokens", "2048", "--host-cache-gb", "0.2", "--disk-cache-gb", "0.4",
-             "--remote-url", rds.url)  # fmt: skip
-    try:
-        with fleet(
-            root,
-            flags=flags,
-            config=RouterConfig(credits=CREDITS),
-            per_instance=lambda k: ("--disk-cache-dir", str(root / f"kv{k}")),
-        ) as made:
-            yield made  # fmt: skip
-    finally:
-        rds.stop()
+    with fleet_on_redis(root, flags, RouterConfig(credits=CREDITS)) as made:
+        yield made
 
 
 def _only_in(pair: Fleet, text: str, tier: str) -> int:

@@ -14,8 +14,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from fleet_rig import Fleet, fleet, lookup, prompt, send
-from redis_server import RedisServer, redis_server_binary
+from fleet_rig import Fleet, fleet_on_redis, lookup, prompt, send
 
 from asynchicache.bench.fleet_router import Credits, RouterConfig
 from asynchicache.bench.server_process import BenchServer
@@ -27,19 +26,10 @@ CREDITS = Credits(host=0.8, disk=0.3, external=0.6)
 
 @pytest.fixture
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    root = tmp_path_factory.mktemp("restart")
-    rds = RedisServer(redis_server_binary(), root / "redis").start()
-    flags = ("--remote-url", rds.url)
-    try:
-        with fleet(
-            root,
-            flags=flags,
-            config=RouterConfig(credits=CREDITS),
-            per_instance=lambda k: ("--disk-cache-dir", str(root / f"kv{k}")),
-        ) as made:
-            yield made  # fmt: skip
-    finally:
-        rds.stop()
+    with fleet_on_redis(
+        tmp_path_factory.mktemp("restart"), (), RouterConfig(credits=CREDITS)
+    ) as made:
+        yield made
 
 
 def test_a_restart_drops_its_own_tiers_from_the_router_but_not_l4(pair: Fleet) -> None:
