@@ -17,6 +17,7 @@ from asynchicache.cache.hierarchy import HiRadixCache
 from asynchicache.cache.keys import Namespace
 from asynchicache.cache.pools import HostPool, KVLayout
 from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.batch import Batch
 from asynchicache.engine.cost import CostModel
 from asynchicache.engine.scheduler import Scheduler
 
@@ -76,14 +77,15 @@ def cached_prefix(rig: Rig, tokens: list[int]) -> None:
     rig.cache.drain()
 
 
-def step(rig: Rig) -> None:
-    """One scheduler step with a model that always samples token 1."""
+def step(rig: Rig) -> Batch:
+    """One scheduler step with a model that always samples token 1; returns its batch."""
     batch = rig.scheduler.schedule()
     for req in rig.scheduler.after_forward(batch):
         req.output.append(1)
         if len(req.output) >= req.sampling.max_tokens:
             rig.scheduler.finish(req, "length")
     rig.scheduler.drain_finished()
+    return batch
 
 
 def run_until_idle(rig: Rig) -> None:

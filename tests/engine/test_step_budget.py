@@ -5,7 +5,7 @@ fills what is left and is never starved."""
 from __future__ import annotations
 
 import pytest
-from scheduler_rig import PAGE, Rig, RigMaker, assert_no_locks, cached_prefix, tokens_for
+from scheduler_rig import PAGE, Rig, RigMaker, assert_no_locks, cached_prefix, step, tokens_for
 
 from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.cost import CostModel, Mean, Rate, StepFit
@@ -19,7 +19,6 @@ from asynchicache.engine.prefill_policy import (
 )
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.request import Request
-from asynchicache.engine.scheduler import Batch
 
 ONE = SamplingParams(max_tokens=1, temperature=0.0)
 TWO = SamplingParams(max_tokens=2, temperature=0.0)
@@ -37,17 +36,6 @@ def _rig(make_rig: RigMaker, max_prefill_tokens: int = 2048) -> Rig:
     rig = make_rig(device_pages=400, engine=config)
     rig.scheduler.cost.prefill_tok_s = Rate(PACE, weight=0.0)  # a fixed pace: no model here
     return rig
-
-
-def _step(rig: Rig) -> Batch:
-    """One step with a model that always samples token 1; returns its batch."""
-    batch = rig.scheduler.schedule()
-    for req in rig.scheduler.after_forward(batch):
-        req.output.append(1)
-        if len(req.output) >= req.sampling.max_tokens:
-            rig.scheduler.finish(req, "length")
-    rig.scheduler.drain_finished()
-    return batch
 
 
 def test_the_budget_follows_the_pace_within_its_bounds() -> None:
@@ -114,7 +102,7 @@ def test_every_step_of_a_long_miss_beside_decodes_stays_within_the_time_budget(
     fits = int(STEP_MS / 1000 * PACE)
     steps_to_miss = 0
     while rig.scheduler.has_work:
-        batch = _step(rig)
+        batch = step(rig)
         steps_to_miss += not miss.output
         assert batch.num_tokens <= fits, [(s.request.rid, s.num_new) for s in batch.seqs]
     assert miss.output == [1]
@@ -132,18 +120,18 @@ def test_a_hit_behind_a_long_miss_gets_its_first_token_in_the_next_step(
     cached_prefix(rig, prefix)
     miss = Request("miss", tokens_for(*range(100)), ONE)  # 400 tokens, nothing cached
     rig.scheduler.add(miss)
-    first = _step(rig)
+    first = step(rig)
     assert [(s.request.rid, s.num_new) for s in first.seqs] == [("miss", 100)]
     hit = Request("hit", prefix + tokens_for(300), ONE)  # arrives during that step
     rig.scheduler.add(hit)
-    second = _step(rig)
+    second = step(rig)
     taken = [(s.request.rid, s.num_new) for s in second.seqs]
     # Its uncached page first, then the miss fills what is left of the step.
     assert taken == [("hit", PAGE), ("miss", 100 - PAGE)]
     assert hit.output == [1] and hit.cached.device == len(prefix)
     assert miss.is_prefill and miss.num_computed == 200 - PAGE  # far from done
     while rig.scheduler.has_work:
-        _step(rig)
+        step(rig)
     rig.cache.drain()
     assert_no_locks(rig.cache)
 
@@ -154,18 +142,18 @@ def test_a_stream_of_hits_never_starves_a_miss(make_rig: RigMaker) -> None:
     cached_prefix(rig, prefix)
     miss = Request("miss", tokens_for(*range(100)), ONE)
     rig.scheduler.add(miss)
-    _step(rig)
+    step(rig)
     done = miss.num_computed
     for k in range(6):
         # Hits of 25 uncached pages each: together past the step's budget.
         for j in range(2):
             tail = tokens_for(*range(1000 + 100 * k + 30 * j, 1000 + 100 * k + 30 * j + 25))
             rig.scheduler.add(Request(f"hit{k}-{j}", prefix + tail, ONE))
-        _step(rig)
+        step(rig)
         assert miss.num_computed >= done + STARVE_FLOOR_TOKENS  # it moved on every step
         done = miss.num_computed
     while rig.scheduler.has_work:
-        _step(rig)
+        step(rig)
     rig.cache.drain()
     assert_no_locks(rig.cache)
 
