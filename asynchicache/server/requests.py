@@ -77,6 +77,21 @@ def _check_ids(ctx: AppContext, ids: list[int]) -> None:
         )
 
 
+def _check_least_fits(ctx: AppContext, least: int, param: str) -> None:
+    """A prompt whose text alone proves it longer than the context is refused as such
+    (context_length_exceeded, as OpenAI's API answers) before the work bound and before
+    it is tokenized."""
+    limit = ctx.model.max_model_len
+    if least >= limit:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {limit} tokens, but the prompt has at "
+            f"least {least} tokens. Please shorten the prompt.",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
 def _max_tokens(
     ctx: AppContext, prompt_len: int, requested: int | None, default: int | None
 ) -> int:
@@ -245,7 +260,9 @@ def plan_completion(ctx: AppContext, body: CompletionRequest) -> Plan:
 
     # The text's length proves a least token count: a request past the bound on that
     # alone is refused before it is tokenized.
-    check_work(limit, work([_fewest_tokens(ctx, i) for i in items], True), 0)
+    least = [_fewest_tokens(ctx, i) for i in items]
+    _check_least_fits(ctx, max(least, default=0), "prompt")
+    check_work(limit, work(least, True), 0)
     prompts = [_tokenize(ctx, item) for item in items]
     exact = work(list(map(len, prompts)), False)
     budgets = []
@@ -278,8 +295,10 @@ def plan_chat(ctx: AppContext, body: ChatCompletionRequest) -> Plan:
     asked = (body.top_logprobs or 0) if body.logprobs else None
     limit = _work_limit(ctx)
     text = _chat_text(ctx, body)
+    fewest = ctx.tokenizer.fewest_tokens(text)
+    _check_least_fits(ctx, fewest, "messages")
     least = Work(1, n, best_of, asked, logprobs_field="top_logprobs",
-                 prompt_tokens=ctx.tokenizer.fewest_tokens(text), estimated=True)  # fmt: skip
+                 prompt_tokens=fewest, estimated=True)  # fmt: skip
     check_work(limit, least, 0)  # before the text is tokenized
     ids = ctx.tokenizer.encode(text, add_special_tokens=False)
     _check_ids(ctx, ids)
