@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 GPU_DIR=${GPU_CHECK_DIR:-.gpu}
 MISSING=(gguf pyzmq setproctitle fastapi starlette pydantic pydantic-core annotated-types
-  typing-inspection uvicorn redis hiredis)
+  typing-inspection uvicorn redis hiredis blake3)
 
 exclude=$(git rev-parse --git-path info/exclude)
 grep -qxF "/$GPU_DIR/" "$exclude" 2>/dev/null || echo "/$GPU_DIR/" >>"$exclude"

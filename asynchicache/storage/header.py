@@ -16,9 +16,9 @@ checksum protects the KV bytes. `parent_hash` is the hash the page's hash was
 chained from (the previous page's, or the namespace digest for a first page;
 zeros when unknown), so a folder's chains can be rebuilt and audited
 (`asynchicache cache verify --deep`). `key_id` and `mac` are the keyed MAC of
-storage.page_keys (HMAC-SHA256 of this header with the MAC zeroed, then the
+storage.page_keys (keyed BLAKE3 of this header with the MAC zeroed, then the
 payload), when the writer has `--cache-key-file`. Files of versions 1 (no
-parent) and 2 (no MAC fields) are a miss.
+parent), 2 (no MAC fields) and 3 (HMAC-SHA256 MACs) are a miss.
 Decoding never evaluates anything (no pickle): a header that does not parse is
 a `HeaderError`, which readers treat as a miss.
 """
@@ -39,7 +39,7 @@ from asynchicache.storage.page_keys import KEY_ID_BYTES, MAC_BYTES, NamespaceKey
 Buffer = bytes | bytearray | memoryview
 
 MAGIC = b"ACKVPAGE"
-FORMAT_VERSION = 3  # 2: parent_hash; 3: key_id and mac
+FORMAT_VERSION = 4  # 2: parent_hash; 3: key_id and mac; 4: the MAC is keyed BLAKE3
 HEADER_ALIGN = 4096
 PAGE_HASH_BYTES = 16
 _FIXED = struct.Struct("<8sHIQ16s16s16s8s32sHIBB")

@@ -4,7 +4,7 @@ The shared tiers (a disk folder several instances use, a Redis/Valkey that
 several hosts reach) are writable by more than this process: another local
 user with access to the folder, or any client of the Redis. The payload
 checksum (xxh3) catches corruption, not forgery: anyone can compute it. With
-`--cache-key-file`, every page also carries a MAC, HMAC-SHA256 of the header
+`--cache-key-file`, every page also carries a MAC, keyed BLAKE3 of the header
 (with the MAC field zeroed) and the payload, under a key derived per
 namespace from a secret in the key file; a reader holding the file serves
 only pages whose MAC verifies (a page without one, or with one that does not
@@ -14,7 +14,10 @@ verify, is a miss, counted in `mac_failures`, and removed).
                owned by this user, readable by no one else (0600 or stricter)
     first line the current secret: new pages are signed with it
     the others older secrets: pages signed with them still verify (rotation)
-    K_ns       HMAC-SHA256(secret, "asynchicache-page-mac" || namespace)
+    K_ns       HMAC-SHA256(secret, "asynchicache-page-mac" || namespace), once per namespace
+    MAC        BLAKE3 keyed with K_ns (32 bytes) over header || payload: a PRF like
+               HMAC-SHA256 at 5-7x its speed (SIMD), so signing every page of
+               an L4 put costs about what its xxh3 checksum does, not 1.5x the put
     key id     8 bytes naming the secret in each header (so a reader picks its key)
 
 Rotation: add the new secret as the first line on every instance sharing the
@@ -33,6 +36,8 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import blake3
 
 KEY_ID_BYTES = 8
 MAC_BYTES = 32
@@ -105,10 +110,10 @@ class NamespaceKeys:
     def mac(
         self, key_id: bytes, header: bytes, payload: Sequence[memoryview] | memoryview
     ) -> bytes:
-        """HMAC-SHA256 of `header` (MAC field zeroed) and the payload, under `key_id`'s key."""
-        h = hmac.new(self.by_id[key_id], header, "sha256")
+        """Keyed BLAKE3 of `header` (MAC field zeroed) and the payload, under `key_id`'s key."""
+        h = blake3.blake3(header, key=self.by_id[key_id])
         for part in [payload] if isinstance(payload, memoryview) else payload:
-            h.update(part)  # hashlib releases the GIL on large buffers: I/O threads overlap
+            h.update(part)  # blake3 releases the GIL on large buffers: I/O threads overlap
         return h.digest()
 
     def problem(self, key_id: bytes, mac: bytes, header: bytes, payload: memoryview) -> str | None:

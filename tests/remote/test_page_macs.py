@@ -128,30 +128,36 @@ def test_signed_pages_verify_and_rotation_keeps_old_ones(
     assert _read(remotes(NEW), new_r, pool) == 2
 
 
-def test_a_value_of_the_previous_format_is_a_clean_miss(
-    disks: Disks, remotes: Remotes, redis_server: RedisServer, make_pool: Callable[..., Pool]
+@pytest.mark.parametrize("version", [2, 3], ids=["no-mac-fields", "hmac-sha256"])
+def test_a_value_of_a_previous_format_is_a_clean_miss(
+    disks: Disks,
+    remotes: Remotes,
+    redis_server: RedisServer,
+    make_pool: Callable[..., Pool],
+    version: int,
 ) -> None:
     pool = make_pool(16, fill=8)
     hashes = new_hashes(2)
     writer_d, writer_r = disks(NEW), remotes(NEW)
     assert writer_d.put(refs(hashes[:1], [0]), pool.array) == 1
     assert writer_r.put(refs(hashes[1:], [1]), pool.array) == 1
-    # The same bytes, announcing format version 2 (before MACs).
+    # The same bytes, announcing format version 2 (before MACs) or 3 (HMAC-SHA256 MACs).
     path = writer_d.path_of(hashes[0])
     raw = bytearray(path.read_bytes())
-    struct.pack_into("<H", raw, 8, 2)
+    struct.pack_into("<H", raw, 8, version)
     path.write_bytes(bytes(raw))
     client = redis.Redis.from_url(redis_server.url)
     key = writer_r.key(hashes[1])
     value = bytearray(client.get(key) or b"")
-    struct.pack_into("<H", value, 8, 2)
+    struct.pack_into("<H", value, 8, version)
     client.set(key, bytes(value))
     client.close()
 
-    reader_d = disks(NEW)
+    reader_d, reader_r = disks(NEW), remotes(NEW)
     assert _read(reader_d, hashes[:1], pool) == 0
-    assert _read(remotes(NEW), hashes[1:], pool) == 0
+    assert _read(reader_r, hashes[1:], pool) == 0
     assert not path.exists()
+    assert _mac_failures(reader_d) == 0 and _mac_failures(reader_r) == 0  # not "planted"
 
 
 def test_a_key_file_must_be_private_and_long_enough(tmp_path: Path) -> None:
