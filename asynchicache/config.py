@@ -82,6 +82,13 @@ def check_numbers(config: object, flags: Mapping[str, str] | None = None) -> Non
             raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
+def check_cache_encrypt(encrypt: bool, key_file: Path | None) -> None:
+    if encrypt and key_file is None:
+        raise ValueError(
+            "--cache-encrypt needs --cache-key-file (the pages' keys derive from its secrets)"
+        )
+
+
 def _positive(name: str, value: float) -> None:
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
@@ -137,6 +144,8 @@ class CacheConfig:
     remote_ttl_s: int | None = None
     # Secrets that sign and verify every page of L3 and L4 (storage/page_keys.py).
     cache_key_file: Path | None = None
+    # ...and also encrypt them (AES-256-GCM, storage/page_cipher.py): needs cache_key_file.
+    cache_encrypt: bool = False
     # Share of L2 slots that timed-out storage tickets may hold quarantined before
     # new storage loads and stores pause (recompute instead of shrinking L2 to nothing).
     max_quarantine_fraction: float = 0.25
@@ -147,6 +156,7 @@ class CacheConfig:
         check_numbers(self)
         _positive("--page-size", self.page_size)
         check_max_pinned_fraction(self.max_pinned_fraction)
+        check_cache_encrypt(self.cache_encrypt, self.cache_key_file)
         if not 0.0 <= self.max_quarantine_fraction <= 1.0:
             raise ValueError(
                 f"--max-quarantine-fraction must be in [0, 1], got {self.max_quarantine_fraction}"

@@ -7,7 +7,7 @@ model page of 737,280 bytes is itself 180 x 4096):
     fixed    magic 8s | version u16 | header_len u32 | payload_len u64
              payload_checksum 16s (xxh3_128) | page_hash 16s | parent_hash 16s
              key_id 8s | mac 32s (zeros: unsigned)
-             ns_len u16 | n_tokens u32 | dtype_len u8 | ndim u8
+             ns_len u16 | n_tokens u32 | dtype_len u8 | ndim u8 | cipher u8
     variable namespace | tokens (int32 each) | dtype (ascii) | shape (u32 each)
     check    xxh3_64 of everything above (u64)
 
@@ -17,8 +17,12 @@ chained from (the previous page's, or the namespace digest for a first page;
 zeros when unknown), so a folder's chains can be rebuilt and audited
 (`asynchicache cache verify --deep`). `key_id` and `mac` are the keyed MAC of
 storage.page_keys (keyed BLAKE3 of this header with the MAC zeroed, then the
-payload), when the writer has `--cache-key-file`. Files of versions 1 (no
-parent), 2 (no MAC fields) and 3 (HMAC-SHA256 MACs) are a miss.
+payload), when the writer has `--cache-key-file`. `cipher` 1 says the payload
+is AES-256-GCM ciphertext (`--cache-encrypt`, storage.page_cipher): then
+`mac` holds the GCM nonce and tag (this header with the MAC zeroed is the
+associated data) and `payload_checksum` is zeros. Files of versions 1 (no
+parent), 2 (no MAC fields), 3 (HMAC-SHA256 MACs) and 4 (no cipher field) are
+a miss.
 Decoding never evaluates anything (no pickle): a header that does not parse is
 a `HeaderError`, which readers treat as a miss.
 """
@@ -33,19 +37,21 @@ from dataclasses import dataclass, replace
 import xxhash
 
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.page_keys import KEY_ID_BYTES, MAC_BYTES, NamespaceKeys
+from asynchicache.storage.page_keys import KEY_ID_BYTES, MAC_BYTES, MacMismatch, NamespaceKeys
 
 # Anything exposing the buffer protocol (collections.abc.Buffer is 3.12+).
 Buffer = bytes | bytearray | memoryview
 
 MAGIC = b"ACKVPAGE"
-FORMAT_VERSION = 4  # 2: parent_hash; 3: key_id and mac; 4: the MAC is keyed BLAKE3
+FORMAT_VERSION = 5  # 2: parent_hash; 3: key_id and mac; 4: keyed BLAKE3; 5: cipher
 HEADER_ALIGN = 4096
 PAGE_HASH_BYTES = 16
-_FIXED = struct.Struct("<8sHIQ16s16s16s8s32sHIBB")
+_FIXED = struct.Struct("<8sHIQ16s16s16s8s32sHIBBB")
+CIPHER_NONE, CIPHER_AES_GCM = 0, 1
 _NO_PARENT = bytes(PAGE_HASH_BYTES)
 _NO_KEY = bytes(KEY_ID_BYTES)
 _NO_MAC = bytes(MAC_BYTES)
+_NO_CHECKSUM = bytes(16)
 _CHECK = struct.Struct("<Q")
 _MAX_HEADER = 1 << 20
 
@@ -70,7 +76,8 @@ class PageHeader:
     payload_checksum: bytes
     parent: bytes = b""  # the previous page's hash (b"": unknown)
     key_id: bytes = b""  # the MAC's key (storage.page_keys); b"": unsigned
-    mac: bytes = b""
+    mac: bytes = b""  # encrypted: GCM nonce || tag (storage.page_cipher)
+    encrypted: bool = False  # the payload is AES-256-GCM ciphertext
 
     @property
     def header_len(self) -> int:
@@ -133,6 +140,7 @@ def encode_header(header: PageHeader) -> bytes:
         len(header.tokens),
         len(dtype),
         len(header.layout.shape),
+        CIPHER_AES_GCM if header.encrypted else CIPHER_NONE,
     )
     try:
         tokens = array("i", header.tokens).tobytes()
@@ -162,7 +170,9 @@ def decode_header(data: Buffer) -> PageHeader:
     if len(view) < header_len:
         raise HeaderError(f"header needs {header_len} bytes, got {len(view)}")
     (_, _, _, payload_len, checksum, page_hash, parent, kid, mac, ns_len, n_tokens, dtype_len,
-     ndim) = _FIXED.unpack_from(view)  # fmt: skip
+     ndim, cipher) = _FIXED.unpack_from(view)  # fmt: skip
+    if cipher not in (CIPHER_NONE, CIPHER_AES_GCM):
+        raise HeaderError(f"unknown cipher {cipher}")
     end = _FIXED.size + ns_len + 4 * n_tokens + dtype_len + 4 * ndim
     if end + _CHECK.size > header_len:
         raise HeaderError("header fields overrun the header")
@@ -187,7 +197,18 @@ def decode_header(data: Buffer) -> PageHeader:
     parent = b"" if parent == _NO_PARENT else parent
     kid = b"" if kid == _NO_KEY else kid
     mac = b"" if mac == _NO_MAC else mac
-    return PageHeader(namespace, page_hash, tokens, layout, payload_len, checksum, parent, kid, mac)
+    return PageHeader(
+        namespace,
+        page_hash,
+        tokens,
+        layout,
+        payload_len,
+        checksum,
+        parent,
+        kid,
+        mac,
+        cipher == CIPHER_AES_GCM,
+    )
 
 
 def encode_signed(
@@ -208,6 +229,56 @@ def mac_problem(header: PageHeader, keys: NamespaceKeys | None, payload: memoryv
         return None
     unsigned = encode_header(replace(header, mac=b""))
     return keys.problem(header.key_id, header.mac, unsigned, payload)
+
+
+def seal_page(
+    header: PageHeader, keys: NamespaceKeys | None, payload: memoryview, buffer: int = 0
+) -> tuple[bytes, memoryview]:
+    """The header bytes and the body to store after them for `payload`: the payload
+    itself, checksummed (and signed when keyed), or, when `keys` encrypt, its AES-GCM
+    ciphertext in this thread's scratch buffer `buffer` (a pipelined batch sent at once
+    uses one per page). `header`'s checksum and MAC fields are filled here."""
+    if keys is None or keys.cipher is None:
+        signed = replace(header, payload_checksum=payload_checksum(payload))
+        return encode_signed(signed, keys, payload), payload
+    cipher = keys.cipher
+    unsealed = replace(
+        header, payload_checksum=_NO_CHECKSUM, key_id=cipher.current, mac=b"", encrypted=True
+    )
+    body = cipher.scratch.get(buffer, len(payload))
+    sealed = cipher.seal_into(encode_header(unsealed), payload, body)
+    return encode_header(replace(unsealed, mac=sealed + bytes(MAC_BYTES - len(sealed)))), body
+
+
+def open_page(
+    header: PageHeader, keys: NamespaceKeys | None, body: memoryview, dst: memoryview
+) -> str | None:
+    """Check a stored page's `body` and leave its plaintext in `dst`; why it is not
+    servable, or None. `body` is where the caller received the payload: `body_buffer`.
+
+    A MAC or GCM tag that does not verify, or a plain page where pages must be
+    encrypted, is a `MacMismatch` (counted); an encrypted page met by a reader without
+    --cache-encrypt is a plain miss (a peer configured otherwise, not a forgery)."""
+    if header.encrypted:
+        if keys is None or keys.cipher is None:
+            return "encrypted page (this reader has no --cache-encrypt)"
+        aad = encode_header(replace(header, mac=b""))
+        why = keys.cipher.open_into(header.key_id, header.mac, aad, body, dst)
+        return None if why is None else MacMismatch(why)
+    if keys is not None and keys.cipher is not None:
+        return MacMismatch("page not encrypted (--cache-encrypt wants every page encrypted)")
+    if payload_checksum(body) != header.payload_checksum:
+        return "payload checksum mismatch"
+    return mac_problem(header, keys, body)
+
+
+def body_buffer(keys: NamespaceKeys | None, dst: memoryview) -> memoryview:
+    """Where a reader with `keys` receives a payload bound for `dst`: `dst` itself, or
+    this thread's scratch buffer when pages are encrypted (then `open_page` decrypts it
+    into `dst`)."""
+    if keys is None or keys.cipher is None:
+        return dst
+    return keys.cipher.scratch.get(0, len(dst))
 
 
 def _check_prologue(magic: bytes, version: int, header_len: int) -> None:

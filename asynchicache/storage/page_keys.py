@@ -25,6 +25,10 @@ tiers and restart them (they sign with it and still read pages of the old
 one); once the old pages have been rewritten or evicted, drop the old line.
 A reader without a key file does not verify MACs (it checks the checksum
 only): every instance that shares a tier must hold the same key file.
+
+With `--cache-encrypt` (`PageKeys.encrypt`), the same secrets also derive a
+per-namespace AES-256-GCM key (storage.page_cipher): pages are encrypted, and
+the GCM tag replaces the BLAKE3 MAC.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import blake3
+
+from asynchicache.storage.page_cipher import PageCipher, derive_key
 
 KEY_ID_BYTES = 8
 MAC_BYTES = 32
@@ -57,9 +63,11 @@ def key_id(secret: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class PageKeys:
-    """The secrets of a key file: the first signs, all verify."""
+    """The secrets of a key file: the first signs, all verify; `encrypt`: pages are also
+    encrypted (--cache-encrypt, storage.page_cipher)."""
 
     secrets: tuple[bytes, ...]
+    encrypt: bool = False
 
     def __post_init__(self) -> None:
         if not self.secrets:
@@ -72,7 +80,7 @@ class PageKeys:
                 )
 
     @classmethod
-    def load(cls, path: Path) -> PageKeys:
+    def load(cls, path: Path, encrypt: bool = False) -> PageKeys:
         """Read a key file, refusing one another user owns or others may read."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -93,19 +101,29 @@ class PageKeys:
         if len(raw) > _MAX_KEY_FILE:
             raise ValueError(f"--cache-key-file {path} is larger than {_MAX_KEY_FILE} bytes")
         lines = (line.split(b"#", 1)[0].strip() for line in raw.splitlines())
-        return cls(tuple(line for line in lines if line))
+        return cls(tuple(line for line in lines if line), encrypt)
 
     def for_namespace(self, namespace: bytes) -> NamespaceKeys:
-        derived = [(key_id(s), hmac.digest(s, _DERIVE + namespace, "sha256")) for s in self.secrets]
-        return NamespaceKeys(derived[0][0], dict(derived))
+        ids = [key_id(s) for s in self.secrets]
+        macs = {
+            i: hmac.digest(s, _DERIVE + namespace, "sha256")
+            for i, s in zip(ids, self.secrets, strict=True)
+        }
+        cipher = None
+        if self.encrypt:
+            aes = {i: derive_key(s, namespace) for i, s in zip(ids, self.secrets, strict=True)}
+            cipher = PageCipher(ids[0], aes)
+        return NamespaceKeys(ids[0], macs, cipher)
 
 
 @dataclass(frozen=True)
 class NamespaceKeys:
-    """One namespace's MAC keys: `current` signs; any of `by_id` verifies."""
+    """One namespace's MAC keys: `current` signs; any of `by_id` verifies; `cipher`, when
+    pages are encrypted, holds the AES-GCM keys of the same secrets."""
 
     current: bytes  # key id
     by_id: dict[bytes, bytes] = field(repr=False)
+    cipher: PageCipher | None = None
 
     def mac(
         self, key_id: bytes, header: bytes, payload: Sequence[memoryview] | memoryview

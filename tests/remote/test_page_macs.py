@@ -128,7 +128,7 @@ def test_signed_pages_verify_and_rotation_keeps_old_ones(
     assert _read(remotes(NEW), new_r, pool) == 2
 
 
-@pytest.mark.parametrize("version", [2, 3], ids=["no-mac-fields", "hmac-sha256"])
+@pytest.mark.parametrize("version", [2, 3, 4], ids=["no-mac-fields", "hmac-sha256", "no-cipher"])
 def test_a_value_of_a_previous_format_is_a_clean_miss(
     disks: Disks,
     remotes: Remotes,
@@ -141,7 +141,7 @@ def test_a_value_of_a_previous_format_is_a_clean_miss(
     writer_d, writer_r = disks(NEW), remotes(NEW)
     assert writer_d.put(refs(hashes[:1], [0]), pool.array) == 1
     assert writer_r.put(refs(hashes[1:], [1]), pool.array) == 1
-    # The same bytes, announcing format version 2 (before MACs) or 3 (HMAC-SHA256 MACs).
+    # The same bytes, announcing format version 2 (before MACs), 3 (HMAC-SHA256 MACs) or 4.
     path = writer_d.path_of(hashes[0])
     raw = bytearray(path.read_bytes())
     struct.pack_into("<H", raw, 8, version)

@@ -8,6 +8,8 @@ from dataclasses import replace
 
 import blake3
 import pytest
+import xxhash
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +23,9 @@ from asynchicache.storage.header import (
     encode_header,
     encode_signed,
     mac_problem,
+    open_page,
     payload_checksum,
+    seal_page,
 )
 from asynchicache.storage.page_keys import PageKeys
 
@@ -119,3 +123,40 @@ def test_the_mac_is_keyed_blake3_of_the_unsigned_header_and_payload() -> None:
     assert signed.mac == blake3.blake3(unsigned + payload.tobytes(), key=k_ns).digest()
     assert mac_problem(signed, keys, payload) is None
     assert mac_problem(replace(signed, mac=bytes(32)), keys, payload) is not None
+
+
+def test_encryption_is_aes_gcm_under_the_derived_key_with_the_header_as_aad() -> None:
+    """The encryption's definition (docs/security.md), recomputed with another AES-GCM
+    implementation from the key file's secret alone."""
+    secret = b"s" * 40
+    keys = PageKeys((secret,), encrypt=True).for_namespace(b"ns")
+    payload = memoryview(bytes(range(256)) * 64)
+    header = PageHeader(b"ns", b"h" * 16, (1, 2, 3), PageLayout("float32", (4096,)),
+                        len(payload), b"")  # fmt: skip
+    raw, body = seal_page(header, keys, payload)
+    sealed = decode_header(raw)
+    assert sealed.encrypted and sealed.payload_checksum == bytes(16)
+    assert sealed.mac[28:] == bytes(4)
+    k_enc = hmac.digest(secret, b"asynchicache-page-enc\x00ns", "sha256")
+    aad = encode_header(replace(sealed, mac=b""))
+    nonce, tag = sealed.mac[:12], sealed.mac[12:28]
+    assert AESGCM(k_enc).decrypt(nonce, bytes(body) + tag, aad) == payload.tobytes()
+    dst = memoryview(bytearray(len(payload)))
+    assert open_page(sealed, keys, body, dst) is None and dst == payload
+    assert open_page(replace(sealed, tokens=(1, 2, 4)), keys, body, dst) is not None
+    plain_keys = PageKeys((secret,)).for_namespace(b"ns")
+    assert open_page(sealed, plain_keys, body, dst) == (
+        "encrypted page (this reader has no --cache-encrypt)"
+    )
+
+
+def test_an_unknown_cipher_is_a_header_error() -> None:
+    raw = bytearray(encode_header(_header()))
+    n_fixed = struct.calcsize("<8sHIQ16s16s16s8s32sHIBBB")
+    raw[n_fixed - 1] = 7
+    # Re-stamp the header checksum, so that only the cipher byte is wrong.
+    end = n_fixed + len(b"ns") + 4 * 3 + len(LAYOUT.dtype) + 4 * len(LAYOUT.shape)
+    fixed = raw
+    struct.pack_into("<Q", fixed, end, xxhash.xxh3_64_intdigest(bytes(fixed[:end])))
+    with pytest.raises(HeaderError, match="cipher"):
+        decode_header(bytes(fixed))

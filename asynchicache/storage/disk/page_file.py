@@ -5,7 +5,9 @@ layout, payload length and checksum) followed by the page's bytes. A reader
 trusts nothing: a file whose header does not parse, names another page,
 namespace or layout, has the wrong length or fails its payload checksum is
 a miss (the caller removes it), as is one whose keyed MAC does not verify when
-the namespace has keys (storage.page_keys). `PageFiles` holds what a
+the namespace has keys (storage.page_keys). With --cache-encrypt the payload
+is read into a per-thread scratch buffer and decrypted into the slot
+(storage.page_cipher). `PageFiles` holds what a
 namespace's files must say; `check` is the header-only look taken at start-up.
 """
 
@@ -22,9 +24,9 @@ from asynchicache.storage.header import (
     HeaderError,
     HeaderVersionError,
     PageHeader,
+    body_buffer,
     decode_header,
-    mac_problem,
-    payload_checksum,
+    open_page,
     peek_header_len,
 )
 from asynchicache.storage.page_keys import NamespaceKeys
@@ -85,20 +87,22 @@ class PageFiles:
         """Read an open file into `dst` and check everything; its size and header, or why
         it is bad."""
         head: bytearray | mmap.mmap
+        # Encrypted: the ciphertext goes to this thread's (aligned) scratch, then into `dst`.
+        body = body_buffer(self.keys, dst)
         if direct:
             # One aligned read of header block, payload and a probe for trailing bytes.
             head = scratch.head
-            got = os.preadv(fd, [head, dst, scratch.tail], 0)
+            got = os.preadv(fd, [head, body, scratch.tail], 0)
         else:
             head = bytearray(DIRECT_ALIGN)
-            got = preadv_all(fd, [memoryview(head), dst, memoryview(bytearray(1))], 0)
+            got = preadv_all(fd, [memoryview(head), body, memoryview(bytearray(1))], 0)
         try:
             header_len = peek_header_len(memoryview(head))
             if header_len != DIRECT_ALIGN:  # a long header: rare, read it plainly
                 if direct:
                     clear_direct(fd)
                 head = bytearray(header_len)
-                got = preadv_all(fd, [memoryview(head), dst, memoryview(bytearray(1))], 0)
+                got = preadv_all(fd, [memoryview(head), body, memoryview(bytearray(1))], 0)
             header = decode_header(memoryview(head))
         except HeaderError as exc:
             return f"bad header ({exc})"
@@ -107,9 +111,7 @@ class PageFiles:
             return problem
         if got != header_len + header.payload_len:
             return f"length {got} != {header_len + header.payload_len} (truncated or padded)"
-        if payload_checksum(dst) != header.payload_checksum:
-            return "payload checksum mismatch"
-        return mac_problem(header, self.keys, dst) or (got, header)
+        return open_page(header, self.keys, body, dst) or (got, header)
 
 
 class OldFormat(str):

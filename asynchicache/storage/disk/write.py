@@ -34,7 +34,7 @@ from asynchicache.storage.fileio import (
     set_mtime,
     syncfs,
 )
-from asynchicache.storage.header import PageHeader, encode_signed, payload_checksum
+from asynchicache.storage.header import PageHeader, seal_page
 
 if TYPE_CHECKING:
     from asynchicache.storage.disk.config import DiskConfig, IoBatch
@@ -78,14 +78,15 @@ class PageWriter:
         src = memoryview(batch.pool[page.slot])
         path = self._path_of(page.page_hash)
         tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}-{secrets.token_hex(4)}")
-        header = encode_signed(
+        # body: `src` itself, or its ciphertext in this thread's scratch (--cache-encrypt)
+        header, body = seal_page(
             PageHeader(
                 self.files.namespace,
                 page.page_hash,
                 page.tokens,
                 self.files.layout,
                 self.files.layout.page_bytes,
-                payload_checksum(src),
+                b"",  # the checksum: filled by seal_page
                 page.parent,
             ),
             self.files.keys,
@@ -100,9 +101,9 @@ class PageWriter:
             if direct:
                 head = self._scratch.head
                 head[:] = header
-                pwritev_all(fd, [memoryview(head), src], 0)
+                pwritev_all(fd, [memoryview(head), body], 0)
             else:
-                pwritev_all(fd, [memoryview(header), src], 0)
+                pwritev_all(fd, [memoryview(header), body], 0)
             set_mtime(fd, stamp_ns)
             if self.config.sync is SyncMode.FILE:
                 os.fdatasync(fd)

@@ -177,11 +177,11 @@ class PagePipeline:
         if call.late():
             return [PageRead(i, PageStatus.LATE) for i in idx]
         buffers: list[bytes | memoryview] = []
-        for i in idx:
+        for n, i in enumerate(idx):  # n: the page's scratch buffer, when encrypted
             payload = memoryview(call.pool[call.slots[i]])
             page = pages[i]
             buffers += self._format.set_command(
-                call.keys[i], call.hashes[i], page.tokens, payload, page.parent
+                call.keys[i], call.hashes[i], page.tokens, payload, page.parent, n
             )
 
         def work(conn: RespConnection, done: list[PageRead]) -> None:

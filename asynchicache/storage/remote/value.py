@@ -8,6 +8,10 @@ read header first: only a header that parses and matches (namespace, page
 hash, layout, lengths) lets the payload be received into the L2 slot, and the
 payload's checksum is verified after. A rejected value is consumed from the
 stream in full, so the connection stays usable for the replies after it.
+
+With --cache-encrypt (storage.page_cipher) the SET sends the page's
+ciphertext from a per-thread scratch buffer (one per page of a pipelined
+batch), and a GET receives it into scratch and decrypts it into the slot.
 """
 
 from __future__ import annotations
@@ -19,13 +23,13 @@ from asynchicache.storage.header import (
     HEADER_ALIGN,
     HeaderError,
     PageHeader,
+    body_buffer,
     decode_header,
-    encode_signed,
-    mac_problem,
-    payload_checksum,
+    open_page,
     peek_header_len,
+    seal_page,
 )
-from asynchicache.storage.page_keys import NamespaceKeys
+from asynchicache.storage.page_keys import MacMismatch, NamespaceKeys
 from asynchicache.storage.remote.resp import RespConnection
 
 
@@ -53,20 +57,24 @@ class ValueFormat:
         tokens: tuple[int, ...],
         payload: memoryview,
         parent: bytes = b"",
+        buffer: int = 0,
     ) -> list[bytes | memoryview]:
-        """SET key <header + payload> [EX ttl] as buffers around the slot's memory."""
-        header = encode_signed(
+        """SET key <header + payload> [EX ttl] as buffers around the slot's memory (or
+        around its ciphertext in this thread's scratch buffer `buffer`, when encrypted:
+        the buffers must be sent before that scratch buffer is used again)."""
+        header, body = seal_page(
             PageHeader(
                 self.namespace,
                 page_hash,
                 tokens,
                 self.layout,
                 self.layout.page_bytes,
-                payload_checksum(payload),
+                b"",  # the checksum: filled by seal_page
                 parent,
             ),
             self.keys,
             payload,
+            buffer,
         )
         argc = 3 if self.ttl_s is None else 5
         value_len = len(header) + len(payload)
@@ -75,7 +83,7 @@ class ValueFormat:
         if self.ttl_s is not None:
             t = str(self.ttl_s).encode()
             tail += b"$2\r\nEX\r\n$%d\r\n%s\r\n" % (len(t), t)
-        return [head, header, payload, tail]
+        return [head, header, body, tail]
 
     def read_page(
         self, conn: RespConnection, page_hash: bytes, dst: memoryview
@@ -93,13 +101,14 @@ class ValueFormat:
             conn.skip(n - header.header_len)
             conn.end_bulk()
             raise ValueRejected(problem)
-        conn.read_into(dst)  # [page_bytes] straight into the L2 slot
+        body = body_buffer(self.keys, dst)  # the L2 slot itself, unless encrypted
+        conn.read_into(body)  # [page_bytes]
         conn.end_bulk()
-        if payload_checksum(dst) != header.payload_checksum:
-            raise ValueRejected("payload checksum mismatch")
-        problem = mac_problem(header, self.keys, dst)
-        if problem is not None:
+        problem = open_page(header, self.keys, body, dst)
+        if isinstance(problem, MacMismatch):
             raise MacRejected(problem)
+        if problem is not None:
+            raise ValueRejected(problem)
         return header
 
     def _read_header(self, conn: RespConnection, n: int) -> PageHeader:
@@ -127,4 +136,6 @@ class ValueFormat:
             return problem
         if n != header.header_len + header.payload_len:
             return f"value of {n} bytes != header + payload"
+        if header.encrypted and (self.keys is None or self.keys.cipher is None):
+            return "encrypted value (this reader has no --cache-encrypt)"
         return None

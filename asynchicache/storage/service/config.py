@@ -28,6 +28,7 @@ from asynchicache.config import (
     CacheConfig,
     ServiceTuning,
     SyncMode,
+    check_cache_encrypt,
     check_disk_cache_bytes,
     check_max_pinned_fraction,
 )
@@ -88,12 +89,14 @@ class ServiceConfig:
     # held (storage.service.leases), and this pid holds the first one until it takes its own.
     leased_by: int | None = None
     key_file: Path | None = None  # --cache-key-file: pages carry a keyed MAC (page_keys.py)
+    encrypt: bool = False  # --cache-encrypt: pages are AES-GCM encrypted (page_cipher.py)
     curve: CurveKeys | None = None  # --curve-secret-key / --curve-clients: needed on tcp://
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disk_cache_dir", Path(self.disk_cache_dir))
         check_disk_cache_bytes(self.capacity_bytes)
         check_max_pinned_fraction(self.max_pinned_fraction)
+        check_cache_encrypt(self.encrypt, self.key_file)
         ServiceTuning(self.sync, self.io_threads, self.workers, self.client_ttl_s)  # checks them
         if "://" not in self.address:
             raise ValueError(
@@ -140,6 +143,7 @@ class ServiceConfig:
             max_pinned_fraction=cache.max_pinned_fraction,
             leased_by=leased_by,
             key_file=cache.cache_key_file,
+            encrypt=cache.cache_encrypt,
             curve=curve,
         )
 
@@ -208,6 +212,13 @@ def add_service_flags(
         "value carries a keyed MAC and one that does not verify is a miss (docs/security.md; "
         "default: off)",
     )
+    cache.add_argument(
+        "--cache-encrypt",
+        action="store_true",
+        help="with --cache-key-file: every L3 page and L4 value is also encrypted (AES-256-GCM, "
+        "a per-namespace key from the same secrets; token ids stay readable in the header; "
+        "docs/security.md)",
+    )
     add_config_flags(tuning, ServiceTuning, TUNING_FLAGS)
 
 
@@ -221,6 +232,8 @@ def service_argv(cache: CacheConfig, tuning: ServiceTuning) -> list[str]:
         argv += ["--remote-ttl", str(cache.remote_ttl_s)]
     if cache.cache_key_file is not None:
         argv += ["--cache-key-file", str(cache.cache_key_file)]
+    if cache.cache_encrypt:
+        argv.append("--cache-encrypt")
     return argv
 
 

@@ -160,7 +160,9 @@ class CacheService:
         self._counters: dict[str, float] = {}
         self._leases = LeaseDesk(config.settings, config.leased_by, time.monotonic())
         # A bad key file stops the start, before anything listens.
-        self._keys = PageKeys.load(config.key_file) if config.key_file is not None else None
+        self._keys = (
+            PageKeys.load(config.key_file, config.encrypt) if config.key_file is not None else None
+        )
         self._workers = ThreadPoolExecutor(config.workers, thread_name_prefix="cache-worker")
         self._lookups = RemoteLookups(self._send, self._send_later, self._count)
         self._wake_r, self._wake_w = os.pipe()
