@@ -9,6 +9,9 @@ Prints one JSON object:
   torch_prefill_tok_s the same with torch's ops alone (no native kernel)
   kernel              the native build that ran (avx512, avx2, native; "torch": none), and
                       kernel_lanes its vectors' lanes ($ASYNCHICACHE_KERNEL_ISA forces one)
+  op_choice           per op and shape class (prefill, decode rows), whether ours or torch's
+                      ran (engine/models/op_choice.py: measured once per host and build, as
+                      the engine does); op_choice_torch the same in words
   matmul_gflops       this host's torch float32 matmul rate at --threads, and
                       prefill_bound_tok_s what it allows for the prompt's FLOPs
                       (prefill_gflop); prefill_of_bound: prefill_tok_s / that bound
@@ -46,6 +49,8 @@ from asynchicache.bench.kernels import matmul_gflops, prefill_flops
 from asynchicache.bench.output import add_output_arguments, print_report, write_report
 from asynchicache.cache.pools import KVLayout
 from asynchicache.engine.loader import LoadedModel, load_model
+from asynchicache.engine.models.native import KernelThreads
+from asynchicache.engine.models.op_choice import OpChoice, measured_choice
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
 from asynchicache.engine.sampler import sample
@@ -192,11 +197,20 @@ def new_runner(loaded: LoadedModel, tokens: int, seqs: int) -> tuple[ModelRunner
 def native_runner(
     loaded: LoadedModel, tokens: int, seqs: int
 ) -> tuple[ModelRunner, list[list[int]]]:
-    """`new_runner` with the native attention kernel where it fits, as the engine has it."""
+    """`new_runner` with the native attention kernel where it fits and the host's choice of
+    ours or torch's per op (op_choice.py), as the engine has them."""
     base, tables = new_runner(loaded, tokens, seqs)
+    kernel, choice = engine_kernel(loaded)
+    runner = ModelRunner(loaded.model, base.kv_pool, base.page_size, kernel, choice)
+    return runner, tables
+
+
+def engine_kernel(loaded: LoadedModel) -> tuple[KernelThreads | None, OpChoice]:
+    """The native kernel the engine runs for `loaded` (None: torch's ops) and its choice."""
     dtype = loaded.model.embed_tokens.weight.dtype
     kernel = attention_kernel(loaded.config, dtype, torch.device(loaded.device))
-    return ModelRunner(loaded.model, base.kv_pool, base.page_size, kernel=kernel), tables
+    choice = measured_choice(kernel, loaded.config) if kernel is not None else OpChoice()
+    return kernel, choice
 
 
 def our_prefill(loaded: LoadedModel, args: BenchArgs, native: bool = True) -> Callable[[], float]:
@@ -211,8 +225,7 @@ def our_prefill(loaded: LoadedModel, args: BenchArgs, native: bool = True) -> Ca
 
 def kernel_name(loaded: LoadedModel) -> tuple[str, int]:
     """The native build the engine runs for `loaded` and its lanes (("torch", 0): none)."""
-    dtype = loaded.model.embed_tokens.weight.dtype
-    kernel = attention_kernel(loaded.config, dtype, torch.device(loaded.device))
+    kernel, _ = engine_kernel(loaded)
     return ("torch", 0) if kernel is None else (kernel.kernel.isa, kernel.kernel.lanes)
 
 
@@ -295,6 +308,9 @@ def collect(args: BenchArgs) -> dict[str, Any]:
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.system()}",
     }
     results["kernel"], results["kernel_lanes"] = kernel_name(loaded)
+    choice = engine_kernel(loaded)[1]
+    results["op_choice"] = choice.table()  # {op: {prefill/decode: native or torch}}
+    results["op_choice_torch"] = str(choice)
     hf = None if args.skip_hf else load_hf(loaded)
     prefill = {
         "prefill": our_prefill(loaded, args),

@@ -48,6 +48,7 @@ from asynchicache.cache.keys import (
 )
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.models.native import KernelThreads
+from asynchicache.engine.models.op_choice import OpChoice
 from asynchicache.engine.runner import (
     ForwardBatch,
     ModelRunner,
@@ -259,10 +260,13 @@ class DeepAudit:
         loaded = self._models[ns.dtype]
         ours = Namespace(loaded.fingerprint, ns.dtype, ns.page_size, cache_salt=ns.cache_salt,
                          numerics_version=ns.numerics_version)  # fmt: skip
-        if ns.numerics_version not in (NUMERICS_VERSION, *_NATIVE_BUILDS):
+        base, _ = OpChoice.from_version(ns.numerics_version)  # the kernel's, and the choice
+        if base not in (NUMERICS_VERSION, *_NATIVE_BUILDS) or (
+            base == NUMERICS_VERSION != ns.numerics_version
+        ):
             return "another numerics version than this engine's", None
-        native = ns.numerics_version in _NATIVE_BUILDS
-        if native and self._kernel(loaded, ns.numerics_version) is None:
+        native = base in _NATIVE_BUILDS
+        if native and self._kernel(loaded, base) is None:
             return "pages of the native attention kernel, which cannot be built here", None
         if ours.encode() != namespace:
             return "another model, engine, numerics or KV layout than --model", None
@@ -322,9 +326,10 @@ class DeepAudit:
                            mc.head_dim, dtype=weight.dtype, device=weight.device)  # fmt: skip
         # The attention the pages were computed with (their namespace's numerics version).
         version = Namespace.decode(chains.namespace).numerics_version
-        native = version in _NATIVE_BUILDS
+        base, choice = OpChoice.from_version(version)  # ours or torch's per op, as computed
+        native = base in _NATIVE_BUILDS
         runner = ModelRunner(loaded.model, pool, chains.page_size,
-                             self._kernel(loaded, version) if native else None)  # fmt: skip
+                             self._kernel(loaded, base) if native else None, choice)  # fmt: skip
         table = list(range(len(chain)))
         step = self.config.chunk_tokens
         for start in range(0, len(tokens), step):

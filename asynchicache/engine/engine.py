@@ -30,6 +30,7 @@ from asynchicache.engine.isolation import (
 )
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.logprobs import collect_prompt_logprobs
+from asynchicache.engine.models.op_choice import OpChoice, measured_choice
 from asynchicache.engine.prefill_policy import MIN_STEP_TOKENS
 from asynchicache.engine.prompt_logits import PromptLogits
 from asynchicache.engine.protocol import (
@@ -90,18 +91,26 @@ class Engine:
         )
         device = torch.device(engine_config.device)
         kernel = attention_kernel(mc, dtype, device)  # its choice is part of the namespace
+        # Ours or torch's per op and shape class, measured (the warm-up's budget pays for it).
+        began = time.monotonic()
+        self.op_choice = measured_choice(kernel, mc) if kernel is not None else OpChoice()
+        self.op_choice_s = time.monotonic() - began
         self.namespace = Namespace(
             self.loaded.fingerprint,
             engine_config.dtype,
             cache_config.page_size,
-            numerics_version=numerics_version(kernel),
+            numerics_version=numerics_version(kernel, self.op_choice),
         )
         self.cache = HiRadixCache(
             cache_config, self.layout, self.namespace, torch.device(engine_config.device), storage
         )
         self._register_pool(storage)
         self.runner = ModelRunner(
-            self.loaded.model, self.cache.device_pool.tensor, cache_config.page_size, kernel
+            self.loaded.model,
+            self.cache.device_pool.tensor,
+            cache_config.page_size,
+            kernel,
+            self.op_choice,
         )
         self.cost = CostModel.initial(
             self.layout.page_bytes, cache_config.page_size, engine_config.min_load_tokens
@@ -132,7 +141,8 @@ class Engine:
         """Run the model on growing prompts and write every L1 page once, as much as fits
         `budget_s` seconds (start-up; engine/warm_up.py). Returns what it did."""
         longest = min(self.config.max_prefill_tokens, self.max_model_len - 1, self.device_tokens)
-        return warm_up(self.cache, self.runner, self.cost, longest, budget_s)
+        left = max(0.0, budget_s - self.op_choice_s)  # start-up measured the op choice
+        return warm_up(self.cache, self.runner, self.cost, longest, left)
 
     # ---------------------------------------------------------------- requests
     def add_request(self, msg: GenerateRequest, arrived: float | None = None) -> TokenOutput | None:

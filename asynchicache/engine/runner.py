@@ -11,7 +11,9 @@ that want prompt logprobs), the logits of each of their new tokens.
 Attention reads the pool in place through the native kernel where it can
 (`attention_kernel`: float32 on CPU, a C compiler at hand); the plan then is
 one page table and one work item per sequence. Otherwise it gathers pages and
-uses torch (prefill spans, decodes in length groups).
+uses torch (prefill spans, decodes in length groups). With the kernel, an `OpChoice`
+(engine/models/op_choice.py, measured at start-up) says per op and shape class (prefill
+or decode rows) where torch's op runs instead of ours, as it is faster there.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from asynchicache.engine.models.attention import (
 from asynchicache.engine.models.config import ModelConfig
 from asynchicache.engine.models.llama import LlamaForCausalLM
 from asynchicache.engine.models.native import KernelThreads, KernelWork
+from asynchicache.engine.models.op_choice import ChosenRowOps, OpChoice
 from asynchicache.engine.models.row_ops import NativeRowOps, RowOps
 
 
@@ -68,12 +71,14 @@ def attention_kernel(
     return KernelThreads(kernel, workers)
 
 
-def numerics_version(kernel: KernelThreads | None) -> int:
+def numerics_version(kernel: KernelThreads | None, choice: OpChoice | None = None) -> int:
     """The cache namespace's numerics version of KV computed with or without the kernel
-    (whose vectors' lanes order its sums: AVX2's 8 or 16)."""
+    (whose vectors' lanes order its sums: AVX2's 8 or 16), and with `choice` of ours or
+    torch's per op (none: ours everywhere; the choice is folded into the version)."""
     if kernel is None:
         return NUMERICS_VERSION
-    return NATIVE8_NUMERICS_VERSION if kernel.kernel.lanes == 8 else NATIVE_NUMERICS_VERSION
+    base = NATIVE8_NUMERICS_VERSION if kernel.kernel.lanes == 8 else NATIVE_NUMERICS_VERSION
+    return (choice or OpChoice()).version(base)
 
 
 @dataclass(frozen=True)
@@ -121,7 +126,9 @@ class ModelRunner:
         kv_pool: torch.Tensor,
         page_size: int,
         kernel: KernelThreads | None = None,
+        choice: OpChoice | None = None,
     ) -> None:
+        """`choice`: where torch's ops run instead of the kernel's (None: nowhere)."""
         config = model.config
         expected = (config.num_layers, 2, page_size, config.num_kv_heads, config.head_dim)
         if kv_pool.dim() != 6 or tuple(kv_pool.shape[1:]) != expected:
@@ -141,17 +148,22 @@ class ModelRunner:
         self.num_pages = kv_pool.shape[0]
         self.device = weight.device
         self.kernel = kernel
+        self.choice = choice or OpChoice()
         # The native row kernels come with the attention kernel (one library, one namespace).
-        self.ops = NativeRowOps(kernel) if kernel is not None else RowOps()
+        self.ops: RowOps = RowOps()
+        if kernel is not None:
+            self.ops = ChosenRowOps(NativeRowOps(kernel), self.choice)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits [num_seqs + extra, vocab] (float32): each sequence's last new token, then
         every new token of each sequence flagged in `every_position`, in batch order."""
         plan = _BatchPlan(batch, self.page_size, self.num_pages)
-        meta = plan.metadata(self.device, self.model.config if self.kernel else None)
+        rows = len(plan.input_ids)
+        kernel = self.kernel if self.choice.native("attention", rows) else None
+        meta = plan.metadata(self.device, self.model.config if kernel else None)
         windows = self.model.config.sliding_windows
-        attn = PagedAttention(self.kv_pool, meta, windows, self.kernel, self.ops)
+        attn = PagedAttention(self.kv_pool, meta, windows, kernel, self.ops)
         input_ids = self._tensor(plan.input_ids)
         positions = self._tensor(plan.positions)
         logit_rows = self._tensor(plan.last_rows)

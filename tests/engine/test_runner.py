@@ -14,6 +14,7 @@ from asynchicache.engine import runner as runner_module
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.models import native
 from asynchicache.engine.models.native import KernelThreads
+from asynchicache.engine.models.op_choice import OPS, OpChoice
 from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel, length_groups
 
 PAGE = 8
@@ -27,20 +28,32 @@ def prompt_of(n: int, seed: int) -> list[int]:
 RunnerFactory = Callable[..., ModelRunner]
 
 
+# Torch's ops for every prefill-class pair (forwards of 8 rows or more), ours for decodes:
+# the engine's choice where every native op loses at prefill shapes (op_choice.py).
+MIXED = OpChoice(frozenset((op, "prefill") for op in OPS), prefill_rows=8)
+
+
 @pytest.fixture(
-    scope="module", params=["torch", *(f"kernel-{isa}" for isa in native.runnable_isas())]
+    scope="module",
+    params=[
+        "torch",
+        *(f"kernel-{isa}" for isa in native.runnable_isas()),
+        f"mixed-{native.runnable_isas()[0]}",
+    ],
 )
 def runner_for(request: pytest.FixtureRequest) -> RunnerFactory:
-    """Runners attending with torch (gathered pages) or with the native kernel (in place):
-    every test below holds for both."""
+    """Runners attending with torch (gathered pages), with the native kernel (in place), or
+    with the kernel for decodes and torch's ops for prefills: every test below holds for
+    each."""
 
     def make(loaded: LoadedModel, pool: torch.Tensor | None = None) -> ModelRunner:
         kernel: KernelThreads | None = None
-        if request.param.startswith("kernel"):
-            c, isa = loaded.config, request.param.partition("-")[2]
+        kind, _, isa = request.param.partition("-")
+        if isa:
+            c = loaded.config
             kernel = attention_kernel(c, torch.float32, torch.device("cpu"), use=True, isa=isa)
         pool = make_pool(loaded, PAGES, PAGE) if pool is None else pool
-        return ModelRunner(loaded.model, pool, PAGE, kernel)
+        return ModelRunner(loaded.model, pool, PAGE, kernel, MIXED if kind == "mixed" else None)
 
     return make
 
