@@ -14,6 +14,11 @@ pool and the real `DiskBackend`:
 * `dd_write_GBps` / `dd_read_cold_GBps`: `dd bs=1M conv=fsync` of as many bytes,
   and `dd` reading it back after dropping its cache.
 
+`--disk-encrypt` runs our side with `--cache-encrypt` (a fresh key; every page
+AES-256-GCM encrypted on write, decrypted and its tag checked on read,
+storage.page_cipher): the ratios to dd then say what encryption costs against
+the disk's bound.
+
 Each repeat measures dd, ours, ours, dd (writes, then cold reads) back to back,
 so the ratios compare the same disk conditions (this disk's speed drifts a lot
 within a minute). `measure(args)` returns the numbers as a dict (for the
@@ -39,6 +44,7 @@ from asynchicache.bench import micro_pages
 from asynchicache.bench.micro_pages import DEFAULT_LAYOUT
 from asynchicache.config import SyncMode
 from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.page_keys import PageKeys
 
 _NAMESPACE = b"bench-micro-disk\x1ffloat32\x1f16\x1f1\x1f"
 
@@ -52,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-direct-io", action="store_true", help="buffered I/O in the backend")
     parser.add_argument("--dd-direct", action="store_true", help="dd reads with iflag=direct")
     parser.add_argument("--sync", choices=[m.value for m in SyncMode], default="batch")
+    parser.add_argument(
+        "--disk-encrypt", action="store_true", help="pages encrypted (--cache-encrypt)"
+    )
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,7 @@ class DiskBenchOptions:
     no_direct_io: bool = False
     dd_direct: bool = False
     sync: str = "batch"
+    disk_encrypt: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace | DiskBenchOptions) -> DiskBenchOptions:
@@ -122,6 +132,7 @@ def _one_round(folder: Path, pool: np.ndarray, pages: int, opts: DiskBenchOption
         io_threads=opts.io_threads,
         sync=SyncMode(opts.sync),
         direct_io=not opts.no_direct_io,
+        keys=PageKeys((os.urandom(32).hex().encode(),), True) if opts.disk_encrypt else None,
     )
     disk = DiskBackend(cfg)
     try:
@@ -179,7 +190,8 @@ def measure(args: argparse.Namespace | DiskBenchOptions) -> dict:
         "runs": [{k: round(r[k], 3) for k in keys} for r in runs],
         "cold_read_method": runs[0]["_method"],
         "backend_io": ("O_DIRECT" if runs[0]["_direct"] else "buffered")
-        + f", {opts.io_threads} threads, sync={opts.sync}, {opts.batch_pages} pages per put/get",
+        + f", {opts.io_threads} threads, sync={opts.sync}, {opts.batch_pages} pages per put/get"
+        + (", AES-256-GCM encrypted (--cache-encrypt)" if opts.disk_encrypt else ""),
         "dd": "bs=1M conv=fsync; read bs=1M" + (" iflag=direct" if opts.dd_direct else ""),
         "order": "per round: dd, ours, ours, dd writes; drop caches; the same order for reads;"
         " files deleted only after the last round",

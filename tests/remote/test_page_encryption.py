@@ -20,11 +20,14 @@ from pools import ALIGNED, NAMESPACE, SMALL, Pool, new_hashes, refs
 from redis_server import RedisServer
 
 from asynchicache.config import CacheConfig, ServiceTuning
+from asynchicache.integrations.vllm.config import ConnectorConfig
+from asynchicache.integrations.vllm.service_process import service_args
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
 from asynchicache.storage.header import decode_header, encode_header, peek_header_len
 from asynchicache.storage.page_keys import PageKeys
 from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
+from asynchicache.storage.service import cli as service_cli
 from asynchicache.storage.service.config import service_argv
 
 OLD = b"old-secret-" + b"o" * 32
@@ -194,3 +197,12 @@ def test_cache_encrypt_needs_a_key_file(tmp_path: Path) -> None:
     cache = CacheConfig(disk_cache_dir=tmp_path, cache_key_file=keys, cache_encrypt=True)
     argv = service_argv(cache, ServiceTuning())
     assert argv[argv.index("--cache-key-file") + 1] == str(keys) and "--cache-encrypt" in argv
+
+
+def test_the_vllm_connector_passes_encryption_to_the_service_it_starts(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cache_encrypt needs cache_key_file"):
+        ConnectorConfig.from_extra({"cache_encrypt": "true"})
+    extra = {"cache_key_file": str(tmp_path / "keys"), "cache_encrypt": "true",
+             "disk_cache_dir": str(tmp_path / "kv")}  # fmt: skip
+    service = service_cli.config_from_args(service_args(ConnectorConfig.from_extra(extra)))
+    assert service.key_file == tmp_path / "keys" and service.encrypt

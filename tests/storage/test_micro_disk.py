@@ -15,3 +15,10 @@ def test_measure_small(tmp_path: Path) -> None:
     assert out["backend_io"].startswith("O_DIRECT")
     assert "posix_fadvise" in out["cold_read_method"]
     assert not list((tmp_path / "bench").rglob("*.kv"))  # it cleans up after itself
+
+
+def test_measure_small_encrypted(tmp_path: Path) -> None:
+    opts = DiskBenchOptions(total_mb=8, repeats=1, bench_dir=tmp_path / "b", disk_encrypt=True)
+    out = measure(opts)
+    assert out["disk_write_GBps"] > 0 and out["disk_read_cold_GBps"] > 0
+    assert out["backend_io"].startswith("O_DIRECT") and "AES-256-GCM" in out["backend_io"]

@@ -71,9 +71,20 @@ class ConnectorConfig:
     # holds; O_DIRECT skips it and waits on the device (a 1,500-token prompt read
     # 40 ms buffered, 0.6-0.8 s O_DIRECT on this busy VM).
     direct_io: bool = False
+    # A service we start signs (and, cache_encrypt, encrypts) every L3/L4 page with the
+    # secrets of this file: serve's --cache-key-file / --cache-encrypt (docs/security.md).
+    cache_key_file: Path | None = None
+    cache_encrypt: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disk_cache_dir", Path(self.disk_cache_dir).expanduser())
+        if self.cache_key_file is not None:
+            object.__setattr__(self, "cache_key_file", Path(self.cache_key_file).expanduser())
+        if self.cache_encrypt and self.cache_key_file is None:
+            raise ValueError(
+                "kv_connector_extra_config.cache_encrypt needs cache_key_file (the pages' "
+                "keys derive from its secrets)"
+            )
         for name in (
             "disk_cache_gb",
             "host_cache_gb",

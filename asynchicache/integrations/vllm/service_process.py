@@ -91,6 +91,8 @@ def service_args(config: ConnectorConfig) -> list[str]:
         disk_cache_gb=config.disk_cache_gb,
         remote_url=config.remote_url,
         remote_ttl_s=config.remote_ttl_s,
+        cache_key_file=config.cache_key_file,
+        cache_encrypt=config.cache_encrypt,
     )
     args = ["--disk-cache-dir", str(config.disk_cache_dir), "--socket", config.service_address]
     args += service_argv(cache, ServiceTuning())
