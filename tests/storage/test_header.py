@@ -160,3 +160,13 @@ def test_an_unknown_cipher_is_a_header_error() -> None:
     struct.pack_into("<Q", fixed, end, xxhash.xxh3_64_intdigest(bytes(fixed[:end])))
     with pytest.raises(HeaderError, match="cipher"):
         decode_header(bytes(fixed))
+
+
+def test_the_encrypted_flag_round_trips_and_is_covered_by_the_header_checksum() -> None:
+    h = replace(_header(), key_id=b"k" * 8, mac=b"m" * 32, encrypted=True)
+    raw = encode_header(h)
+    assert decode_header(raw) == h and not decode_header(encode_header(_header())).encrypted
+    flipped = bytearray(raw)
+    flipped[struct.calcsize("<8sHIQ16s16s16s8s32sHIBBB") - 1] ^= 1  # the cipher byte
+    with pytest.raises(HeaderError):
+        decode_header(bytes(flipped))
