@@ -6,6 +6,10 @@ device flush for the batch; an fdatasync per file costs a flush per page, a
 third of the write bandwidth here), then renames them: a crash never leaves
 half a file under a real name.
 
+With --cache-encrypt a page's file holds its AES-GCM ciphertext, written from
+this I/O thread's aligned scratch buffer instead of the slot
+(storage.header.seal_page, storage.page_cipher).
+
 `PageWriter` also owns the O_DIRECT decision for its folder: the first open
 a filesystem refuses with EINVAL (tmpfs, some FUSE) switches reads and writes
 to buffered I/O for good.
