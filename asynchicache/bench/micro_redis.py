@@ -22,6 +22,9 @@ folder; or `--redis-url` for one already running):
   (AES-256-GCM into per-thread scratch, the tag in place of the MAC,
   storage.page_cipher), after the keyed arm; `enc_put_ratio`/`enc_get_ratio`
   are plain / encrypted throughput (the same bound);
+* `cpu_*_s_per_GB`: this process's CPU seconds (all threads) per GB of each arm,
+  and `*_cpu_ratio`: keyed / plain CPU (less sensitive to a busy host than the
+  throughput ratios; the redis-server's CPU is not counted);
 * `sweep`: get GB/s by I/O threads x pages per pipelined batch.
 
 GB/s count page payload bytes, 1e9 per GB; medians over the repeats.
@@ -38,7 +41,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -134,16 +137,17 @@ def _one_round(url: str, pool: np.ndarray, pages: int, args: argparse.Namespace)
     try:
         backend.clear()
         hashes = [os.urandom(16) for _ in range(pages)]
-        put_s = micro_pages.put_all(backend, pool, hashes, args.redis_call_pages)
-        get_s = micro_pages.get_all(backend, pool, hashes, args.redis_call_pages)
+        put_s, put_cpu = _timed(micro_pages.put_all, backend, pool, hashes, args.redis_call_pages)
+        get_s, get_cpu = _timed(micro_pages.get_all, backend, pool, hashes, args.redis_call_pages)
         keys = [backend.key(h) for h in hashes]
         naive_s = _naive_get_all(naive, keys, pool, args.redis_call_pages)
         backend.clear()
     finally:
         naive.close()
         backend.close()
-    mac_put_s, mac_get_s = _keyed_round(url, pool, pages, args, encrypt=False)
-    enc_put_s, enc_get_s = _keyed_round(url, pool, pages, args, encrypt=True)
+    (mac_put_s, mac_put_cpu), (mac_get_s, mac_get_cpu) = _keyed_round(url, pool, pages, args, False)
+    (enc_put_s, enc_put_cpu), (enc_get_s, enc_get_cpu) = _keyed_round(url, pool, pages, args, True)
+    gb = total / 1e9
     return {
         "redis_put_GBps": total / put_s / 1e9,
         "redis_get_GBps": total / get_s / 1e9,
@@ -152,27 +156,40 @@ def _one_round(url: str, pool: np.ndarray, pages: int, args: argparse.Namespace)
         "redis_mac_get_GBps": total / mac_get_s / 1e9,
         "redis_enc_put_GBps": total / enc_put_s / 1e9,
         "redis_enc_get_GBps": total / enc_get_s / 1e9,
+        "cpu_put_s_per_GB": put_cpu / gb,
+        "cpu_get_s_per_GB": get_cpu / gb,
+        "cpu_mac_put_s_per_GB": mac_put_cpu / gb,
+        "cpu_mac_get_s_per_GB": mac_get_cpu / gb,
+        "cpu_enc_put_s_per_GB": enc_put_cpu / gb,
+        "cpu_enc_get_s_per_GB": enc_get_cpu / gb,
     }
+
+
+def _timed(fn: Callable[..., float], *args: object) -> tuple[float, float]:
+    """`fn`'s own wall seconds, and this process's CPU seconds (all its threads) meanwhile."""
+    cpu = time.process_time()
+    wall = fn(*args)
+    return wall, time.process_time() - cpu
 
 
 def _keyed_round(
     url: str, pool: np.ndarray, pages: int, args: argparse.Namespace, encrypt: bool
-) -> tuple[float, float]:
-    """Seconds of `put` and `get` of every page with a key file's MAC on each value (or,
-    `encrypt`, each value AES-GCM encrypted)."""
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Wall and CPU seconds of `put` and `get` of every page with a key file's MAC on each
+    value (or, `encrypt`, each value AES-GCM encrypted)."""
     keys = PageKeys((os.urandom(32).hex().encode(),), encrypt)
     backend = _backend(url, args.redis_threads, args.redis_batch_pages, keys)
     try:
         backend.clear()
         hashes = [os.urandom(16) for _ in range(pages)]
-        put_s = micro_pages.put_all(backend, pool, hashes, args.redis_call_pages)
-        get_s = micro_pages.get_all(backend, pool, hashes, args.redis_call_pages)
+        put = _timed(micro_pages.put_all, backend, pool, hashes, args.redis_call_pages)
+        get = _timed(micro_pages.get_all, backend, pool, hashes, args.redis_call_pages)
         if backend.stats().extra.get("mac_failures", 0.0):
             raise RuntimeError("signed (or encrypted) pages failed their MAC (or tag)")
         backend.clear()
     finally:
         backend.close()
-    return put_s, get_s
+    return put, get
 
 
 def _sweep(url: str, pool: np.ndarray, pages: int, args: argparse.Namespace) -> dict[str, float]:
@@ -212,6 +229,12 @@ def measure(args: argparse.Namespace) -> dict:
         "mac_get_ratio": round(medians["redis_get_GBps"] / medians["redis_mac_get_GBps"], 3),
         "enc_put_ratio": round(medians["redis_put_GBps"] / medians["redis_enc_put_GBps"], 3),
         "enc_get_ratio": round(medians["redis_get_GBps"] / medians["redis_enc_get_GBps"], 3),
+        # CPU seconds of this process per GB moved, keyed / plain: what a busy host shows
+        # less than throughput does (the redis-server's CPU is not counted).
+        "mac_put_cpu_ratio": _ratio(medians, "cpu_mac_put_s_per_GB", "cpu_put_s_per_GB"),
+        "mac_get_cpu_ratio": _ratio(medians, "cpu_mac_get_s_per_GB", "cpu_get_s_per_GB"),
+        "enc_put_cpu_ratio": _ratio(medians, "cpu_enc_put_s_per_GB", "cpu_put_s_per_GB"),
+        "enc_get_cpu_ratio": _ratio(medians, "cpu_enc_get_s_per_GB", "cpu_get_s_per_GB"),
         "runs": [{k: round(r[k], 3) for k in keys} for r in runs],
         "sweep_get_GBps": sweep,
         "backend": f"{args.redis_threads} threads, {args.redis_batch_pages} pages per pipeline, "
@@ -221,6 +244,10 @@ def measure(args: argparse.Namespace) -> dict:
         "page_bytes": DEFAULT_LAYOUT.page_bytes,
         "total_MB": round(pages * DEFAULT_LAYOUT.page_bytes / 1e6, 1),
     }
+
+
+def _ratio(medians: dict[str, float], num: str, den: str) -> float:
+    return round(medians[num] / medians[den], 3) if medians[den] else 0.0
 
 
 @contextmanager

@@ -262,14 +262,19 @@ def open_page(
     if header.encrypted:
         if keys is None or keys.cipher is None:
             return "encrypted page (this reader has no --cache-encrypt)"
-        aad = encode_header(replace(header, mac=b""))
-        why = keys.cipher.open_into(header.key_id, header.mac, aad, body, dst)
+        why = keys.cipher.open_into(header.key_id, header.mac, associated_data(header), body, dst)
         return None if why is None else MacMismatch(why)
     if keys is not None and keys.cipher is not None:
         return MacMismatch("page not encrypted (--cache-encrypt wants every page encrypted)")
     if payload_checksum(body) != header.payload_checksum:
         return "payload checksum mismatch"
     return mac_problem(header, keys, body)
+
+
+def associated_data(header: PageHeader) -> bytes:
+    """What an encrypted page's GCM tag authenticates besides the ciphertext: its encoded
+    header with the MAC field (nonce and tag) zeroed."""
+    return encode_header(replace(header, mac=b""))
 
 
 def body_buffer(keys: NamespaceKeys | None, dst: memoryview) -> memoryview:

@@ -11,7 +11,8 @@ stream in full, so the connection stays usable for the replies after it.
 
 With --cache-encrypt (storage.page_cipher) the SET sends the page's
 ciphertext from a per-thread scratch buffer (one per page of a pipelined
-batch), and a GET receives it into scratch and decrypts it into the slot.
+batch), and a GET receives it piece by piece into scratch, decrypting each
+piece into the slot as it arrives (`RECEIVE_CHUNK`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from asynchicache.storage.header import (
     HEADER_ALIGN,
     HeaderError,
     PageHeader,
+    associated_data,
     body_buffer,
     decode_header,
     open_page,
     peek_header_len,
     seal_page,
 )
+from asynchicache.storage.page_cipher import RECEIVE_CHUNK, UNKNOWN_KEY, PageCipher, finish
 from asynchicache.storage.page_keys import MacMismatch, NamespaceKeys
 from asynchicache.storage.remote.resp import RespConnection
 
@@ -101,6 +104,10 @@ class ValueFormat:
             conn.skip(n - header.header_len)
             conn.end_bulk()
             raise ValueRejected(problem)
+        cipher = self.keys.cipher if self.keys is not None else None
+        if header.encrypted and cipher is not None:  # (_problem refused it otherwise)
+            self._receive_encrypted(conn, header, cipher, dst)
+            return header
         body = body_buffer(self.keys, dst)  # the L2 slot itself, unless encrypted
         conn.read_into(body)  # [page_bytes]
         conn.end_bulk()
@@ -110,6 +117,26 @@ class ValueFormat:
         if problem is not None:
             raise ValueRejected(problem)
         return header
+
+    def _receive_encrypted(
+        self, conn: RespConnection, header: PageHeader, cipher: PageCipher, dst: memoryview
+    ) -> None:
+        """Receive an encrypted payload piece by piece into scratch, decrypting each piece
+        into `dst` while it is in cache; MacRejected (value consumed) if the tag fails."""
+        dec = cipher.decryptor(header.key_id, header.mac, associated_data(header))
+        if dec is None:
+            conn.skip(header.payload_len)
+            conn.end_bulk()
+            raise MacRejected(UNKNOWN_KEY)
+        chunk = cipher.scratch.get(0, min(RECEIVE_CHUNK, len(dst)))
+        for off in range(0, len(dst), len(chunk)):
+            part = chunk[: min(len(chunk), len(dst) - off)]
+            conn.read_into(part)
+            dec.update_into(part, dst[off : off + len(part)])
+        conn.end_bulk()
+        why = finish(dec)
+        if why is not None:
+            raise MacRejected(why)
 
     def _read_header(self, conn: RespConnection, n: int) -> PageHeader:
         """The header of an `n`-byte value (longer headers read on); ValueRejected if bad."""
