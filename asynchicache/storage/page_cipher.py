@@ -16,10 +16,11 @@ BLAKE3 MAC (storage.page_keys): one pass over the payload, not two.
     checksum   zeros: an xxh3 of the plaintext would fingerprint it, and the tag
                already covers every ciphertext byte
 
-Invariants: a page is decrypted only into the caller's destination after its
-ciphertext is fully received; a tag that does not verify is a `MacMismatch`
-(counted in `mac_failures`, the page a miss), and the destination then holds
-garbage that no caller may use. Ciphertext goes through per-thread scratch
+Invariants: a page's plaintext is written only into the caller's destination
+(its L2 slot), and its tag is checked after the last byte (an L4 read decrypts
+piece by piece as the bytes arrive); a tag that does not verify is a
+`MacMismatch` (counted in `mac_failures`, the page a miss), and the
+destination then holds garbage that no caller may use. Ciphertext goes through per-thread scratch
 buffers (`CipherScratch`), never a new object per page: `update_into` writes
 straight into them and OpenSSL releases the GIL, so I/O threads overlap.
 """
