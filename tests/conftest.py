@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from pools import Pool, pool_factory
 from shm_leftovers import snapshot, wait_no_leftovers
 
 from asynchicache.cache.ledger import STRICT_ENV
+from asynchicache.engine.models.op_choice import RECORD_DIR_ENV
 
 if TYPE_CHECKING:  # imported by the fixtures that need them (this file is loaded by every run)
     from asynchicache.engine.loader import LoadedModel
@@ -38,6 +40,11 @@ reaper.start()
 # An illegal page or slot transition raises in every cache the tests build, in
 # this process and in the servers it starts (production only counts and logs it).
 os.environ.setdefault(STRICT_ENV, "1")
+
+# Ours or torch's per op (engine/models/op_choice.py) is measured and recorded once per
+# host: in a folder of this run's, never the host's record (cores busy with tests measure
+# noise, and the record would name a developer's server's pages afterwards).
+os.environ.setdefault(RECORD_DIR_ENV, tempfile.mkdtemp(prefix="asynchicache-op-choice-"))
 
 # The models this process runs (in-process engines, transformers' references) compute on
 # one torch thread: the process shares two cores with the servers it starts and, in

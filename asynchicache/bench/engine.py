@@ -50,9 +50,9 @@ from asynchicache.bench.output import add_output_arguments, print_report, write_
 from asynchicache.cache.pools import KVLayout
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.models.native import KernelThreads
-from asynchicache.engine.models.op_choice import OpChoice, measured_choice
+from asynchicache.engine.models.op_choice import FORWARD_TOKENS, OpChoice, measured_choice
 from asynchicache.engine.protocol import SamplingParams
-from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
+from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel, prefill_timer
 from asynchicache.engine.sampler import sample
 
 PAGE_SIZE = 16
@@ -209,8 +209,10 @@ def engine_kernel(loaded: LoadedModel) -> tuple[KernelThreads | None, OpChoice]:
     """The native kernel the engine runs for `loaded` (None: torch's ops) and its choice."""
     dtype = loaded.model.embed_tokens.weight.dtype
     kernel = attention_kernel(loaded.config, dtype, torch.device(loaded.device))
-    choice = measured_choice(kernel, loaded.config) if kernel is not None else OpChoice()
-    return kernel, choice
+    if kernel is None:
+        return None, OpChoice()
+    prefill = prefill_timer(loaded.model, kernel, FORWARD_TOKENS)
+    return kernel, measured_choice(kernel, loaded.config, prefill=prefill)
 
 
 def our_prefill(loaded: LoadedModel, args: BenchArgs, native: bool = True) -> Callable[[], float]:

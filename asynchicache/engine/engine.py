@@ -30,7 +30,7 @@ from asynchicache.engine.isolation import (
 )
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.logprobs import collect_prompt_logprobs
-from asynchicache.engine.models.op_choice import OpChoice, measured_choice
+from asynchicache.engine.models.op_choice import FORWARD_TOKENS, OpChoice, measured_choice
 from asynchicache.engine.prefill_policy import MIN_STEP_TOKENS
 from asynchicache.engine.prompt_logits import PromptLogits
 from asynchicache.engine.protocol import (
@@ -47,6 +47,7 @@ from asynchicache.engine.runner import (
     ModelRunner,
     attention_kernel,
     numerics_version,
+    prefill_timer,
 )
 from asynchicache.engine.sampler import Pick
 from asynchicache.engine.scheduler import Scheduler
@@ -93,7 +94,10 @@ class Engine:
         kernel = attention_kernel(mc, dtype, device)  # its choice is part of the namespace
         # Ours or torch's per op and shape class, measured (the warm-up's budget pays for it).
         began = time.monotonic()
-        self.op_choice = measured_choice(kernel, mc) if kernel is not None else OpChoice()
+        self.op_choice = OpChoice()
+        if kernel is not None:
+            prefill = prefill_timer(self.loaded.model, kernel, FORWARD_TOKENS)
+            self.op_choice = measured_choice(kernel, mc, prefill=prefill)
         self.op_choice_s = time.monotonic() - began
         self.namespace = Namespace(
             self.loaded.fingerprint,

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -79,6 +80,28 @@ def numerics_version(kernel: KernelThreads | None, choice: OpChoice | None = Non
         return NUMERICS_VERSION
     base = NATIVE8_NUMERICS_VERSION if kernel.kernel.lanes == 8 else NATIVE_NUMERICS_VERSION
     return (choice or OpChoice()).version(base)
+
+
+def prefill_timer(
+    model: LlamaForCausalLM, kernel: KernelThreads, tokens: int
+) -> Callable[[OpChoice], float]:
+    """choice -> seconds of one prefill of `tokens` tokens with `kernel` and `choice`, into
+    a private pool (what `op_choice.settle` compares)."""
+    c, page_size = model.config, 16
+    pages = -(-tokens // page_size)
+    weight = model.embed_tokens.weight
+    pool = torch.zeros(pages, c.num_layers, 2, page_size, c.num_kv_heads, c.head_dim,
+                       dtype=weight.dtype, device=weight.device)  # fmt: skip
+    ids = [(7 * i + 3) % c.vocab_size for i in range(tokens)]
+    batch = ForwardBatch([ids], [0], [list(range(pages))])
+
+    def run(choice: OpChoice) -> float:
+        runner = ModelRunner(model, pool, page_size, kernel, choice)
+        began = time.perf_counter()
+        runner.forward(batch)
+        return time.perf_counter() - began
+
+    return run
 
 
 @dataclass(frozen=True)

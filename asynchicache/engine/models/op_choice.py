@@ -14,7 +14,7 @@ PREFILL_MIN_ROWS or more rows are a prefill).
 Invariants:
 - Torch takes an (op, class) only when faster by more than MARGIN: a near tie keeps ours,
   so that noise does not flip the choice (and with it the pages' names) between starts.
-- One choice per host, build, model shape and thread count: the first measurement is
+- One choice per host (its cores), build and model shape: the first measurement is
   recorded (never overwritten) and read back by every later process.
 - The choice changes the KV's last bits, so it is part of the page names: `version(base)`
   folds it into the namespace's numerics version; the all-native choice gives `base`
@@ -36,6 +36,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,13 +57,19 @@ log = logging.getLogger(__name__)
 OPS = ("attention", "rms_norm", "add_rms_norm", "silu_mul", "rotary", "scatter")
 CLASSES = ("prefill", "decode")
 PAIRS = tuple((op, cls) for op in OPS for cls in CLASSES)  # bit i of a version: PAIRS[i]
+PREFILL_PAIRS = frozenset(pair for pair in PAIRS if pair[1] == "prefill")
 PREFILL_MIN_ROWS = 64  # a forward of this many rows or more is a prefill
 MARGIN = 0.05  # torch must be this much faster (relative) to be chosen
 MEASURE_BUDGET_S = 0.8
-MAX_ROUNDS = 9  # of the measurement (a tiny model's rounds take microseconds)
+MAX_ROUNDS = 9
+FORWARD_TOKENS = 128  # of the whole prefills `settle` compares (~0.2 s on an AVX2 build)
+FORWARD_ROUNDS = 2  # of the measurement (a tiny model's rounds take microseconds)
 PREFILL_PROBE_ROWS = 1024  # rows of the prefill shape measured
 DECODE_PROBE_ROWS = 8  # sequences of the decode shape, each over PREFILL_PROBE_ROWS keys
 PAGE_SIZE = 16
+# Where choices are recorded (default: beside the kernel build). Tests point it at a fresh
+# folder: a choice measured on cores busy with a test run would name a server's pages later.
+RECORD_DIR_ENV = "ASYNCHICACHE_OP_CHOICE_DIR"
 # A version with a choice in it: this flag, the base version << 12, the torch pairs' bits.
 _CHOSEN_FLAG = 1 << 16
 
@@ -180,10 +187,38 @@ def measure(
     return {pair: Timing(best[pair][0], best[pair][1], wins[pair] / (rounds - 1)) for pair in PAIRS}
 
 
-def measured_choice(
-    threads: KernelThreads, config: ModelConfig, budget_s: float = MEASURE_BUDGET_S
+def settle(
+    choice: OpChoice, prefill: Callable[[OpChoice], float], rounds: int = FORWARD_ROUNDS
 ) -> OpChoice:
-    """This host's choice for this build, model shape and thread count: the one recorded
+    """`choice`, or torch's ops for every prefill pair where a whole prefill with those is
+    faster by MARGIN (best of `rounds` after a warm-up, in most rounds too). Ops timed
+    alone miss what they do to each other: our kernels' threads and torch's OpenMP
+    threads share the cores, and a forward alternates between them. `prefill(choice)`:
+    seconds of one prefill forward computed with `choice`."""
+    alternative = OpChoice(choice.torch_pairs | PREFILL_PAIRS, choice.prefill_rows)
+    if alternative == choice:
+        return choice
+    best, wins = [math.inf, math.inf], 0
+    for round_ in range(rounds + 1):
+        order = (0, 1) if round_ % 2 else (1, 0)
+        took = {i: prefill((choice, alternative)[i]) for i in order}
+        if round_:
+            best = [min(best[0], took[0]), min(best[1], took[1])]
+            wins += took[1] < took[0]
+    faster = best[1] * (1 + MARGIN) < best[0] and wins * 2 > rounds
+    log.info("op choice, whole prefills: %.1f ms with %s, %.1f ms with torch's ops for "
+             "prefills (faster in %d of %d rounds)", best[0] * 1e3, choice, best[1] * 1e3,
+             wins, rounds)  # fmt: skip
+    return alternative if faster else choice
+
+
+def measured_choice(
+    threads: KernelThreads,
+    config: ModelConfig,
+    budget_s: float = MEASURE_BUDGET_S,
+    prefill: Callable[[OpChoice], float] | None = None,
+) -> OpChoice:
+    """This host's choice for this build and model shape: the one recorded
     beside the build (`_record`) where there is one, else `choose(measure(...))`, recorded
     there (the first process's stands: every server of a host names its pages alike)."""
     record = _record(threads, config)
@@ -193,36 +228,61 @@ def measured_choice(
         return choice
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    return remeasure(threads, config, budget_s, prefill, replace=False)
+
+
+def remeasure(
+    threads: KernelThreads,
+    config: ModelConfig,
+    budget_s: float,
+    prefill: Callable[[OpChoice], float] | None,
+    replace: bool,
+) -> OpChoice:
+    """Measure (per op, then whole prefills where `prefill` is given: `settle`) and record
+    the choice; `replace`: over an existing record (an operator's `python -m
+    asynchicache.engine.models.op_choice` on a quiet machine), else the record another
+    process wrote meanwhile wins."""
+    record = _record(threads, config)
     timings = measure(threads, config, budget_s)
     choice = choose(timings)
-    shown = {f"{op}/{c}": f"{t.native_s * 1e3:.3f}/{t.torch_s * 1e3:.3f}"
+    if prefill is not None:
+        choice = settle(choice, prefill)
+    shown = {f"{op}/{c}": f"{t.native_s * 1e3:.3f}/{t.torch_s * 1e3:.3f}/{t.torch_wins:.2f}"
              for (op, c), t in timings.items()}  # fmt: skip
-    log.info("op choice (%s build), measured: %s; ms ours/torch %s",
+    log.info("op choice (%s build), measured: %s; ms ours/torch/torch's share of wins %s",
              threads.kernel.isa, choice, shown)  # fmt: skip
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".choice-", dir=record.parent)
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w") as f:
             json.dump({"torch": sorted(map(list, choice.torch_pairs)), "ms": shown}, f)
         try:
-            os.link(tmp, record)  # never replaces another process's record
+            if replace:
+                os.replace(tmp, record)
+            else:
+                os.link(tmp, record)  # never replaces another process's record
         except FileExistsError:
             choice = _decode(json.loads(record.read_text()))
         finally:
-            os.unlink(tmp)
+            Path(tmp).unlink(missing_ok=True)
     except OSError as exc:
         log.warning("op choice not recorded at %s (%s)", record, exc)
     return choice
 
 
 def _record(threads: KernelThreads, config: ModelConfig) -> Path:
-    """Where this build's choice for this model shape and thread count is kept."""
+    """Where this build's choice for this model shape and host is kept."""
     c = config
     shape = (c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim)
-    key = f"{shape}{threads.parts()}{torch.__version__}{PREFILL_MIN_ROWS}{MARGIN}"
+    # The cores this process may use, not the thread count of the moment (which follows the
+    # load: a record per load would name pages by the load at start-up).
+    cores = len(os.sched_getaffinity(0))
+    key = f"{shape}{cores}{torch.__version__}{PREFILL_MIN_ROWS}{MARGIN}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     library = threads.kernel.library
-    return library.with_name(f"{library.stem}.choice-{digest}.json")
+    folder = Path(os.environ.get(RECORD_DIR_ENV) or library.parent)
+    return folder / f"{library.stem}.choice-{digest}.json"
 
 
 def _decode(data: dict[str, list[list[str]]]) -> OpChoice:
@@ -333,3 +393,40 @@ class ChosenRowOps(RowOps):
         self, pool: torch.Tensor, rows: torch.Tensor, pages: torch.Tensor, offsets: torch.Tensor
     ) -> None:
         self._ops("scatter", rows.shape[0]).scatter_(pool, rows, pages, offsets)
+
+
+def main() -> int:
+    """`python -m asynchicache.engine.models.op_choice [--model M] [--threads N]`: measure this
+    host's choice anew (on a quiet machine: its record names every later start's pages)
+    and record it over the old one; prints it."""
+    import argparse
+
+    from asynchicache.engine.loader import load_model
+    from asynchicache.engine.models import native
+    from asynchicache.engine.runner import prefill_timer
+
+    parser = argparse.ArgumentParser(prog="asynchicache.engine.models.op_choice")
+    parser.add_argument("--model", default=None, help="HF folder or GGUF (default: SmolLM2)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (the engine's)")
+    parser.add_argument("--budget-s", type=float, default=3.0)
+    ns = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    if ns.threads:
+        torch.set_num_threads(ns.threads)
+    loaded = load_model(ns.model)
+    kernel = native.load()
+    if kernel is None:
+        print("no native kernels here: torch's ops everywhere")
+        return 1
+    cores = torch.get_num_threads()
+    with ThreadPoolExecutor(max(1, cores - 1)) as workers:
+        threads = KernelThreads(kernel, workers if cores > 1 else None)
+        prefill = prefill_timer(loaded.model, threads, FORWARD_TOKENS)
+        choice = remeasure(threads, loaded.config, ns.budget_s, prefill, replace=True)
+        print(json.dumps({"build": kernel.isa, "record": str(_record(threads, loaded.config)),
+                          "op_choice": choice.table()}))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
