@@ -174,7 +174,9 @@ def test_whole_prefills_settle_what_ops_timed_alone_miss(
     # 716 tok/s): ours and torch's ops.
     seconds = {per_op: 1557 / 621, all_prefill: 1557 / 716}
     assert settle(per_op, seconds.__getitem__) == all_prefill
-    seconds = {per_op: 1557 / 953, all_prefill: 1557 / 980}  # AVX-512: within the margin
+    seconds = {per_op: 1557 / 953, all_prefill: 1557 / 980}  # AVX-512: 2.8%, past 2%
+    assert settle(per_op, seconds.__getitem__) == all_prefill
+    seconds = {per_op: 1.0, all_prefill: 0.99}  # a near tie keeps ours
     assert settle(per_op, seconds.__getitem__) == per_op
     assert settle(all_prefill, seconds.__getitem__) == all_prefill  # nothing to compare
     loaded = load_model(tiny_checkpoints["qwen3"])
