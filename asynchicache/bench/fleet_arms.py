@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +25,7 @@ import httpx
 from asynchicache.bench.fleet_router import Credits, RouterConfig, VllmRouter, Worker
 from asynchicache.bench.pressure_client import SERVED_NAME
 from asynchicache.bench.server_process import BenchServer, free_port
-from asynchicache.bench.vllm_process import metric_sum
+from asynchicache.bench.vllm_process import machine_cores, metric_sum
 from asynchicache.tiers import TIERS
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class Arm:
     name: str
     policy: str
     credits: Credits | None = None  # None: vllm-router's defaults
+    engine: str = "ours"  # the instances: "ours" (asynchicache serve) or "vllm" (+ connector)
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,10 @@ class Fleet:
     servers: list[BenchServer]
     router: VllmRouter
     workers: list[Worker] = field(default_factory=list)
+    counters_of: Callable[[BenchServer], Counters] = field(default=lambda s: _counters(s))
 
     def counters(self) -> list[Counters]:
-        return [_counters(s) for s in self.servers]
+        return [self.counters_of(s) for s in self.servers]
 
 
 def _metrics(url: str) -> dict[str, float]:
@@ -99,8 +101,17 @@ def _counters(server: BenchServer) -> Counters:
     return Counters(int(stats.get("computed_prompt_tokens") or 0), cached, requests)
 
 
+def threads_per_instance(instances: int) -> int:
+    """The engine threads each instance gets unless told (`--serve-arg=--threads`): the
+    cores over the instances (at least one), so that N engines do not each spin as many
+    threads as the host has cores."""
+    return max(1, machine_cores() // instances)
+
+
 def _serve_flags(spec: FleetSpec, disk: Path, events: str, replay: str) -> list[str]:
     model = [] if spec.model is None else ["--model", str(spec.model)]
+    if not any(a == "--threads" or a.startswith("--threads=") for a in spec.serve_args):
+        model += ["--threads", str(threads_per_instance(spec.instances))]
     return [*model, "--served-model-name", SERVED_NAME,
             "--device-cache-tokens", str(spec.l1_tokens),
             "--disk-cache-dir", str(disk), "--kv-events-shared-disk",

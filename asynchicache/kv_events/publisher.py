@@ -13,6 +13,10 @@ from vLLM's KV events (kv_events/wire.py). The engine publishes one numbered str
   at the external tier's cost and keeps them when this instance restarts (its L1/L2 go);
 * with nothing to say for `heartbeat_s`, it publishes an empty batch: a router learns of
   a restart (the numbers go back) or a lost batch (a gap) within that time;
+* a subscriber that joins gets a resync (the PUB socket is an XPUB, which hears each
+  subscription): a router that (re)starts learns every tier's contents at once, not as
+  pages happen to be stored again (vllm-router asks a replay source only on a gap, and
+  the first batch it sees is none);
 * a subscriber that lost batches asks the replay socket (vLLM's protocol,
   kv_events/replay.py) from the first one it lacks; one older than the replay buffer
   gets a resync: `AllBlocksCleared` and every tier's contents, published as ordinary
@@ -136,8 +140,9 @@ class KvEventPublisher:
         self._last_sync_try = 0.0
         self._topic = config.topic.encode()
         self._guard = CurveGuard(ctx, config.curve) if config.curve is not None else None
-        self._pub = self._socket(ctx, zmq.PUB, config.endpoint)
+        self._pub = self._socket(ctx, zmq.XPUB, config.endpoint)
         self._pub.setsockopt(zmq.SNDHWM, config.send_hwm)
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, not each topic's first
         self._pub.bind(config.endpoint)
         self.replays: ReplayServer | None = None
         if config.replay_endpoint is not None:
@@ -158,11 +163,25 @@ class KvEventPublisher:
 
     def tick(self) -> None:
         """Publish what changed (L1/L2 at most every `interval_s`); answer replay requests."""
+        if self._joined():  # one resync for however many joined since the last tick
+            self.resync(fresh=True)
         self._flush(force=False)
         if time.monotonic() - self._last_publish >= self.config.heartbeat_s:
             self._publish([])
         if self.replays is not None:
             self.replays.answer()
+
+    def _joined(self, most: int = 64) -> bool:
+        """Whether a subscriber joined since the last tick (the XPUB's queue of (un)subscribe
+        messages, `\\x01topic` / `\\x00topic`, drained; at most `most` a tick)."""
+        joined = False
+        for _ in range(most):
+            try:
+                msg = self._pub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            joined = joined or msg[:1] == b"\x01"
+        return joined
 
     def _flush(self, force: bool) -> None:
         events = self._storage_events()
@@ -245,12 +264,15 @@ class KvEventPublisher:
             except zmq.Again:  # PUB never blocks; a full subscriber loses the batch (a gap)
                 log.debug("KV event batch %d dropped", self.seq)
 
-    def resync(self) -> int:
-        """Publish every tier's contents from `AllBlocksCleared` on (at most once per
-        `min_interval_s`); returns the number of its first batch."""
+    def resync(self, fresh: bool = False) -> int:
+        """Publish every tier's contents from `AllBlocksCleared` on (for replays: at most
+        once per `min_interval_s`; `fresh`: now, for a subscriber that joined after the
+        last one); returns the number of its first batch."""
         now = time.monotonic()
         last = self._resync_at
-        recent = last is not None and now - last[0] < self.config.replay.min_interval_s
+        recent = (
+            not fresh and last is not None and now - last[0] < self.config.replay.min_interval_s
+        )
         if recent and last is not None and self.buffer and self.buffer[0][0] <= last[1]:
             return last[1]  # still buffered: askers share it
         self._flush(force=True)

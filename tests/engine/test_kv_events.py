@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 from kv_rig import Rig, kv_rig
 
 from asynchicache.kv_events import wire
@@ -63,3 +64,54 @@ def test_a_gap_is_detected_and_the_replay_recovers(rig: Rig) -> None:
         assert sub.counts() == rig.truth()
     finally:
         sub.close()
+
+
+def test_a_subscriber_that_joins_gets_every_tier_without_asking(rig: Rig) -> None:
+    """vllm-router asks for a replay only on a gap: one that (re)starts would otherwise
+    learn nothing of what was stored before it joined. The publisher hears the
+    subscription (XPUB) and resyncs: `AllBlocksCleared`, then every tier's contents."""
+    for k in range(0, 12, 3):
+        rig.put(k, k + 1, k + 2)
+        rig.publisher.tick()
+    first = KvEventSubscriber(rig.endpoint, rig.replay)
+    try:
+        first.request_replay()
+        rig.quiet(first)  # every store has reached the disk and been published
+    finally:
+        first.close()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(rig.endpoint)
+    try:
+        held: dict[str, set[int]] = {}
+        deadline = time.monotonic() + 10
+        while not any(isinstance(e, wire.AllBlocksCleared) for e in _events(sub, held)):
+            assert time.monotonic() < deadline, "no resync for the new subscriber"
+            rig.publisher.tick()
+        for _ in range(5):  # the rest of the resync's batches
+            rig.publisher.tick()
+            _events(sub, held)
+        truth = rig.truth()
+        assert {t: len(held.get(t, ())) for t in truth} == truth, (held, truth)
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+
+
+def _events(sub: zmq.Socket, held: dict[str, set[int]]) -> list[wire.Event]:
+    """The batches waiting on `sub`, applied to `held` (hashes by tier); their events."""
+    out: list[wire.Event] = []
+    while sub.poll(100):
+        _, _, payload = sub.recv_multipart()
+        for e in wire.decode(payload).events:
+            out.append(e)
+            if isinstance(e, wire.AllBlocksCleared):
+                held.clear()
+            elif isinstance(e, wire.BlockStored):
+                held.setdefault(wire.TIER_OF_MEDIUM[e.medium], set()).update(e.block_hashes)
+            else:
+                held.setdefault(wire.TIER_OF_MEDIUM[e.medium], set()).difference_update(
+                    e.block_hashes
+                )
+    return out

@@ -1,6 +1,7 @@
 """An instance restarts: within a heartbeat vllm-router (a real process) sees its batch
 numbers go back and drops what it announced, so no request is routed on the L1 pages the
-restart lost (issue 38).
+restart lost (issue 38). The router restarts: within 5 s it credits what the instances
+held before, from their replay sockets (`--kv-event-replay-source`).
 
 Not yet: the pages the restart kept (L3, L4) are not credited again. vllm-router 0.1.17
 drops the instance's pool-owned (L4) blocks with its own, and the restarted instance
@@ -9,14 +10,16 @@ which no router can match: docs/fleet.md."""
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from fleet_rig import Fleet, fleet_on_redis, lookup, prompt, send
+from fleet_rig import Fleet, Instance, fleet, fleet_on_redis, lookup, prompt, send
 
-from asynchicache.bench.fleet_router import Credits, RouterConfig
+from asynchicache.bench.fleet_router import Credits, RouterConfig, VllmRouter
 from asynchicache.bench.server_process import BenchServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -30,6 +33,22 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         tmp_path_factory.mktemp("restart"), (), RouterConfig(credits=CREDITS)
     ) as made:
         yield made
+
+
+def _restart(instance: Instance) -> BenchServer:
+    """`instance`'s server started again on its port (the router knows it by its URL) and
+    ready (its cache service too); the fixture stops it."""
+    again = BenchServer(
+        instance.server.flags, instance.server.log_path, instance.server.startup_timeout_s
+    )
+    again.port = instance.server.port
+    again._start_once()
+    instance.server.proc = again.proc
+    deadline = time.monotonic() + 120
+    while httpx.get(instance.url + "/ready", timeout=30).status_code != 200:
+        assert time.monotonic() < deadline, "the restarted instance never got ready"
+        time.sleep(0.5)
+    return again
 
 
 def test_a_restart_drops_its_own_tiers_from_the_router_but_not_l4(pair: Fleet) -> None:
@@ -46,14 +65,7 @@ def test_a_restart_drops_its_own_tiers_from_the_router_but_not_l4(pair: Fleet) -
     full = decision.credited
     time.sleep(2.0)  # write-through to L4
     b.server.stop()
-    again = BenchServer(b.server.flags, b.server.log_path, b.server.startup_timeout_s)
-    again.port = b.server.port  # the router knows it by its URL
-    again._start_once()
-    b.server.proc = again.proc  # the fixture stops it
-    deadline = time.monotonic() + 120
-    while httpx.get(b.url + "/ready", timeout=30).status_code != 200:  # its cache service too
-        assert time.monotonic() < deadline, "the restarted instance never got ready"
-        time.sleep(0.5)
+    again = _restart(b)
     try:
         held = lookup(b.url, text)
         assert held["disk"] + held["remote"] >= full - 16, held  # L3 and L4 kept its pages
@@ -64,3 +76,85 @@ def test_a_restart_drops_its_own_tiers_from_the_router_but_not_l4(pair: Fleet) -
             assert usage["disk"] + usage["remote"] >= full - 16, usage
     finally:
         b.server.proc = again.proc
+
+
+def test_a_restarted_router_credits_what_the_instances_held_within_5_s(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    root = tmp_path_factory.mktemp("router-restart")
+    with fleet(root, flags=("--no-disk-cache",)) as pair:
+        b = pair.instances[1]
+        text = prompt(78, 80)
+        send(b.url, text)
+        deadline = time.monotonic() + 20
+        while True:  # the steady value: b's L1 pages at full credit
+            decision, _ = pair.route(text + " first")
+            if decision.worker == b.url and decision.credited > 0:
+                break
+            assert time.monotonic() < deadline, decision
+            time.sleep(0.5)
+        steady = decision.credited
+        pair.router.stop()
+        again = VllmRouter(pair.router.config, pair.router.workers, root / "router-2.log")
+        pair.router = again
+        try:
+            again.start()  # its /health answers
+            started = time.monotonic()
+            while True:  # it learns b's holdings from b's replay socket, not from new traffic
+                try:
+                    decision, _ = pair.route(text + " again")
+                except httpx.HTTPStatusError:  # its workers are not in yet
+                    decision = None
+                if decision and decision.worker == b.url and decision.credited >= steady:
+                    break
+                assert time.monotonic() - started < 5.0, decision
+                time.sleep(0.2)
+        finally:
+            again.stop()
+
+
+def test_an_instance_killed_mid_run_fails_only_what_it_had_and_is_not_routed_to_after(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """One client sends distinct prompts through the router, one after the other, while
+    the instance that holds a prompt is killed (SIGKILL, its whole process group) and
+    started again: only a request already on it may fail, and once it is back the prompt
+    it held (L1 only: no disk, no L4) is credited nowhere."""
+    root = tmp_path_factory.mktemp("kill")
+    with fleet(root, flags=("--no-disk-cache",)) as pair:
+        b = pair.instances[1]
+        held = prompt(79, 80)
+        send(b.url, held)
+        outcomes: list[tuple[int, str | None]] = []  # (decisions logged before it, error)
+        stop = threading.Event()
+
+        def client() -> None:
+            for k in range(10_000):
+                if stop.is_set():
+                    return
+                seen = len(pair.router.decisions())
+                try:
+                    send(pair.router.url, prompt(1000 + k, 40))
+                    outcomes.append((seen, None))
+                except httpx.HTTPError as exc:
+                    outcomes.append((seen, repr(exc)))
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        try:
+            time.sleep(2.0)
+            killed_at = len(pair.router.decisions())
+            b.server.stop(sig=signal.SIGKILL)
+            time.sleep(2.0)  # traffic goes on while it is down
+            _restart(b)
+            time.sleep(2.0)  # its batches, numbered from 0 again, reach the router
+        finally:
+            stop.set()
+            thread.join(120)
+        decisions = pair.router.decisions()
+        for seen, error in outcomes:
+            if error is not None:  # only a request routed to b before the kill may fail
+                assert seen < killed_at and decisions[seen].worker == b.url, (seen, error)
+        assert sum(e is None for _, e in outcomes) >= len(outcomes) - 1, outcomes
+        decision, _ = pair.route(held + " again")
+        assert decision.credited == 0, decision  # b lost it; nobody else had it

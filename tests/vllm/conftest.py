@@ -9,14 +9,13 @@ matter, a tiny random Llama (SmolLM2's tokenizer) where speed matters.
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from redis_server import RedisServer, redis_server_binary
 from shm_leftovers import snapshot, wait_no_leftovers
+from tiny_llama import tiny_llama
 from tiny_pair import TinyPair
 
 from asynchicache.engine.export_hf import export_hf
@@ -29,17 +28,6 @@ if importlib.util.find_spec("vllm.entrypoints") is None:
     collect_ignore_glob = ["test_*.py"]
 else:
     collect_ignore = ["parts"]
-
-TINY = {
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": True,
-}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -60,22 +48,8 @@ def smollm_hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_hf(smollm_hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer random Llama (head_dim 32, as vLLM's CPU attention needs) with
-    SmolLM2's tokenizer."""
-    import transformers
-
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    config = transformers.LlamaConfig(vocab_size=49152, bos_token_id=1, eos_token_id=2, **TINY)
-    gen = torch.Generator().manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=gen) * 0.1
-            param.copy_(1.0 + noise if "norm" in name else noise)
-    model.save_pretrained(str(folder))
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(smollm_hf / name, folder / name)
-    return folder
+    """A 2-layer random Llama with SmolLM2's tokenizer (tests/support/tiny_llama.py)."""
+    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smollm_hf)
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY
 from inproc_vllm import PlainVllm
+from tiny_llama import TINY
 from tiny_pair import TinyPair
 from vllm_helpers import (
     CONNECTOR,

@@ -89,6 +89,8 @@ class HostTier:
         return next(self._ids)
 
     def register(self, job: Job) -> int:
+        if job.described is None:  # its request is live now; it may be gone when job is done
+            job.described = self._describe(job.req_id)
         job_id = next(self._ids)
         self.jobs[job_id] = job
         return job_id
@@ -120,12 +122,15 @@ class HostTier:
             return
         slots = [r.slot for r in refs]
         self.index.add_readers(slots)
-        self.announce(saved.req_id, refs, MEDIUM_CPU)
-        job = self.register(Job(JobKind.STORE, saved.req_id, slots, refs))
+        self.announce(saved, refs, MEDIUM_CPU)
+        job = self.register(
+            Job(JobKind.STORE, saved.req_id, slots, refs, described=saved.described)
+        )
         self.link.store(job, refs)
 
-    def announce(self, req_id: str, refs: list[PageRef], medium: str) -> None:
-        root, lora_name = self._describe(req_id)
+    def announce(self, job: Job, refs: list[PageRef], medium: str) -> None:
+        """`refs` of `job` now live in `medium` (KV events), named as when it was registered."""
+        root, lora_name = job.described or self._describe(job.req_id)
         self.events.stored(refs, medium, root, lora_name)
 
     # -- service events -----------------------------------------------------------
@@ -159,7 +164,7 @@ class HostTier:
                 self.stats.add("store_failures")
                 log.info("asynchicache store: %s", event.error)
             else:
-                self.announce(job.req_id, job.pages, MEDIUM_STORAGE)
+                self.announce(job, job.pages, MEDIUM_STORAGE)
             if event.settled:
                 del self.jobs[event.ticket]
                 self.index.drop_readers(job.slots)
@@ -179,7 +184,7 @@ class HostTier:
             slot = self.index.slot_of(ref.page_hash)
             if slot is not None:
                 ready.append(slot)
-        self.announce(job.req_id, fresh, MEDIUM_CPU)
+        self.announce(job, fresh, MEDIUM_CPU)
         if done.settled:
             self.index.release(job.slots[ok:])
             del self.jobs[job_id]

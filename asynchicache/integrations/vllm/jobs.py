@@ -22,3 +22,7 @@ class Job:
     slots: list[int]
     pages: list[PageRef] = field(default_factory=list)  # PREFETCH/SAVE_COPY: what the slots get
     lookup_key: int = 0
+    # Its request's chain root and LoRA name when it was registered (host_tier.py), for the
+    # KV events of its pages: the request may be gone when the job is done, and a first
+    # page is known as one by its parent being the root
+    described: tuple[bytes | None, str | None] | None = None

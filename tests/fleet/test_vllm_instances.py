@@ -1,0 +1,117 @@
+"""vLLM + our connector as the fleet's instances, behind a real vllm-router `kv_aware` fed
+by vLLM's own event publisher (issue 38): a prefix held by one instance in its device
+tier (vLLM's blocks, medium GPU) is routed to it at full credit; one held there only in
+the fleet's shared L3 (the connector's DISK pages) at `--kv-penalty-disk`.
+
+Two vLLM processes (.venv-vllm, the tiny random Llama), one L3 folder between them,
+each its own cache service; bench/fleet_vllm.py makes their flags (the same as `bench
+fleet`'s vLLM arm)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from fleet_rig import prompt
+from tiny_llama import tiny_llama
+
+from asynchicache.bench.fleet_router import Credits, Decision, RouterConfig, VllmRouter
+from asynchicache.bench.fleet_vllm import BLOCK, VllmInstanceSpec, vllm_instance, worker_of
+from asynchicache.bench.vllm_process import VllmServer, VllmThreads
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+CREDITS = Credits(host=0.8, disk=0.3, external=0.6)
+VLLM_PYTHON = Path(
+    os.environ.get("VLLM_PYTHON", Path(__file__).parents[2] / ".venv-vllm" / "bin" / "python")
+)
+BLOCK_BYTES = BLOCK * 2 * 2 * 2 * 32 * 4  # tokens x layers x K/V x kv heads x head_dim x fp32
+
+
+@dataclass
+class VllmFleet:
+    servers: list[VllmServer]
+    router: VllmRouter
+
+    def route(self, text: str) -> Decision:
+        seen = len(self.router.decisions())
+        body = {"model": "model", "prompt": text, "max_tokens": 1, "temperature": 0}
+        httpx.post(self.router.url + "/v1/completions", json=body, timeout=300).raise_for_status()
+        deadline = time.monotonic() + 10
+        while len(decisions := self.router.decisions()) <= seen:
+            assert time.monotonic() < deadline, "the router logged no decision"
+            time.sleep(0.05)
+        return decisions[seen]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmFleet]:
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"no vLLM venv at {VLLM_PYTHON} (make install-vllm)")
+    root = tmp_path_factory.mktemp("vllm-fleet")
+    from asynchicache.engine.export_hf import export_hf
+
+    model = tiny_llama(root / "model", export_hf(root / "smollm2-hf"))
+    spec = VllmInstanceSpec(
+        model, root / "kv", kv_cache_bytes=96 * BLOCK_BYTES, host_cache_bytes=20 * BLOCK_BYTES,
+        max_model_len=1024, python=str(VLLM_PYTHON), threads=VllmThreads.of(1),
+        # a loaded test machine must not turn hits into misses; a tiny model recomputes
+        # faster than most loads pay
+        extra_config={"lookup_timeout_s": 5.0, "load_policy": "always"},
+    )  # fmt: skip
+    made = [vllm_instance(spec, root, f"vllm{k}") for k in range(2)]
+    servers = [s for s, _ in made]
+    router = None
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda s: s.start(), servers))
+        workers = [worker_of(s, w) for s, w in made]
+        config = RouterConfig(block_size=BLOCK, model=str(model), credits=CREDITS)
+        router = VllmRouter(config, workers, root / "router.log")
+        router.start()
+        time.sleep(1.5)  # its subscriptions take hold (a SUB misses what came before)
+        yield VllmFleet(servers, router)
+    finally:
+        if router is not None:
+            router.stop()
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda s: s.stop(), servers))
+
+
+def _held(server: VllmServer, text: str) -> int:
+    """`text` computed on `server`; the prompt tokens its whole blocks cover."""
+    return server.complete(text, max_tokens=1)["usage"]["prompt_tokens"] // BLOCK * BLOCK
+
+
+def test_a_prefix_in_one_instances_device_tier_is_routed_to_it_at_full_credit(
+    pair: VllmFleet,
+) -> None:
+    holder = pair.servers[1]
+    text = prompt(201, 80)
+    held = _held(holder, text)
+    time.sleep(2.0)  # its events reach the router
+    decision = pair.route(text + " and then one more question")
+    assert decision.worker == holder.url, decision
+    assert decision.credited == held, (decision, held)
+
+
+def test_a_prefix_only_in_the_shared_l3_is_routed_at_the_disk_credit(pair: VllmFleet) -> None:
+    holder = pair.servers[1]
+    text = prompt(202, 80)
+    held = _held(holder, text)
+    time.sleep(2.0)  # the cache service stores its pages (DISK events)
+    # Other prompts push it out of vLLM's 96 blocks and the connector's 20-page L2.
+    for seed in range(210, 218):
+        holder.complete(prompt(seed, 100), max_tokens=1)
+    holder.complete([1, 2, 3], max_tokens=1)  # vLLM publishes a step's events as it steps
+    time.sleep(1.0)
+    decision = pair.route(text + " and then one more question")
+    assert decision.worker == holder.url, decision
+    expected = CREDITS.disk * held
+    assert abs(decision.credited - expected) <= BLOCK, (decision, expected)
