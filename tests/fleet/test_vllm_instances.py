@@ -59,7 +59,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmFleet]:
 
     model = tiny_llama(root / "model", export_hf(root / "smollm2-hf"))
     spec = VllmInstanceSpec(
-        model, root / "kv", kv_cache_bytes=96 * BLOCK_BYTES, host_cache_bytes=20 * BLOCK_BYTES,
+        model, root / "kv", kv_cache_bytes=96 * BLOCK_BYTES, host_cache_bytes=48 * BLOCK_BYTES,
         max_model_len=1024, python=str(VLLM_PYTHON), threads=VllmThreads.of(1),
         # a loaded test machine must not turn hits into misses; a tiny model recomputes
         # faster than most loads pay
@@ -106,7 +106,7 @@ def test_a_prefix_only_in_the_shared_l3_is_routed_at_the_disk_credit(pair: VllmF
     text = prompt(202, 80)
     held = _held(holder, text)
     time.sleep(2.0)  # the cache service stores its pages (DISK events)
-    # Other prompts push it out of vLLM's 96 blocks and the connector's 20-page L2.
+    # Other prompts push it out of vLLM's 96 blocks and the connector's 48-page L2.
     for seed in range(210, 218):
         holder.complete(prompt(seed, 100), max_tokens=1)
     holder.complete([1, 2, 3], max_tokens=1)  # vLLM publishes a step's events as it steps
