@@ -178,6 +178,8 @@ def test_whole_prefills_settle_what_ops_timed_alone_miss(
     assert settle(per_op, seconds.__getitem__) == all_prefill
     seconds = {per_op: 1.0, all_prefill: 0.99}  # a near tie keeps ours
     assert settle(per_op, seconds.__getitem__) == per_op
+    seconds = {per_op: 2.0, all_prefill: 1.0}  # no time for a counted round: ours stay
+    assert settle(per_op, seconds.__getitem__, budget_s=0.0) == per_op
     assert settle(all_prefill, seconds.__getitem__) == all_prefill  # nothing to compare
     loaded = load_model(tiny_checkpoints["qwen3"])
     timer = prefill_timer(loaded.model, _kernel(loaded), 70)

@@ -208,15 +208,15 @@ def settle(
     faster by SETTLE_MARGIN (best of `rounds` after a warm-up, in most rounds too). Ops timed
     alone miss what they do to each other: our kernels' threads and torch's OpenMP
     threads share the cores, and a forward alternates between them. `prefill(choice)`:
-    seconds of one prefill forward computed with `choice`. Rounds after the first counted
-    one only while `budget_s` lasts (a slow host counts one)."""
+    seconds of one prefill forward computed with `choice`. Rounds only while `budget_s`
+    lasts (a host too slow for one counted round keeps `choice`)."""
     alternative = OpChoice(choice.torch_pairs | PREFILL_PAIRS, choice.prefill_rows)
     if alternative == choice:
         return choice
     best, wins, counted = [math.inf, math.inf], 0, 0
     deadline = time.monotonic() + budget_s
     for round_ in range(rounds + 1):
-        if counted and time.monotonic() > deadline:
+        if time.monotonic() > deadline:  # a slow host: no more rounds (none counted: keep)
             break
         order = (0, 1) if round_ % 2 else (1, 0)
         took = {i: prefill((choice, alternative)[i]) for i in order}
@@ -225,7 +225,7 @@ def settle(
             wins += took[1] < took[0]
             counted += 1
     rounds = counted
-    faster = best[1] * (1 + SETTLE_MARGIN) < best[0] and wins * 2 > rounds
+    faster = rounds > 0 and best[1] * (1 + SETTLE_MARGIN) < best[0] and wins * 2 > rounds
     log.info("op choice, whole prefills: %.1f ms with %s, %.1f ms with torch's ops for "
              "prefills (faster in %d of %d rounds)", best[0] * 1e3, choice, best[1] * 1e3,
              wins, rounds)  # fmt: skip
