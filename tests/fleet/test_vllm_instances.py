@@ -23,7 +23,7 @@ from tiny_llama import tiny_llama
 
 from asynchicache.bench.fleet_router import Credits, Decision, RouterConfig, VllmRouter
 from asynchicache.bench.fleet_vllm import BLOCK, VllmInstanceSpec, vllm_instance, worker_of
-from asynchicache.bench.vllm_process import VllmServer, VllmThreads
+from asynchicache.bench.vllm_process import VllmServer, VllmThreads, metric_sum
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -84,6 +84,13 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmFleet]:
             list(pool.map(lambda s: s.stop(), servers))
 
 
+def _stored(server: VllmServer) -> float:
+    """Pages the connector's cache service stored so far. Its stats reach /metrics when
+    vLLM steps: a request shorter than a page makes it step first."""
+    server.complete([1, 2, 3], max_tokens=1)
+    return metric_sum(server.metrics(), "vllm:asynchicache_events_total", event="pages_stored")
+
+
 def _held(server: VllmServer, text: str) -> int:
     """`text` computed on `server`; the prompt tokens its whole blocks cover."""
     return server.complete(text, max_tokens=1)["usage"]["prompt_tokens"] // BLOCK * BLOCK
@@ -104,8 +111,12 @@ def test_a_prefix_in_one_instances_device_tier_is_routed_to_it_at_full_credit(
 def test_a_prefix_only_in_the_shared_l3_is_routed_at_the_disk_credit(pair: VllmFleet) -> None:
     holder = pair.servers[1]
     text = prompt(202, 80)
+    before = _stored(holder)
     held = _held(holder, text)
-    time.sleep(2.0)  # the cache service stores its pages (DISK events)
+    deadline = time.monotonic() + 60
+    while _stored(holder) - before < held // BLOCK:  # the service stored them: DISK events
+        assert time.monotonic() < deadline, "the cache service never stored the prompt"
+        time.sleep(0.5)
     # Other prompts push it out of vLLM's 96 blocks and the connector's 48-page L2.
     for seed in range(210, 218):
         holder.complete(prompt(seed, 100), max_tokens=1)
