@@ -21,6 +21,8 @@ from asynchicache.cache.keys import (
     NATIVE_NUMERICS_VERSION,
     NUMERICS_VERSION,
 )
+from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.models import native
 from asynchicache.engine.models.native import KernelThreads
@@ -184,3 +186,27 @@ def test_whole_prefills_settle_what_ops_timed_alone_miss(
     loaded = load_model(tiny_checkpoints["qwen3"])
     timer = prefill_timer(loaded.model, _kernel(loaded), 70)
     assert settle(per_op, timer) in (per_op, all_prefill)
+
+
+def test_engines_of_a_host_name_their_pages_by_one_choice(
+    tiny_checkpoints: dict[str, Path],
+    engines: list[Engine],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two engines on one host: the second reads the first's recorded choice, so both
+    name pages alike, and that name holds the choice their runners compute with."""
+    monkeypatch.setenv(RECORD_DIR_ENV, str(tmp_path))
+    loaded = load_model(tiny_checkpoints["llama3-rope-tied"])
+    config = CacheConfig(page_size=PAGE, device_cache_tokens=256, disk_cache_dir=None,
+                         host_cache_gb=0.0)  # fmt: skip
+    for _ in range(2):
+        engines.append(Engine(EngineConfig(), config, loaded=loaded))
+    first, second = engines
+    assert first.namespace == second.namespace
+    assert first.op_choice == second.op_choice == first.runner.choice
+    assert first.runner.kernel is not None
+    version = numerics_version(first.runner.kernel, first.op_choice)
+    assert first.namespace.numerics_version == version
+    assert OpChoice.from_version(version)[1] == first.op_choice
+    assert len(list(tmp_path.glob("*.choice-*.json"))) == 1
