@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,7 @@ from asynchicache.cache.keys import (
     NUMERICS_VERSION,
 )
 from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.engine.audit import AuditConfig, deep_verify
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.models import native
@@ -33,11 +37,13 @@ from asynchicache.engine.models.op_choice import (
     ChosenRowOps,
     OpChoice,
     Timing,
+    _record,
     choose,
     measure,
     measured_choice,
     settle,
 )
+from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.runner import (
     ForwardBatch,
     ModelRunner,
@@ -45,6 +51,8 @@ from asynchicache.engine.runner import (
     numerics_version,
     prefill_timer,
 )
+from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.storage.service.server import ServiceConfig
 
 PAGE = 8
 
@@ -210,3 +218,38 @@ def test_engines_of_a_host_name_their_pages_by_one_choice(
     assert first.namespace.numerics_version == version
     assert OpChoice.from_version(version)[1] == first.op_choice
     assert len(list(tmp_path.glob("*.choice-*.json"))) == 1
+
+
+def test_the_audit_recomputes_pages_with_the_choice_that_named_them(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine whose recorded choice runs torch's ops for prefills stores pages under
+    that choice's version; `cache verify --deep` reads the choice back from the version
+    and finds every page equal to its recompute."""
+    monkeypatch.setenv(RECORD_DIR_ENV, str(tmp_path / "choice"))
+    loaded = load_model(tiny_checkpoints["llama3-rope-tied"])
+    kernel = _kernel(loaded)
+    chosen = OpChoice(PREFILL_PAIRS | {("scatter", "decode")})
+    record = _record(kernel, loaded.config)
+    record.parent.mkdir()
+    record.write_text(json.dumps({"torch": sorted(map(list, chosen.torch_pairs))}))
+    root, sock = tmp_path / "kv", Path(tempfile.mkdtemp(prefix="acs-"))
+    service = ServiceConfig(root, address=f"ipc://{sock}/svc.sock")
+    client = StorageClient.in_thread(service, ClientConfig(service.address))
+    engine = Engine(EngineConfig(), CacheConfig(disk_cache_dir=root, host_cache_gb=0.05),
+                    storage=client, loaded=loaded)  # fmt: skip
+    try:
+        assert engine.op_choice == chosen
+        assert OpChoice.from_version(engine.namespace.numerics_version)[1] == chosen
+        rng = random.Random(5)
+        prompts = [[rng.randrange(1, 1024) for _ in range(n)] for n in (70, 45)]
+        engine.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        engine.cache.drain()
+    finally:
+        engine.close()
+        client.close()
+        shutil.rmtree(sock, ignore_errors=True)
+    report = deep_verify(AuditConfig(root, model=str(tiny_checkpoints["llama3-rope-tied"]),
+                                     progress=False))  # fmt: skip
+    assert report.checked == report.pages >= 6
+    assert report.mismatched == report.corrupt == report.unverifiable == 0
