@@ -14,7 +14,7 @@ folder; or `--redis-url` for one already running):
 * `redis_py_get_GBps`: the naive client in the same run: a redis-py (hiredis)
   pipeline of GETs, each reply copied into its slot and checksummed;
 * `redis_mac_put_GBps`, `redis_mac_get_GBps`: the same `put` and `get` with a
-  `--cache-key-file` key (every value signed, every read verified: keyed BLAKE3
+  `--cache-key-file` key (every value signed, every read verified: AES-GMAC
   over header and payload, storage.page_keys), in the same round, after the
   plain arm; `mac_put_ratio`/`mac_get_ratio` are plain / keyed throughput (the
   issue's bound: at most 1.1);

@@ -16,13 +16,14 @@ checksum protects the KV bytes. `parent_hash` is the hash the page's hash was
 chained from (the previous page's, or the namespace digest for a first page;
 zeros when unknown), so a folder's chains can be rebuilt and audited
 (`asynchicache cache verify --deep`). `key_id` and `mac` are the keyed MAC of
-storage.page_keys (keyed BLAKE3 of this header with the MAC zeroed, then the
-payload), when the writer has `--cache-key-file`. `cipher` 1 says the payload
-is AES-256-GCM ciphertext (`--cache-encrypt`, storage.page_cipher): then
-`mac` holds the GCM nonce and tag (this header with the MAC zeroed is the
-associated data) and `payload_checksum` is zeros. Files of versions 1 (no
-parent), 2 (no MAC fields), 3 (HMAC-SHA256 MACs) and 4 (no cipher field) are
-a miss.
+storage.page_keys (AES-GMAC of this header with the MAC zeroed, then the
+payload: the nonce and tag in the MAC field), when the writer has
+`--cache-key-file`. `cipher` 1 says the payload is AES-256-GCM ciphertext
+(`--cache-encrypt`, storage.page_cipher): then `mac` holds the GCM nonce and
+tag (this header with the MAC zeroed is the associated data) and
+`payload_checksum` is zeros. Files of versions 1 (no parent), 2 (no MAC
+fields), 3 (HMAC-SHA256 MACs), 4 (no cipher field) and 5 (keyed BLAKE3 MACs)
+are a miss.
 Decoding never evaluates anything (no pickle): a header that does not parse is
 a `HeaderError`, which readers treat as a miss.
 """
@@ -43,7 +44,7 @@ from asynchicache.storage.page_keys import KEY_ID_BYTES, MAC_BYTES, MacMismatch,
 Buffer = bytes | bytearray | memoryview
 
 MAGIC = b"ACKVPAGE"
-FORMAT_VERSION = 5  # 2: parent_hash; 3: key_id and mac; 4: keyed BLAKE3; 5: cipher
+FORMAT_VERSION = 6  # 2: parent; 3: key_id, mac; 4: BLAKE3; 5: cipher; 6: GMAC
 HEADER_ALIGN = 4096
 PAGE_HASH_BYTES = 16
 _FIXED = struct.Struct("<8sHIQ16s16s16s8s32sHIBBB")
@@ -218,7 +219,7 @@ def encode_signed(
     if keys is None:
         return encode_header(header)
     unsigned = replace(header, key_id=keys.current, mac=b"")
-    mac = keys.mac(keys.current, encode_header(unsigned), payload)
+    mac = keys.sign(encode_header(unsigned), payload)
     return encode_header(replace(unsigned, mac=mac))
 
 

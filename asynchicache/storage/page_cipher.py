@@ -3,8 +3,8 @@
 With `--cache-encrypt` (which needs `--cache-key-file`), every L3 page file and
 L4 value stores its payload encrypted with AES-256-GCM; the page header
 (storage.header) stays plaintext, is authenticated as the GCM associated data,
-and says the page is encrypted. The GCM tag takes the place of the keyed
-BLAKE3 MAC (storage.page_keys): one pass over the payload, not two.
+and says the page is encrypted. The GCM tag takes the place of the
+GMAC (storage.page_keys): one pass over the payload, not two.
 
     K_enc      HMAC-SHA256(secret, "asynchicache-page-enc" || namespace), once per
                namespace and secret (a different label than the MAC key's)

@@ -128,7 +128,9 @@ def test_signed_pages_verify_and_rotation_keeps_old_ones(
     assert _read(remotes(NEW), new_r, pool) == 2
 
 
-@pytest.mark.parametrize("version", [2, 3, 4], ids=["no-mac-fields", "hmac-sha256", "no-cipher"])
+@pytest.mark.parametrize(
+    "version", [2, 3, 4, 5], ids=["no-mac-fields", "hmac-sha256", "no-cipher", "blake3-mac"]
+)
 def test_a_value_of_a_previous_format_is_a_clean_miss(
     disks: Disks,
     remotes: Remotes,

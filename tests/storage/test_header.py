@@ -6,7 +6,6 @@ import hmac
 import struct
 from dataclasses import replace
 
-import blake3
 import pytest
 import xxhash
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -109,7 +108,7 @@ def test_out_of_range_token_is_a_value_error() -> None:
         encode_header(_header(tokens=(2**40,)))
 
 
-def test_the_mac_is_keyed_blake3_of_the_unsigned_header_and_payload() -> None:
+def test_the_mac_is_aes_gmac_of_the_unsigned_header_and_payload() -> None:
     """The MAC's definition (docs/security.md), recomputed from its parts: another
     implementation holding the key file can verify our pages."""
     secret = b"s" * 40
@@ -120,9 +119,18 @@ def test_the_mac_is_keyed_blake3_of_the_unsigned_header_and_payload() -> None:
     signed = decode_header(encode_signed(header, keys, payload))
     k_ns = hmac.digest(secret, b"asynchicache-page-mac\x00ns", "sha256")
     unsigned = encode_header(replace(signed, mac=b""))
-    assert signed.mac == blake3.blake3(unsigned + payload.tobytes(), key=k_ns).digest()
+    nonce, tag, pad = signed.mac[:12], signed.mac[12:28], signed.mac[28:]
+    # GMAC: AES-GCM with no plaintext, everything as associated data; the result is the tag.
+    assert AESGCM(k_ns).encrypt(nonce, b"", unsigned + payload.tobytes()) == tag
+    assert pad == bytes(4)
     assert mac_problem(signed, keys, payload) is None
-    assert mac_problem(replace(signed, mac=bytes(32)), keys, payload) is not None
+    again = decode_header(encode_signed(header, keys, payload))
+    assert again.mac[:12] != nonce  # a fresh nonce per write
+    for bad in (bytes(32), signed.mac[:12] + bytes(16) + pad, signed.mac[:28] + b"\x01" * 4):
+        assert mac_problem(replace(signed, mac=bad), keys, payload) is not None
+    flipped = bytearray(payload)
+    flipped[-1] ^= 1
+    assert mac_problem(signed, keys, memoryview(flipped)) is not None
 
 
 def test_encryption_is_aes_gcm_under_the_derived_key_with_the_header_as_aad() -> None:
