@@ -37,10 +37,10 @@ from asynchicache.engine.models.op_choice import (
     ChosenRowOps,
     OpChoice,
     Timing,
-    _record,
     choose,
     measure,
     measured_choice,
+    record_path,
     settle,
 )
 from asynchicache.engine.protocol import SamplingParams
@@ -230,7 +230,7 @@ def test_the_audit_recomputes_pages_with_the_choice_that_named_them(
     loaded = load_model(tiny_checkpoints["llama3-rope-tied"])
     kernel = _kernel(loaded)
     chosen = OpChoice(PREFILL_PAIRS | {("scatter", "decode")})
-    record = _record(kernel, loaded.config)
+    record = record_path(kernel, loaded.config)
     record.parent.mkdir()
     record.write_text(json.dumps({"torch": sorted(map(list, chosen.torch_pairs))}))
     root, sock = tmp_path / "kv", Path(tempfile.mkdtemp(prefix="acs-"))

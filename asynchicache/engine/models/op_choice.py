@@ -12,7 +12,7 @@ what ops timed alone miss, our kernels' threads and torch's OpenMP threads shari
 cores; the warm-up's budget lacks what both took), recorded beside the kernel build so
 that later starts (and other servers of the host) take the same choice, and applied per
 forward by its rows (`shape_class`: PREFILL_MIN_ROWS or more rows are a prefill).
-`python -m asynchicache.engine.models.op_choice` measures anew and replaces the record
+`python -m asynchicache.engine.op_choice_cli` measures anew and replaces the record
 (run it on a quiet machine: a first start on busy cores records noise).
 
 Invariants:
@@ -41,7 +41,6 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -241,7 +240,7 @@ def measured_choice(
     """This host's choice for this build and model shape: the one recorded
     beside the build (`_record`) where there is one, else `choose(measure(...))`, recorded
     there (the first process's stands: every server of a host names its pages alike)."""
-    record = _record(threads, config)
+    record = record_path(threads, config)
     try:
         choice = _decode(json.loads(record.read_text()))
         log.info("op choice (%s build, %s): %s", threads.kernel.isa, record.name, choice)
@@ -260,9 +259,9 @@ def remeasure(
 ) -> OpChoice:
     """Measure (per op, then whole prefills where `prefill` is given: `settle`) and record
     the choice; `replace`: over an existing record (an operator's `python -m
-    asynchicache.engine.models.op_choice` on a quiet machine), else the record another
+    asynchicache.engine.op_choice_cli` on a quiet machine), else the record another
     process wrote meanwhile wins."""
-    record = _record(threads, config)
+    record = record_path(threads, config)
     timings = measure(threads, config, budget_s)
     choice = choose(timings)
     if prefill is not None:
@@ -291,7 +290,7 @@ def remeasure(
     return choice
 
 
-def _record(threads: KernelThreads, config: ModelConfig) -> Path:
+def record_path(threads: KernelThreads, config: ModelConfig) -> Path:
     """Where this build's choice for this model shape and host is kept."""
     c = config
     shape = (c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim)
@@ -414,40 +413,3 @@ class ChosenRowOps(RowOps):
         self, pool: torch.Tensor, rows: torch.Tensor, pages: torch.Tensor, offsets: torch.Tensor
     ) -> None:
         self._ops("scatter", rows.shape[0]).scatter_(pool, rows, pages, offsets)
-
-
-def main() -> int:
-    """`python -m asynchicache.engine.models.op_choice [--model M] [--threads N]`: measure this
-    host's choice anew (on a quiet machine: its record names every later start's pages)
-    and record it over the old one; prints it."""
-    import argparse
-
-    from asynchicache.engine.loader import load_model
-    from asynchicache.engine.models import native
-    from asynchicache.engine.runner import prefill_timer
-
-    parser = argparse.ArgumentParser(prog="asynchicache.engine.models.op_choice")
-    parser.add_argument("--model", default=None, help="HF folder or GGUF (default: SmolLM2)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (the engine's)")
-    parser.add_argument("--budget-s", type=float, default=3.0)
-    ns = parser.parse_args()
-    logging.basicConfig(level=logging.INFO)
-    if ns.threads:
-        torch.set_num_threads(ns.threads)
-    loaded = load_model(ns.model)
-    kernel = native.load()
-    if kernel is None:
-        print("no native kernels here: torch's ops everywhere")
-        return 1
-    cores = torch.get_num_threads()
-    with ThreadPoolExecutor(max(1, cores - 1)) as workers:
-        threads = KernelThreads(kernel, workers if cores > 1 else None)
-        prefill = prefill_timer(loaded.model, threads, FORWARD_TOKENS)
-        choice = remeasure(threads, loaded.config, ns.budget_s, prefill, replace=True)
-        print(json.dumps({"build": kernel.isa, "record": str(_record(threads, loaded.config)),
-                          "op_choice": choice.table()}))  # fmt: skip
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
