@@ -8,11 +8,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from keyed_tiers import KeyedTiers, disk_tiers, redis_tiers
 from pools import NAMESPACE, SMALL
 from redis_server import RedisClusterNodes, RedisServer, redis_server_binary, valkey_server_binary
 from remote_helpers import Backends
 
 from asynchicache.storage.base import PageLayout
+from asynchicache.storage.disk.backend import DiskBackend
 from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
 
 
@@ -39,6 +41,30 @@ def redis_servers(redis_binary: str, tmp_path: Path) -> Iterator[Callable[..., R
 @pytest.fixture
 def redis_server(redis_servers: Callable[..., RedisServer]) -> RedisServer:
     return redis_servers()
+
+
+@pytest.fixture
+def encrypt_by_default() -> bool:
+    """Whether `disks` and `remotes` encrypt when a call does not say (a module overrides it)."""
+    return False
+
+
+@pytest.fixture
+def disks(tmp_path: Path, encrypt_by_default: bool) -> Iterator[Callable[..., DiskBackend]]:
+    """Disk tiers on one shared folder, each opened with the secrets it is given."""
+    tiers: KeyedTiers = disk_tiers(tmp_path / "shared", encrypt_by_default)
+    yield tiers.open
+    tiers.close()
+
+
+@pytest.fixture
+def remotes(
+    redis_server: RedisServer, encrypt_by_default: bool
+) -> Iterator[Callable[..., RedisBackend]]:
+    """Redis tiers on one real Redis, each opened with the secrets it is given."""
+    tiers = redis_tiers(redis_server.url, encrypt_by_default)
+    yield tiers.open
+    tiers.close()
 
 
 @pytest.fixture(params=["redis", "valkey"])

@@ -9,24 +9,25 @@ miss; pages encrypted under an older secret of the key file still decrypt (rotat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import redis
-from pools import ALIGNED, NAMESPACE, SMALL, Pool, new_hashes, refs
+from keyed_tiers import mac_failures, read_back
+from pools import ALIGNED, SMALL, Pool, new_hashes, refs
 from redis_server import RedisServer
 
 from asynchicache.config import CacheConfig, ServiceTuning
 from asynchicache.integrations.vllm.config import ConnectorConfig
 from asynchicache.integrations.vllm.service_process import service_args
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.disk.backend import DiskBackend
 from asynchicache.storage.header import decode_header, encode_header, peek_header_len
 from asynchicache.storage.page_keys import PageKeys
-from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
+from asynchicache.storage.remote.backend import RedisBackend
 from asynchicache.storage.service import cli as service_cli
 from asynchicache.storage.service.config import service_argv
 
@@ -42,43 +43,8 @@ def _keys(secrets: tuple[bytes, ...], encrypt: bool) -> PageKeys | None:
 
 
 @pytest.fixture
-def disks(tmp_path: Path) -> Iterator[Disks]:
-    """Disk tiers on one shared folder: `make(*secrets, encrypt=True, layout=SMALL)`."""
-    opened: list[DiskBackend] = []
-
-    def make(*secrets: bytes, encrypt: bool = True, layout: PageLayout = SMALL) -> DiskBackend:
-        keys = _keys(secrets, encrypt)
-        cfg = DiskConfig(tmp_path / "shared", NAMESPACE, layout, 1 << 30, keys=keys)
-        opened.append(DiskBackend(cfg))
-        return opened[-1]
-
-    yield make
-    for d in opened:
-        d.close()
-
-
-@pytest.fixture
-def remotes(redis_server: RedisServer) -> Iterator[Remotes]:
-    opened: list[RedisBackend] = []
-
-    def make(*secrets: bytes, encrypt: bool = True, layout: PageLayout = SMALL) -> RedisBackend:
-        keys = _keys(secrets, encrypt)
-        cfg = RedisConfig(redis_server.url, NAMESPACE, layout, retry_initial_s=0.1, keys=keys)
-        opened.append(RedisBackend(cfg))
-        assert opened[-1].wait_available(10.0)
-        return opened[-1]
-
-    yield make
-    for r in opened:
-        r.close()
-
-
-def _read(backend: DiskBackend | RedisBackend, hashes: list[bytes], pool: Pool) -> int:
-    return backend.get(hashes, list(range(8, 8 + len(hashes))), pool.array)
-
-
-def _mac_failures(backend: DiskBackend | RedisBackend) -> float:
-    return backend.stats().extra.get("mac_failures", 0.0)
+def encrypt_by_default() -> bool:
+    return True
 
 
 def _stored(backend: DiskBackend | RedisBackend, url: str, page_hash: bytes) -> bytes:
@@ -123,9 +89,9 @@ def test_encrypted_pages_round_trip_and_hold_no_plaintext(
             plain = pool.array[i].tobytes()
             assert body != plain and plain[:64] not in raw and plain[-64:] not in raw
         reader = make(NEW, layout=layout)
-        assert _read(reader, hashes, pool) == 4
+        assert read_back(reader, hashes, pool) == 4
         assert np.array_equal(pool.array[8:12], pool.array[0:4])
-        assert _mac_failures(reader) == 0
+        assert mac_failures(reader) == 0
 
 
 def test_a_flipped_ciphertext_byte_or_a_rewritten_header_is_a_counted_miss(
@@ -147,8 +113,8 @@ def test_a_flipped_ciphertext_byte_or_a_rewritten_header_is_a_counted_miss(
 
         reader = make(NEW)
         for h in hashes:
-            assert _read(reader, [h], pool) == 0
-        assert _mac_failures(reader) == 2
+            assert read_back(reader, [h], pool) == 0
+        assert mac_failures(reader) == 2
 
 
 def test_mixed_readers_miss_cleanly(
@@ -160,15 +126,15 @@ def test_mixed_readers_miss_cleanly(
         assert make(NEW).put(refs(encrypted, [0, 1]), pool.array) == 2
         # A reader with the key file but no --cache-encrypt, and one with no key file.
         for reader, h in ((make(NEW, encrypt=False), encrypted[0]), (make(), encrypted[1])):
-            assert _read(reader, [h], pool) == 0
-            assert _mac_failures(reader) == 0  # a peer configured otherwise: no forgery
+            assert read_back(reader, [h], pool) == 0
+            assert mac_failures(reader) == 0  # a peer configured otherwise: no forgery
         # The other way round: a plain (signed) page is refused by an encrypting reader,
         # and counted (every peer of an encrypted tier should encrypt).
         plain = new_hashes(1)
         assert make(NEW, encrypt=False).put(refs(plain, [2]), pool.array) == 1
         reader = make(NEW)
-        assert _read(reader, plain, pool) == 0
-        assert _mac_failures(reader) == 1
+        assert read_back(reader, plain, pool) == 0
+        assert mac_failures(reader) == 1
 
 
 def test_rotation_keeps_pages_of_an_older_secret(
@@ -181,13 +147,13 @@ def test_rotation_keeps_pages_of_an_older_secret(
         new = new_hashes(2)
         rotated = make(NEW, OLD)  # the new secret encrypts, the old one still decrypts
         assert rotated.put(refs(new, [2, 3]), pool.array) == 2
-        assert _read(rotated, old + new, pool) == 4
+        assert read_back(rotated, old + new, pool) == 4
         assert np.array_equal(pool.array[8:12], pool.array[0:4])
-        assert _mac_failures(rotated) == 0
+        assert mac_failures(rotated) == 0
         dropped = make(NEW)  # the old line removed: its pages are counted misses
-        assert _read(dropped, old[:1], pool) == 0
-        assert _mac_failures(dropped) == 1
-        assert _read(dropped, new, pool) == 2
+        assert read_back(dropped, old[:1], pool) == 0
+        assert mac_failures(dropped) == 1
+        assert read_back(dropped, new, pool) == 2
 
 
 def test_cache_encrypt_needs_a_key_file(tmp_path: Path) -> None:

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import redis
-from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
+from keyed_tiers import mac_failures, read_back
+from pools import Pool, new_hashes, refs
 from redis_server import RedisServer
 
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.disk.backend import DiskBackend
 from asynchicache.storage.page_keys import PageKeys
-from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
+from asynchicache.storage.remote.backend import RedisBackend
 
 OLD = b"old-secret-" + b"o" * 32
 NEW = b"new-secret-" + b"n" * 32
@@ -31,46 +32,6 @@ OTHER = b"someone-elses-" + b"x" * 32
 
 Disks = Callable[..., DiskBackend]
 Remotes = Callable[..., RedisBackend]
-
-
-@pytest.fixture
-def disks(tmp_path: Path) -> Iterator[Disks]:
-    """Disk tiers on one shared folder, each opened with the given secrets (or none)."""
-    opened: list[DiskBackend] = []
-
-    def make(*secrets: bytes) -> DiskBackend:
-        keys = PageKeys(secrets) if secrets else None
-        cfg = DiskConfig(tmp_path / "shared", NAMESPACE, SMALL, 1 << 30, keys=keys)
-        opened.append(DiskBackend(cfg))
-        return opened[-1]
-
-    yield make
-    for d in opened:
-        d.close()
-
-
-@pytest.fixture
-def remotes(redis_server: RedisServer) -> Iterator[Remotes]:
-    opened: list[RedisBackend] = []
-
-    def make(*secrets: bytes) -> RedisBackend:
-        keys = PageKeys(secrets) if secrets else None
-        cfg = RedisConfig(redis_server.url, NAMESPACE, SMALL, retry_initial_s=0.1, keys=keys)
-        opened.append(RedisBackend(cfg))
-        assert opened[-1].wait_available(10.0)
-        return opened[-1]
-
-    yield make
-    for r in opened:
-        r.close()
-
-
-def _read(backend: DiskBackend | RedisBackend, hashes: list[bytes], pool: Pool) -> int:
-    return backend.get(hashes, list(range(8, 8 + len(hashes))), pool.array)
-
-
-def _mac_failures(backend: DiskBackend | RedisBackend) -> float:
-    return backend.stats().extra.get("mac_failures", 0.0)
 
 
 def test_a_planted_page_file_is_a_counted_miss(
@@ -86,8 +47,8 @@ def test_a_planted_page_file_is_a_counted_miss(
 
     reader = disks(NEW)
     for h in hashes:
-        assert _read(reader, [h], pool) == 0
-    assert _mac_failures(reader) == 4
+        assert read_back(reader, [h], pool) == 0
+    assert mac_failures(reader) == 4
     assert not any(reader.path_of(h).exists() for h in hashes)  # removed
 
 
@@ -101,8 +62,8 @@ def test_a_planted_redis_value_is_a_counted_miss(
     reader = remotes(NEW)
     assert reader.exists(hashes[:1]) == 1  # the right name
     for h in hashes:
-        assert _read(reader, [h], pool) == 0
-    assert _mac_failures(reader) == 4
+        assert read_back(reader, [h], pool) == 0
+    assert mac_failures(reader) == 4
     assert reader.stats().corrupt_detected >= 4
 
 
@@ -120,12 +81,12 @@ def test_signed_pages_verify_and_rotation_keeps_old_ones(
 
     for backend, hashes, slots in ((rotated_d, old_d + new_d, [0, 1, 4, 5]),
                                    (rotated_r, old_r + new_r, [2, 3, 6, 7])):  # fmt: skip
-        assert _read(backend, hashes, pool) == 4
+        assert read_back(backend, hashes, pool) == 4
         assert np.array_equal(pool.array[8:12], pool.array[slots])
-        assert _mac_failures(backend) == 0
+        assert mac_failures(backend) == 0
     # Once the old key is dropped, its pages are misses (and go); the new key's stay.
-    assert _read(remotes(NEW), old_r, pool) == 0
-    assert _read(remotes(NEW), new_r, pool) == 2
+    assert read_back(remotes(NEW), old_r, pool) == 0
+    assert read_back(remotes(NEW), new_r, pool) == 2
 
 
 @pytest.mark.parametrize(
@@ -156,10 +117,10 @@ def test_a_value_of_a_previous_format_is_a_clean_miss(
     client.close()
 
     reader_d, reader_r = disks(NEW), remotes(NEW)
-    assert _read(reader_d, hashes[:1], pool) == 0
-    assert _read(reader_r, hashes[1:], pool) == 0
+    assert read_back(reader_d, hashes[:1], pool) == 0
+    assert read_back(reader_r, hashes[1:], pool) == 0
     assert not path.exists()
-    assert _mac_failures(reader_d) == 0 and _mac_failures(reader_r) == 0  # not "planted"
+    assert mac_failures(reader_d) == 0 and mac_failures(reader_r) == 0  # not "planted"
 
 
 def test_a_key_file_must_be_private_and_long_enough(tmp_path: Path) -> None:
