@@ -1,11 +1,13 @@
 """vLLM + our connector as the fleet's instances, behind a real vllm-router `kv_aware` fed
 by vLLM's own event publisher (issue 38): a prefix held by one instance in its device
 tier (vLLM's blocks, medium GPU) is routed to it at full credit; one held there only in
-the fleet's shared L3 (the connector's DISK pages) at `--kv-penalty-disk`.
+the fleet's shared L3 (the connector's DISK pages) at `--kv-penalty-disk`, or, where the
+instance declares the folder shared (the connector's `kv_events_shared_disk`), as the
+fleet's pool's (`ownership`) at `--kv-penalty-external`.
 
 Two vLLM processes (.venv-vllm, the tiny random Llama), one L3 folder between them,
-each its own cache service; bench/fleet_vllm.py makes their flags (the same as `bench
-fleet`'s vLLM arm)."""
+each its own cache service, the second declaring it shared; bench/fleet_vllm.py makes
+their flags (the same as `bench fleet`'s vLLM arm)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -31,6 +33,8 @@ CREDITS = Credits(host=0.8, disk=0.3, external=0.6)
 VLLM_PYTHON = Path(
     os.environ.get("VLLM_PYTHON", Path(__file__).parents[2] / ".venv-vllm" / "bin" / "python")
 )
+LEAD = 3  # blocks of an L3 prefix the other instance computes itself
+SHARED_L3 = {"kv_events_shared_disk": True}  # the connector's key (serve's flag)
 BLOCK_BYTES = BLOCK * 2 * 2 * 2 * 32 * 4  # tokens x layers x K/V x kv heads x head_dim x fp32
 
 
@@ -65,7 +69,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmFleet]:
         # faster than most loads pay
         extra_config={"lookup_timeout_s": 5.0, "load_policy": "always"},
     )  # fmt: skip
-    made = [vllm_instance(spec, root, f"vllm{k}") for k in range(2)]
+    # The second declares the folder the fleet's: its stored pages go out as the pool's.
+    specs = [spec, replace(spec, extra_config={**spec.extra_config, **SHARED_L3})]
+    made = [vllm_instance(s, root, f"vllm{k}") for k, s in enumerate(specs)]
     servers = [s for s, _ in made]
     router = None
     try:
@@ -108,21 +114,55 @@ def test_a_prefix_in_one_instances_device_tier_is_routed_to_it_at_full_credit(
     assert decision.credited == held, (decision, held)
 
 
-def test_a_prefix_only_in_the_shared_l3_is_routed_at_the_disk_credit(pair: VllmFleet) -> None:
-    holder = pair.servers[1]
-    text = prompt(202, 80)
+def _only_in_l3(holder: VllmServer, text: str) -> int:
+    """`text` computed on `holder`, stored by its cache service (DISK events), then pushed
+    out of vLLM's 96 blocks and the connector's 48-page L2; the tokens L3 holds."""
     before = _stored(holder)
     held = _held(holder, text)
     deadline = time.monotonic() + 60
     while _stored(holder) - before < held // BLOCK:  # the service stored them: DISK events
         assert time.monotonic() < deadline, "the cache service never stored the prompt"
         time.sleep(0.5)
-    # Other prompts push it out of vLLM's 96 blocks and the connector's 48-page L2.
     for seed in range(210, 218):
         holder.complete(prompt(seed, 100), max_tokens=1)
     holder.complete([1, 2, 3], max_tokens=1)  # vLLM publishes a step's events as it steps
     time.sleep(1.0)
-    decision = pair.route(text + " and then one more question")
-    assert decision.worker == holder.url, decision
-    expected = CREDITS.disk * held
-    assert abs(decision.credited - expected) <= BLOCK, (decision, expected)
+    return held
+
+
+def _lead_on_device(server: VllmServer, text: str) -> None:
+    """`text`'s first LEAD blocks computed on `server` (its device tier holds them)."""
+    body = {"model": "model", "prompt": text}
+    ids = httpx.post(server.url + "/tokenize", json=body, timeout=60).json()["tokens"]
+    server.complete(ids[: LEAD * BLOCK + 5], max_tokens=1)
+
+
+def _route_past_a_lead(pair: VllmFleet, holder: int, seed: int) -> tuple[Decision, int, str]:
+    """A prefix only in the shared L3, stored by `holder`; the other instance holds its
+    first LEAD blocks on device. The router's decision, the tokens in L3, the other's URL."""
+    text = prompt(seed, 80)
+    held = _only_in_l3(pair.servers[holder], text)
+    other = pair.servers[1 - holder]
+    _lead_on_device(other, text)
+    time.sleep(1.0)  # its events reach the router
+    return pair.route(text + " and then one more question"), held, other.url
+
+
+def test_a_prefix_only_in_the_shared_l3_is_routed_at_the_disk_credit(pair: VllmFleet) -> None:
+    """Without kv_events_shared_disk: the instance that stored it, at `--kv-penalty-disk`
+    (above the other's few device blocks)."""
+    decision, held, _ = _route_past_a_lead(pair, 0, 202)
+    assert CREDITS.disk * held > LEAD * BLOCK  # the holder wins on its L3 pages alone
+    assert decision.worker == pair.servers[0].url, decision
+    assert abs(decision.credited - CREDITS.disk * held) <= BLOCK, (decision, held)
+
+
+def test_a_prefix_in_a_declared_shared_l3_is_announced_as_the_pools(pair: VllmFleet) -> None:
+    """kv_events_shared_disk: the L3 pages go out with `ownership` (the pool), which
+    vllm-router 0.1.17 credits at `--kv-penalty-external`, and to the instance that
+    announced them only: the other instance, with the prefix's first LEAD blocks on
+    device, would win if the pool's blocks counted for it too (docs/fleet.md)."""
+    decision, held, _ = _route_past_a_lead(pair, 1, 203)
+    holder = pair.servers[1].url
+    assert decision.worker == holder, (decision, "the pool's blocks credited to the other?")
+    assert abs(decision.credited - CREDITS.external * held) <= BLOCK, (decision, held)

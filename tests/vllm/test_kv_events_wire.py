@@ -5,6 +5,7 @@ field in place; and our decoder reads what vLLM's encoder writes."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from asynchicache.kv_events import wire
 
@@ -41,3 +42,57 @@ def test_our_decoder_reads_vllms_batches() -> None:
                          lora_name=None)], data_parallel_rank=0)  # fmt: skip
     ours = wire.decode(msgspec.msgpack.Encoder().encode(batch))
     assert ours.events == (wire.BlockStored((5,), None, (1, 2), 2, "GPU"),)
+
+
+def _connector_batch(storage_ownership: str | None) -> bytes:
+    """The connector's events for one stored chain (L2, then the service), encoded as
+    vLLM's publisher encodes a batch (its msgspec encoder, ZmqEventPublisher)."""
+    from vllm.distributed.kv_events import KVEventBatch
+
+    from asynchicache.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_STORAGE, KVEventLog
+    from asynchicache.storage.base import PageRef
+
+    root, first, second = b"r" * 16, b"a" * 16, b"b" * 16
+    pages = [PageRef(first, (1, 2), 0, root), PageRef(second, (3, 4), 1, first)]
+    log = KVEventLog(True, 2, storage_ownership)
+    log.stored(pages, MEDIUM_CPU, root)
+    log.stored(pages, MEDIUM_STORAGE, root)
+    return msgspec.msgpack.Encoder().encode(KVEventBatch(ts=1.0, events=log.take()))
+
+
+def test_the_connectors_shared_storage_pages_carry_the_pool() -> None:
+    """kv_events_shared_disk (or remote_url): the service's pages (DISK) go out as the
+    pool's, in vLLM's own struct, which vLLM's decoder and every router's read back;
+    L2 pages (CPU) stay this instance's."""
+    from vllm.distributed.kv_events import BlockStored, KVEventBatch
+
+    payload = _connector_batch("pool:fleet")
+    assert msgspec.msgpack.decode(payload)[0] == 1.0  # array-like: [ts, events, dp rank]
+    theirs = msgspec.msgpack.Decoder(type=KVEventBatch).decode(payload)
+    host, stored = theirs.events
+    assert isinstance(host, BlockStored) and isinstance(stored, BlockStored)
+    assert (host.medium, host.ownership) == ("CPU", None)
+    assert (stored.medium, stored.ownership) == ("DISK", "pool:fleet")
+    assert stored.parent_block_hash is None and stored.token_ids == [1, 2, 3, 4]
+    ours = wire.decode(payload)  # what our subscriber (a router's side) reads
+    assert [(e.medium, e.ownership) for e in ours.events] == [
+        ("CPU", None),
+        ("DISK", "pool:fleet"),
+    ]
+    unshared = msgspec.msgpack.Decoder(type=KVEventBatch).decode(_connector_batch(None))
+    assert [e.ownership for e in unshared.events] == [None, None]
+
+
+def test_the_connectors_storage_is_the_pools_when_shared_or_written_to_l4() -> None:
+    from asynchicache.integrations.vllm.config import ConnectorConfig
+    from asynchicache.kv_events.publisher import DEFAULT_POOL
+
+    assert ConnectorConfig.from_extra({}).storage_ownership is None
+    shared = ConnectorConfig.from_extra({"kv_events_shared_disk": "true"})
+    assert shared.storage_ownership == DEFAULT_POOL == "pool:asynchicache"
+    remote = ConnectorConfig.from_extra({"remote_url": "redis://127.0.0.1:1/0"})
+    assert remote.storage_ownership == DEFAULT_POOL
+    named = {"kv_events_shared_disk": True, "kv_events_pool": "pool:team-a"}
+    assert ConnectorConfig.from_extra(named).storage_ownership == "pool:team-a"
+    with pytest.raises(ValueError, match="kv_events_pool"):
+        ConnectorConfig.from_extra({"kv_events_pool": ""})

@@ -19,6 +19,7 @@ from typing import Any
 import xxhash
 
 from asynchicache.config import GIB, default_disk_cache_dir
+from asynchicache.kv_events.publisher import DEFAULT_POOL
 from asynchicache.storage.service.server import default_runtime_dir
 
 LOAD_POLICIES = ("cost", "always")
@@ -75,6 +76,14 @@ class ConnectorConfig:
     # secrets of this file: serve's --cache-key-file / --cache-encrypt (docs/security.md).
     cache_key_file: Path | None = None
     cache_encrypt: bool = False
+    # serve's --kv-events-pool / --kv-events-shared-disk: with vLLM's --kv-events-config,
+    # the pages the service stored (medium DISK) go out with `ownership` = this pool when
+    # the storage is the fleet's (the disk folder declared shared, or an L4 the service
+    # writes every stored page through to), llm-d's `pool:<name>`. vllm-router 0.1.17 then
+    # prices them at --kv-penalty-external, still for the announcing instance only
+    # (docs/fleet.md).
+    kv_events_pool: str = DEFAULT_POOL
+    kv_events_shared_disk: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disk_cache_dir", Path(self.disk_cache_dir).expanduser())
@@ -108,6 +117,8 @@ class ConnectorConfig:
             raise ValueError("kv_connector_extra_config.min_load_tokens must be >= 0")
         if self.remote_ttl_s is not None and self.remote_ttl_s <= 0:
             raise ValueError("kv_connector_extra_config.remote_ttl_s must be positive seconds")
+        if not self.kv_events_pool:
+            raise ValueError("kv_connector_extra_config.kv_events_pool must not be empty")
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorConfig:
@@ -128,6 +139,14 @@ class ConnectorConfig:
         folder = os.path.realpath(self.disk_cache_dir)
         tag = xxhash.xxh3_64_hexdigest(folder.encode())[:12]
         return f"ipc://{default_runtime_dir() / f'cache-{tag}.sock'}"
+
+    @property
+    def storage_ownership(self) -> str | None:
+        """The `ownership` of the service's stored pages in KV events: the pool when they
+        are in a tier the fleet shares (the folder declared shared, or written through to
+        L4), None when only this machine's service can read them."""
+        shared = self.kv_events_shared_disk or self.remote_url is not None
+        return self.kv_events_pool if shared else None
 
     @property
     def host_cache_bytes(self) -> int:

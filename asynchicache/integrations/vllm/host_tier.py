@@ -76,7 +76,7 @@ class HostTier:
         self.pool.tensor[: min(slots, _PREFAULT_BYTES // layout.page_bytes)].zero_()
         self.index = HostIndex(slots)
         self.stats = stats
-        self.events = KVEventLog(kv_events, config.page_size)
+        self.events = KVEventLog(kv_events, config.page_size, config.storage_ownership)
         self.index.on_evict = lambda hashes: self.events.removed(hashes, MEDIUM_CPU)
         self._describe = describe
         page = PageLayout(str(spec.dtype).removeprefix("torch."), layout.page_shape)

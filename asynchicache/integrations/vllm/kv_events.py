@@ -9,6 +9,9 @@ media of kv_events/wire.py:
     BlockRemoved medium CPU   pages evicted from L2
     BlockStored  medium DISK  pages the cache service stored (disk, and Redis: the
                               connector is not told which; routers price it as disk)
+                              with `ownership` = the fleet's pool when that storage is
+                              shared (ConnectorConfig.storage_ownership: serve's
+                              --kv-events-shared-disk, or an L4 the service writes to)
 
 A page is one "block" of `page_size` tokens named, as vLLM names its own, by an int:
 the low 64 bits of our chained page hash (`parent_block_hash` is the previous page's;
@@ -45,11 +48,13 @@ def events_enabled(vllm_config: VllmConfig) -> bool:
 
 
 class KVEventLog:
-    """Events since vLLM last took them (nothing is kept when `enabled` is false)."""
+    """Events since vLLM last took them (nothing is kept when `enabled` is false).
+    `storage_ownership`: the `ownership` of medium DISK pages (None: this instance's)."""
 
-    def __init__(self, enabled: bool, page_size: int) -> None:
+    def __init__(self, enabled: bool, page_size: int, storage_ownership: str | None = None) -> None:
         self.enabled = enabled
         self.page_size = page_size
+        self.storage_ownership = storage_ownership
         self._events: list[KVCacheEvent] = []
 
     def stored(
@@ -85,6 +90,7 @@ class KVEventLog:
                 lora_id=None,
                 medium=medium,
                 lora_name=lora_name,
+                ownership=self.storage_ownership if medium == MEDIUM_STORAGE else None,
             )
         )
 
