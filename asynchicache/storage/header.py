@@ -267,11 +267,12 @@ def open_page(
         return None if why is None else MacMismatch(why)
     if keys is not None and keys.cipher is not None:
         return MacMismatch("page not encrypted (--cache-encrypt wants every page encrypted)")
-    if keys is not None and mac_problem(header, keys, body) is None:
+    forged = mac_problem(header, keys, body)
+    if keys is not None and forged is None:
         return None  # the MAC covers the payload and the header's checksum of it
     if payload_checksum(body) != header.payload_checksum:
         return "payload checksum mismatch"  # damaged (counted as corrupt), not forged
-    return mac_problem(header, keys, body)
+    return forged
 
 
 def associated_data(header: PageHeader) -> bytes:

@@ -51,18 +51,23 @@ def _restart(instance: Instance) -> BenchServer:
     return again
 
 
+def _credited_on(pair: Fleet, instance: Instance, text: str, within_s: float) -> int:
+    """The tokens the router credits when it routes `text` to `instance`, once it does
+    (asked every 0.5 s, at most `within_s`)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        decision, _ = pair.route(text)
+        if decision.worker == instance.url and decision.credited > 0:
+            return decision.credited
+        assert time.monotonic() < deadline, decision
+        time.sleep(0.5)
+
+
 def test_a_restart_drops_its_own_tiers_from_the_router_but_not_l4(pair: Fleet) -> None:
     b = pair.instances[1]
     text = prompt(77, 80)
     send(b.url, text)
-    deadline = time.monotonic() + 60
-    while True:  # L1 at full credit first (and its pages reach Redis meanwhile)
-        decision, _ = pair.route(text + " first")
-        if decision.worker == b.url and decision.credited > 0:
-            break
-        assert time.monotonic() < deadline, decision
-        time.sleep(0.5)
-    full = decision.credited
+    full = _credited_on(pair, b, text + " first", 60.0)  # L1 first (and Redis meanwhile)
     time.sleep(2.0)  # write-through to L4
     b.server.stop()
     again = _restart(b)
@@ -86,14 +91,7 @@ def test_a_restarted_router_credits_what_the_instances_held_within_5_s(
         b = pair.instances[1]
         text = prompt(78, 80)
         send(b.url, text)
-        deadline = time.monotonic() + 20
-        while True:  # the steady value: b's L1 pages at full credit
-            decision, _ = pair.route(text + " first")
-            if decision.worker == b.url and decision.credited > 0:
-                break
-            assert time.monotonic() < deadline, decision
-            time.sleep(0.5)
-        steady = decision.credited
+        steady = _credited_on(pair, b, text + " first", 20.0)  # b's L1 pages, full credit
         pair.router.stop()
         again = VllmRouter(pair.router.config, pair.router.workers, root / "router-2.log")
         pair.router = again
