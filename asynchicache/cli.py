@@ -10,33 +10,39 @@ import importlib
 import sys
 from pathlib import Path
 
-from asynchicache.config_flags import finite_float
+from asynchicache.settings.config_flags import finite_float
 
 
 def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
-    from asynchicache.server.options import main as serve_main
+    from asynchicache.launch.options import main as serve_main
 
     return serve_main(rest)
 
 
+def _cmd_service(args: argparse.Namespace, rest: list[str]) -> int:
+    from asynchicache.storage.service.service_cli import main as service_main
+
+    return service_main(rest)
+
+
 # bench sub-command -> module whose `main(argv) -> int` runs it
 BENCHMARKS = {
-    "micro": "asynchicache.bench.micro",
-    "engine": "asynchicache.bench.engine",
-    "kernels": "asynchicache.bench.kernels",
-    "serve": "asynchicache.bench.client",
+    "micro": "asynchicache.bench.micro.micro",
+    "engine": "asynchicache.bench.engine_speed",
+    "kernels": "asynchicache.bench.micro.kernels",
+    "serve": "asynchicache.bench.clients.client",
     "sweep": "asynchicache.bench.sweep",
     "soak": "asynchicache.bench.soak",
     "compare": "asynchicache.bench.compare",
     "vllm": "asynchicache.bench.vllm",
-    "prefetch": "asynchicache.bench.prefetch",
+    "prefetch": "asynchicache.bench.prefetch_at_arrival",
     "pressure": "asynchicache.bench.pressure",
-    "fleet": "asynchicache.bench.fleet",
+    "fleet": "asynchicache.bench.fleet.fleet",
 }
 
 # model sub-command -> module whose `main(argv) -> int` runs it
 MODEL_COMMANDS = {
-    "export-hf": "asynchicache.engine.export_hf",
+    "export-hf": "asynchicache.tools.export_hf",
 }
 FLEET_COMMANDS = {
     "credits": "asynchicache.fleet.credits",
@@ -65,12 +71,12 @@ def _cmd_cache(args: argparse.Namespace, rest: list[str]) -> int:
     given = [flag for flag, value in clear_only.items() if value is not None]
     if given and args.cache_cmd != "clear":
         raise SystemExit(f"asynchicache cache: {', '.join(given)} only go with clear")
-    from asynchicache.config import default_disk_cache_dir
+    from asynchicache.settings.config import default_disk_cache_dir
 
     root = args.disk_cache_dir or default_disk_cache_dir()
     if args.cache_cmd == "clear":
         return _clear(args, root)
-    from asynchicache.storage.disk.admin import cache_command
+    from asynchicache.storage.disk.disk_admin import cache_command
 
     return cache_command(args.cache_cmd, root, as_json=args.json)
 
@@ -83,7 +89,7 @@ def _clear(args: argparse.Namespace, root: Path) -> int:
 
     root_of = None
     if args.cache_salt is not None:
-        from asynchicache.cache.keys import Namespace
+        from asynchicache.common.keys import Namespace
 
         salt = args.cache_salt
         root_of = lambda ns: Namespace.decode(ns).with_salt(salt).digest()  # noqa: E731
@@ -121,8 +127,8 @@ def _cmd_fleet(args: argparse.Namespace, rest: list[str]) -> int:
 def _deep_verify(args: argparse.Namespace) -> int:
     if args.cache_cmd != "verify":
         raise SystemExit("asynchicache cache: --deep goes with verify")
-    from asynchicache.config import default_disk_cache_dir
-    from asynchicache.engine.audit import DEFAULT_TOLERANCE, AuditConfig, audit_command
+    from asynchicache.settings.config import default_disk_cache_dir
+    from asynchicache.tools.audit import DEFAULT_TOLERANCE, AuditConfig, audit_command
 
     try:
         config = AuditConfig(
@@ -145,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
     serve = sub.add_parser("serve", help="run the OpenAI-compatible server", add_help=False)
     serve.set_defaults(func=_cmd_serve)
+    service = sub.add_parser("service", help="run the cache service alone", add_help=False)
+    service.set_defaults(func=_cmd_service)
     # No -h of its own: `bench serve --help` reaches the sub-command's parser.
     bench = sub.add_parser("bench", help="benchmarks", add_help=False)
     bench.add_argument("bench_cmd", choices=sorted(BENCHMARKS), help="which benchmark")

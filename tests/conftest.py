@@ -26,12 +26,12 @@ from last_user import stop_finished
 from pools import Pool, pool_factory
 from shm_leftovers import snapshot, wait_no_leftovers
 
-from asynchicache.cache.ledger import STRICT_ENV
-from asynchicache.engine.models.op_choice import RECORD_DIR_ENV
+from asynchicache.hierarchy.l2.ledger import STRICT_ENV
+from asynchicache.model.op_choice import RECORD_DIR_ENV
 
 if TYPE_CHECKING:  # imported by the fixtures that need them (this file is loaded by every run)
-    from asynchicache.engine.loader import LoadedModel
-    from asynchicache.server.frontend import Frontend
+    from asynchicache.launch.frontend import Frontend
+    from asynchicache.model.loader import LoadedModel
 
 # Before anything starts a process: the run's token, inherited by all it starts, and the
 # watcher that stops them when this process ends in any way.
@@ -41,7 +41,7 @@ reaper.start()
 # this process and in the servers it starts (production only counts and logs it).
 os.environ.setdefault(STRICT_ENV, "1")
 
-# Ours or torch's per op (engine/models/op_choice.py) is measured and recorded once per
+# Ours or torch's per op (model/op_choice.py) is measured and recorded once per
 # host: in a folder of this run's, never the host's record (cores busy with tests measure
 # noise, and the record would name a developer's server's pages afterwards).
 os.environ.setdefault(RECORD_DIR_ENV, tempfile.mkdtemp(prefix="asynchicache-op-choice-"))
@@ -109,7 +109,7 @@ def make_pool() -> Iterator[Callable[..., Pool]]:
 def frontend() -> Frontend:
     """The default model's frontend (its tokenizer and config, read from the GGUF: ~2 s),
     read once for every folder's tests."""
-    from asynchicache.server.frontend import load_frontend
+    from asynchicache.launch.frontend import load_frontend
 
     return load_frontend(None)
 
@@ -117,7 +117,7 @@ def frontend() -> Frontend:
 @pytest.fixture(scope="session")
 def smollm() -> LoadedModel:
     """The default SmolLM2 model, loaded once (~2.5 CPU-s) for every in-process engine."""
-    from asynchicache.engine.loader import load_model
+    from asynchicache.model.loader import load_model
 
     return load_model(None)
 
@@ -126,6 +126,6 @@ def smollm() -> LoadedModel:
 def hf_smollm() -> Any:
     """transformers' model of the default SmolLM2 GGUF in float32 (the reference); loading
     it takes ~10 s, so the suite loads it once."""
-    from asynchicache.engine.loader import default_model_path
+    from asynchicache.model.loader import default_model_path
 
     return hf_model(default_model_path())

@@ -1,14 +1,26 @@
-"""Imports flow one way: server -> engine -> cache -> storage (bench and cli are outside).
+"""Imports flow one way: launch -> server -> engine -> hierarchy -> storage -> common
+(bench, tools and cli are outside; model sits beside hierarchy, kv_events beside engine).
 
 Integrations (our tiers under other engines, e.g. vLLM) sit at the server's
-level: they may import engine, cache and storage; nothing imports them.
+level: they may import engine, hierarchy, storage and common; nothing imports them.
 """
 
 import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "asynchicache"
-RANK = {"storage": 0, "cache": 1, "engine": 2, "kv_events": 2, "server": 3, "integrations": 3}
+RANK = {
+    "common": 0,
+    "settings": 0,
+    "storage": 1,
+    "hierarchy": 2,
+    "model": 2,
+    "engine": 3,
+    "kv_events": 3,
+    "server": 4,
+    "integrations": 4,
+    "launch": 5,
+}
 
 
 def _layer(module: str) -> str | None:
@@ -136,3 +148,26 @@ def test_no_import_circles_between_modules() -> None:
     """Two files that import each other (even lazily, inside a function) are one
     concept split in two, or a tool living below what it drives."""
     assert _cycles(_module_graph()) == []
+
+
+MAX_MODULES_PER_FOLDER = 15
+
+
+def test_no_folder_holds_more_than_fifteen_modules() -> None:
+    """A folder is one group of concepts a reader can take in: past 15 it wants a split."""
+    crowded = {}
+    for folder in [PKG, *(p for p in PKG.rglob("*") if p.is_dir() and p.name != "__pycache__")]:
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        if len(modules) > MAX_MODULES_PER_FOLDER:
+            crowded[str(folder.relative_to(PKG.parent))] = len(modules)
+    assert crowded == {}, f"folders over {MAX_MODULES_PER_FOLDER} modules: {crowded}"
+
+
+def test_no_two_files_share_a_basename() -> None:
+    """One name, one file: `config.py` in seven folders made every search a guess."""
+    seen: dict[str, list[str]] = {}
+    for path in PKG.rglob("*.py"):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(PKG)))
+    shared = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert shared == {}, f"basenames in more than one folder: {shared}"

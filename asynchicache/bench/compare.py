@@ -42,12 +42,12 @@ from typing import Any
 import httpx
 
 from asynchicache.bench import compare_phases as phases
-from asynchicache.bench.output import add_output_arguments, print_report
-from asynchicache.bench.peers import Peer, ours, parse_peer, vllm
-from asynchicache.bench.server_process import BenchServer, ServerError, start_server_bench
+from asynchicache.bench.processes.peers import Peer, ours, parse_peer, vllm
+from asynchicache.bench.processes.server_process import BenchServer, ServerError, start_server_bench
+from asynchicache.bench.processes.vllm_process import VllmThreads
+from asynchicache.bench.reports.output import add_output_arguments, print_report
 from asynchicache.bench.sweep import machine
-from asynchicache.bench.vllm_process import VllmThreads
-from asynchicache.config_flags import add_config_flags, config_kwargs
+from asynchicache.settings.config_flags import add_config_flags, config_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ def _model(arg: Path | None, out: Path, hf_needed: bool) -> Path:
     folder = out / "model-hf"
     if not (folder / "config.json").is_file():
         try:
-            from asynchicache.engine.export_hf import export_hf
+            from asynchicache.tools.export_hf import export_hf
         except ImportError as exc:
             raise ValueError(
                 "give --model HF_FOLDER (this checkout has no model export-hf)"
@@ -309,9 +309,9 @@ def _model(arg: Path | None, out: Path, hf_needed: bool) -> Path:
 
 def _l1_bytes(model: Path, ours_args: Sequence[str]) -> int:
     """The KV bytes of our L1 (--device-cache-tokens), the KV memory vLLM gets too."""
-    from asynchicache.config import CacheConfig
-    from asynchicache.server.frontend import load_frontend
-    from asynchicache.server.options import build_parser
+    from asynchicache.launch.frontend import load_frontend
+    from asynchicache.launch.options import build_parser
+    from asynchicache.settings.config import CacheConfig
 
     known, _ = build_parser().parse_known_args(list(ours_args))
     tokens = known.device_cache_tokens or CacheConfig.device_cache_tokens

@@ -24,12 +24,12 @@ from typing import Any
 
 import httpx
 
-from asynchicache.bench import text
-from asynchicache.bench.client import ClientConfig, run_workload, stream_chat
-from asynchicache.bench.peers import SERVED_NAME
-from asynchicache.bench.procwatch import cpu_by_role
-from asynchicache.bench.summary import summarize
-from asynchicache.bench.workloads import Message, RequestSpec, Session, Workload
+from asynchicache.bench.clients.client import ClientConfig, run_workload, stream_chat
+from asynchicache.bench.processes.peers import SERVED_NAME
+from asynchicache.bench.processes.procwatch import cpu_by_role
+from asynchicache.bench.reports.summary import summarize
+from asynchicache.bench.workloads import text
+from asynchicache.bench.workloads.workloads import Message, RequestSpec, Session, Workload
 
 
 def long_prompt(seed: int, approx_tokens: int) -> list[Message]:

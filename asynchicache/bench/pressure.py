@@ -5,7 +5,7 @@
         [--max-tokens 16] [--threads N] [--arms ours,ours-l1,vllm,vllm-ours]
         [--client vllm|ours] [--vllm-python .venv-vllm/bin/python] [--plot PNG]
 
-The workload (`bench/pressure_workload.py`): ~`--prefix-tokens` shared prefixes
+The workload (`bench/workloads/pressure_workload.py`): ~`--prefix-tokens` shared prefixes
 whose KV is `--working-set` times L1, each asked `--repeats` times with a short
 suffix, shuffled, `--max-tokens` greedy tokens each (`ignore_eos`). For each
 client count, one server at a time, each started fresh (its own disk folder)
@@ -20,11 +20,11 @@ and warmed up with two requests of an unrelated prompt of the same shape:
 
 Threads: vLLM computes on `--threads` OpenMP threads (default every core:
 vLLM at its best here; `VLLM_CPU_NUM_OF_RESERVED_CPU` = cores - threads, the
-same with and without the connector, bench/vllm_process.py). Our server uses
+same with and without the connector, bench/processes/vllm_process.py). Our server uses
 its default thread policy (at most every core, `engine/threads.py`) unless
 `--threads` is given, then `serve --threads N`. Both are written in the JSON.
 
-Client (`--client`, bench/pressure_client.py): `vllm` (default) times every
+Client (`--client`, bench/clients/pressure_client.py): `vllm` (default) times every
 arm with vLLM's own serving benchmark code (`vllm.benchmarks.serve`, run by
 `--vllm-python`), so our server is measured by vLLM's yardstick, not one of
 ours; `ours` is an httpx client of the same behaviour for machines without vLLM.
@@ -60,31 +60,31 @@ from typing import Any
 
 import httpx
 
-from asynchicache.bench import conversation_workload as conversation
-from asynchicache.bench import pressure_report as report
+from asynchicache.bench.clients.pressure_client import CLIENTS, ClientRun
 from asynchicache.bench.compare import DEFAULT_VLLM_PYTHON, _model
 from asynchicache.bench.connector_hits import connector_counters
-from asynchicache.bench.output import add_output_arguments, print_report
-from asynchicache.bench.peers import SERVED_NAME, Peer, ours, vllm
-from asynchicache.bench.pressure_client import CLIENTS, ClientRun
-from asynchicache.bench.pressure_workload import (
+from asynchicache.bench.processes.peers import SERVED_NAME, Peer, ours, vllm
+from asynchicache.bench.processes.server_process import BenchServer, ServerError, start_server_bench
+from asynchicache.bench.processes.vllm_process import CONNECTOR_MODULE, VllmThreads, metric_sum
+from asynchicache.bench.reports import pressure_report as report
+from asynchicache.bench.reports.output import add_output_arguments, print_report
+from asynchicache.bench.sweep import machine
+from asynchicache.bench.workloads import conversation_workload as conversation
+from asynchicache.bench.workloads.pressure_workload import (
     PressureParams,
     PressureWorkload,
     build,
     warm_up_prompt,
 )
-from asynchicache.bench.server_process import BenchServer, ServerError, start_server_bench
-from asynchicache.bench.sweep import machine
-from asynchicache.bench.vllm_process import CONNECTOR_MODULE, VllmThreads, metric_sum
-from asynchicache.config_flags import add_config_flags, config_kwargs
-from asynchicache.storage.shm import remove_stale_segments
+from asynchicache.common.shm import remove_stale_segments
+from asynchicache.settings.config_flags import add_config_flags, config_kwargs
 
 log = logging.getLogger(__name__)
 
 AnyWorkload = PressureWorkload | conversation.ConversationWorkload
 
 ARMS = ("ours", "ours-l1", "vllm", "vllm-ours")
-WORKLOADS = ("pressure", "conversation")  # conversation: bench/conversation_workload.py
+WORKLOADS = ("pressure", "conversation")  # conversation: bench/workloads/conversation_workload.py
 REPORT = "pressure.json"
 CLIENT_TIMEOUT_S = 4 * 3600.0
 
@@ -121,7 +121,7 @@ class PressureOptions:
 
 
 def _kv_bytes_per_token(model: Path) -> int:
-    from asynchicache.server.frontend import load_frontend
+    from asynchicache.launch.frontend import load_frontend
 
     return load_frontend(str(model)).kv_bytes_per_token("float32")
 
@@ -190,7 +190,7 @@ def _client_run(
 ) -> ClientRun:
     python = str(opts.vllm_python.absolute()) if opts.client == "vllm" else sys.executable
     argv = [
-        python, "-m", "asynchicache.bench.pressure_client",
+        python, "-m", "asynchicache.bench.clients.pressure_client",
         "--requests", str(prompts_file), "--url", url, "--concurrency", str(c),
         "--max-tokens", str(opts.params.max_tokens), "--client", opts.client, "--out", str(out),
     ]  # fmt: skip
@@ -290,7 +290,7 @@ def _ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
 
 
 def _tokenizer(opts: PressureOptions) -> Any:
-    from asynchicache.bench.prompts import load_tokenizer
+    from asynchicache.bench.workloads.prompts import load_tokenizer
 
     return load_tokenizer(str(opts.model))
 
@@ -403,7 +403,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=WORKLOADS,
         default="pressure",
         help="pressure: shuffled repeats of --prefix-tokens prefixes; conversation: "
-        "multi-turn sessions (bench/conversation_workload.py; of the workload flags "
+        "multi-turn sessions (bench/workloads/conversation_workload.py; of the workload flags "
         "it takes --l1-tokens, --max-tokens and --seed)",
     )
     p.add_argument(

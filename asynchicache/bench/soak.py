@@ -34,11 +34,11 @@ from typing import Any
 
 import httpx
 
-from asynchicache.bench.output import add_output_arguments, print_report, write_report
-from asynchicache.bench.procwatch import ServerSample, ServerWatch
-from asynchicache.bench.soak_clients import Tally, client_loop, make_prompts
+from asynchicache.bench.clients.soak_clients import Tally, client_loop, make_prompts
+from asynchicache.bench.processes.procwatch import ServerSample, ServerWatch
+from asynchicache.bench.reports.output import add_output_arguments, print_report, write_report
+from asynchicache.bench.reports.soak_report import SoakReport, idle, render, summarize
 from asynchicache.bench.soak_config import SoakConfig
-from asynchicache.bench.soak_report import SoakReport, idle, render, summarize
 
 __all__ = ["SoakConfig", "SoakReport", "build_parser", "main", "render", "run_soak"]
 

@@ -35,14 +35,20 @@ from typing import Any
 
 import httpx
 
-from asynchicache.bench import text
-from asynchicache.bench.client import ClientConfig, Run, add_workload_arguments, run_workload
-from asynchicache.bench.output import add_output_arguments, print_report
-from asynchicache.bench.prompts import chat_ids, ideal_of_run, planned_messages
-from asynchicache.bench.results import RequestResult, write_results
-from asynchicache.bench.server_log import read_load_events
-from asynchicache.bench.server_process import BenchServer, ServerError, start_server_bench
-from asynchicache.bench.setups import (
+from asynchicache.bench.clients.client import (
+    ClientConfig,
+    Run,
+    add_workload_arguments,
+    run_workload,
+)
+from asynchicache.bench.processes.server_log import read_load_events
+from asynchicache.bench.processes.server_process import BenchServer, ServerError, start_server_bench
+from asynchicache.bench.reports.output import add_output_arguments, print_report
+from asynchicache.bench.reports.run_results import RequestResult, write_results
+from asynchicache.bench.reports.summary import summarize
+from asynchicache.bench.workloads import text
+from asynchicache.bench.workloads.prompts import chat_ids, ideal_of_run, planned_messages
+from asynchicache.bench.workloads.setups import (
     ServerPlan,
     Setup,
     Sizing,
@@ -50,10 +56,9 @@ from asynchicache.bench.setups import (
     server_flags,
     size_tiers,
 )
-from asynchicache.bench.summary import summarize
-from asynchicache.bench.workloads import WORKLOADS, Workload, make_workload
-from asynchicache.config_flags import add_config_flags, config_kwargs
-from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.bench.workloads.workloads import WORKLOADS, Workload, make_workload
+from asynchicache.model.tokenizer import Tokenizer
+from asynchicache.settings.config_flags import add_config_flags, config_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +138,7 @@ class Phase:
 # ------------------------------------------------------------------- planning
 def plan_sizing(workload: Workload, tokenizer: Tokenizer, opts: SweepOptions) -> Sizing:
     """Tier sizes from the prompts the workload will send (answers: max_tokens of filler)."""
-    from asynchicache.bench.ideal import replay
+    from asynchicache.bench.workloads.ideal import replay
 
     filler = text.paragraph(random.Random(opts.seed), workload.max_tokens)
     ids = [chat_ids(tokenizer, m) for m in planned_messages(workload, filler)]
@@ -297,7 +302,7 @@ def _run_setup(ctx: _Context, setup: Setup) -> tuple[dict[str, Any], dict[str, A
 
 
 def _context(opts: SweepOptions) -> _Context:
-    from asynchicache.server.frontend import load_frontend
+    from asynchicache.launch.frontend import load_frontend
 
     workload = make_workload(opts.base_workload, opts.seed, opts.scale, opts.assignments)
     frontend = load_frontend(opts.model)
@@ -325,7 +330,7 @@ def _server_dtype(server_args: Sequence[str]) -> str:
 
 def sweep(opts: SweepOptions) -> dict[str, Any]:
     """Run every setup; write summary.json, table.md and the plots under `opts.out`."""
-    from asynchicache.bench.report import write_report
+    from asynchicache.bench.reports.report import write_report
 
     setups = pick_setups(opts.setups, opts.remote_url)
     opts.out.mkdir(parents=True, exist_ok=True)

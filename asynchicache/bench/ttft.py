@@ -10,7 +10,7 @@ posix_fadvise, so the read is cold when the kernel honours it). The cache
 service runs in a process of its own, as the server runs it (in a thread of
 this process it would take the interpreter lock from the engine's loop).
 
-The hits are the KV tiers' (a prompt's kept last logits, engine/prompt_logits.py,
+The hits are the KV tiers' (a prompt's kept last logits, engine/sampling/prompt_logits.py,
 are off here: they would answer the first token of a repeat without the tiers).
 Every engine warms up first as the server's does at start-up (`Engine.warm_up`).
 A hit takes tens of milliseconds, so one sample of it is at the mercy of
@@ -20,7 +20,7 @@ takes seconds and is measured once.
 
 Next to them, measured in the same run: `kv_bytes` (the prompt's full pages,
 what an L3 hit reads) and `dd_read_cold_GBps`, the disk folder's cold read
-bandwidth as `dd` measures it (`bench/dd.py`), so an L3 hit can be judged
+bandwidth as `dd` measures it (`bench/processes/dd.py`), so an L3 hit can be judged
 against the disk's own pace: `ttft_l3_bound_s` = kv_bytes / that bandwidth +
 `ttft_l1_s`.
 """
@@ -41,13 +41,13 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from asynchicache.bench.dd import cold_read
-from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.bench.processes.dd import cold_read
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
-from asynchicache.server.launch import ServiceLaunch, run_cache_service
-from asynchicache.storage.client.config import ClientConfig
+from asynchicache.launch.launch import ServiceLaunch, run_cache_service
+from asynchicache.model.loader import LoadedModel, load_model
+from asynchicache.settings.config import CacheConfig, EngineConfig
+from asynchicache.storage.client.client_config import ClientConfig
 from asynchicache.storage.client.storage_client import StorageClient
 from asynchicache.storage.service.server import ServiceConfig
 
@@ -119,7 +119,7 @@ def _disk_engine(model: LoadedModel, folder: Path, cache: CacheConfig) -> _DiskE
     proc.start()
     client = StorageClient(ClientConfig(service.address))
     # The tiers' KV paths are measured: a repeat's first token from kept logits
-    # (engine/prompt_logits.py) would skip them.
+    # (engine/sampling/prompt_logits.py) would skip them.
     engine = Engine(_engine_config(model), cache, storage=client, loaded=model)
     made = _DiskEngine(engine, proc)
     if not client.wait_ready(60):

@@ -22,7 +22,7 @@ vLLM alone (`vllm_decode`) and with our connector (`ours_decode`), whose saves
 copy every page a request fills into L2 (`--decode-clients 0`: no decode arm).
 
 Every arm computes on the same `--threads` (default: every core; vLLM's own
-default differs with and without a connector, see bench/vllm_process.py).
+default differs with and without a connector, see bench/processes/vllm_process.py).
 It reports the median of each arm, each arm's hit tokens (ours: our disk
 tier counter; ExampleConnector: vLLM's external prefix cache hits), the
 connector's decode cost (1 - ours_decode / vllm_decode) and the load average,
@@ -48,9 +48,9 @@ from typing import Any
 
 import httpx
 
-from asynchicache.bench.text import text
+from asynchicache.bench.processes.vllm_process import VllmFlags, VllmServer, VllmThreads, metric_sum
 from asynchicache.bench.vllm_decode import DecodeLoad, decode_tok_s
-from asynchicache.bench.vllm_process import VllmFlags, VllmServer, VllmThreads, metric_sum
+from asynchicache.bench.workloads.text import text
 from asynchicache.storage.client.storage_client import StorageClient
 
 ARMS = ("vllm_cold", "ours_restart", "example_restart", "ours_cold")
@@ -67,7 +67,7 @@ class BenchConfig:
     kv_cache_bytes: int = 1 << 30
     work_dir: Path | None = None
     block_size: int | None = None  # vLLM's --block-size for every arm (None: its default)
-    # vLLM's compute threads for every arm (None: every core; bench/vllm_process.py's
+    # vLLM's compute threads for every arm (None: every core; bench/processes/vllm_process.py's
     # VllmThreads): alone it reserves a core, with a connector two, so without one
     # setting the arms would compute on different thread counts.
     threads: int | None = None
@@ -289,7 +289,7 @@ def _decode_report(config: BenchConfig, rates: dict[str, list[float]]) -> dict:
 
 
 def _export_default(work: Path) -> Path:
-    from asynchicache.engine.export_hf import export_hf
+    from asynchicache.tools.export_hf import export_hf
 
     return export_hf(work / "smollm2-hf")
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from asynchicache.bench.client import stream_chat
-from asynchicache.bench.text import text
+from asynchicache.bench.clients.client import stream_chat
+from asynchicache.bench.workloads.text import text
 
 
 @dataclass(frozen=True)

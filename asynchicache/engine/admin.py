@@ -29,15 +29,15 @@ import logging
 import time
 from typing import Any, Protocol
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.keys import Namespace, chain_hashes
-from asynchicache.cache.pins import PinnedChain
-from asynchicache.engine.prompt_logits import PromptLogits
+from asynchicache.common.keys import Namespace, chain_hashes
+from asynchicache.common.tenant_key import TenantKey
+from asynchicache.common.tiers import STORAGE_TIERS, TIERS, Tier
 from asynchicache.engine.protocol import MAX_CACHE_SALT_CHARS, AdminReply, AdminRequest
+from asynchicache.engine.sampling.prompt_logits import PromptLogits
+from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.hierarchy.pins import PinnedChain
 from asynchicache.storage.admin_messages import ClearReply, PinReply, PinsReply
-from asynchicache.storage.client.admin import AdminRequests
-from asynchicache.storage.tenant_key import TenantKey
-from asynchicache.tiers import STORAGE_TIERS, TIERS, Tier
+from asynchicache.storage.client.admin_client import AdminRequests
 
 log = logging.getLogger(__name__)
 

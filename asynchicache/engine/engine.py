@@ -13,13 +13,8 @@ from dataclasses import asdict, is_dataclass
 
 import torch
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.keys import Namespace
-from asynchicache.cache.pools import KVLayout
-from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.common.keys import Namespace
 from asynchicache.engine.admin import EngineAdmin
-from asynchicache.engine.batch import Batch
-from asynchicache.engine.cost import CostModel
 from asynchicache.engine.group import Forker, make_members
 from asynchicache.engine.isolation import (
     fail_requests,
@@ -28,11 +23,6 @@ from asynchicache.engine.isolation import (
     pick_isolated,
     without_culprits,
 )
-from asynchicache.engine.loader import LoadedModel, load_model
-from asynchicache.engine.logprobs import collect_prompt_logprobs
-from asynchicache.engine.models.op_choice import FORWARD_TOKENS, OpChoice, measured_choice
-from asynchicache.engine.prefill_policy import MIN_STEP_TOKENS
-from asynchicache.engine.prompt_logits import PromptLogits
 from asynchicache.engine.protocol import (
     MAX_CACHE_SALT_CHARS,
     AdminReply,
@@ -43,16 +33,26 @@ from asynchicache.engine.protocol import (
     TokenOutput,
 )
 from asynchicache.engine.request import Phase, Request
-from asynchicache.engine.runner import (
+from asynchicache.engine.sampling.logprobs import collect_prompt_logprobs
+from asynchicache.engine.sampling.prompt_logits import PromptLogits
+from asynchicache.engine.sampling.sampler import Pick
+from asynchicache.engine.scheduling.batch import Batch
+from asynchicache.engine.scheduling.cost import CostModel
+from asynchicache.engine.scheduling.prefill_policy import MIN_STEP_TOKENS
+from asynchicache.engine.scheduling.scheduler import Scheduler
+from asynchicache.engine.trace import Tracer
+from asynchicache.engine.warm_up import WARM_UP_BUDGET_S, WARM_UP_GROWTH, WarmUp, warm_up
+from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.hierarchy.pools import KVLayout
+from asynchicache.model.loader import LoadedModel, load_model
+from asynchicache.model.op_choice import FORWARD_TOKENS, OpChoice, measured_choice
+from asynchicache.model.runner import (
     ModelRunner,
     attention_kernel,
     numerics_version,
     prefill_timer,
 )
-from asynchicache.engine.sampler import Pick
-from asynchicache.engine.scheduler import Scheduler
-from asynchicache.engine.trace import Tracer
-from asynchicache.engine.warm_up import WARM_UP_BUDGET_S, WARM_UP_GROWTH, WarmUp, warm_up
+from asynchicache.settings.config import CacheConfig, EngineConfig
 from asynchicache.storage.base import PageLayout, StorageTier
 
 log = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ class Engine:
     # -------------------------------------------------------------------- step
     def step(self) -> list[TokenOutput]:
         """Run one scheduler step and one forward pass; returns new tokens. A step that
-        draws first tokens from kept logits (engine/prompt_logits.py) returns those alone,
+        draws first tokens from kept logits (engine/sampling/prompt_logits.py) returns those alone,
         before any forward: they go out now, not after the next forward."""
         self.tracer.step_began()
         outputs = self._answer_early()
@@ -220,7 +220,7 @@ class Engine:
 
     def _answer_early(self) -> list[TokenOutput]:
         """First tokens of requests whose prompt's last logits are kept, drawn before any
-        forward (engine/prompt_logits.py); they then queue on as preempted requests do."""
+        forward (engine/sampling/prompt_logits.py); they then queue on as preempted requests do."""
         fresh, self._early = self._early, []
         ready = [r for r in fresh if r.phase is Phase.WAITING and not r.output]
         found = [(r, self.prompt_logits.get(r)) for r in ready]

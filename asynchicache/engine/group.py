@@ -32,8 +32,8 @@ import torch
 
 from asynchicache.engine.protocol import GenerateRequest
 from asynchicache.engine.request import Phase, Request, RequestGroup, SharedPages
-from asynchicache.engine.sampler import request_generator
-from asynchicache.engine.scheduler import Scheduler
+from asynchicache.engine.sampling.sampler import request_generator
+from asynchicache.engine.scheduling.scheduler import Scheduler
 
 SEED_BITS = 63
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import zmq
 
+from asynchicache.common.sockets import queued
 from asynchicache.engine.protocol import decode
-from asynchicache.storage.sockets import queued
 
 log = logging.getLogger(__name__)
 

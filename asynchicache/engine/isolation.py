@@ -1,7 +1,7 @@
 """A request that fails inside a step fails alone; the engine and the others go on.
 
 The edge validates every field and the sampler is total over what passes
-(engine/sampler.py), so nothing here should ever run. If something still raises
+(engine/sampling/sampler.py), so nothing here should ever run. If something still raises
 in a step (a sampler bug, a value no test thought of, a kernel error), the
 engine must not die with it: that would end every client's stream.
 
@@ -27,11 +27,11 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from asynchicache.engine.batch import Batch, ScheduledSeq
 from asynchicache.engine.request import Request
-from asynchicache.engine.runner import ForwardBatch, ModelRunner
-from asynchicache.engine.sampler import Pick, pick
-from asynchicache.engine.scheduler import Scheduler
+from asynchicache.engine.sampling.sampler import Pick, pick
+from asynchicache.engine.scheduling.batch import Batch, ScheduledSeq
+from asynchicache.engine.scheduling.scheduler import Scheduler
+from asynchicache.model.runner import ForwardBatch, ModelRunner
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.inbox import Inbox, Received
 from asynchicache.engine.protocol import (
     AbortRequest,
@@ -32,6 +31,7 @@ from asynchicache.engine.protocol import (
     encode,
 )
 from asynchicache.kv_events.publisher import KvEventsConfig
+from asynchicache.settings.config import CacheConfig, EngineConfig
 from asynchicache.storage.base import StorageTier
 
 if TYPE_CHECKING:  # torch: imported in the engine process only, not by the launcher
@@ -68,7 +68,7 @@ def _connect_storage(config: EngineProcessConfig) -> StorageTier | None:
     """Connect to the cache service (imported lazily: it is optional)."""
     if config.storage_addr is None:
         return None
-    from asynchicache.storage.client.config import ClientConfig
+    from asynchicache.storage.client.client_config import ClientConfig
     from asynchicache.storage.client.storage_client import StorageClient
 
     events = config.kv_events is not None  # the service's L3/L4 events, relayed

@@ -1,7 +1,7 @@
 """Messages between the HTTP server and the engine process (ZeroMQ + msgpack).
 
 Every message is a typed dataclass, encoded and decoded by the one codec
-(asynchicache.codec); a round-trip test covers each type. Token ids cross the
+(asynchicache.common.codec); a round-trip test covers each type. Token ids cross the
 socket, never text: the HTTP process tokenizes and detokenizes.
 """
 
@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from asynchicache.codec import Codec
+from asynchicache.common.codec import Codec
 
 # The most alternatives a client may ask per token (OpenAI's chat limit; vLLM's default).
 MAX_LOGPROBS = 20

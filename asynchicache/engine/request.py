@@ -8,9 +8,9 @@ from enum import Enum, auto
 
 import torch
 
-from asynchicache.cache.jobs import LoadTicket
-from asynchicache.cache.results import MatchHandle
 from asynchicache.engine.protocol import CachedTokens, SamplingParams, TokenLogprob
+from asynchicache.hierarchy.l2.jobs import LoadTicket
+from asynchicache.hierarchy.results import MatchHandle
 
 
 class Phase(Enum):
@@ -72,7 +72,7 @@ class Request:
     cached: CachedTokens = field(default_factory=CachedTokens)
     usage_final: bool = False  # `cached` was set at its first admission (it was preempted)
     # Prompt tokens its arrival prefetch moved into L2, by the tier they came from
-    # (engine/prefetch.py): its usage counts them there, not as L2 hits.
+    # (engine/scheduling/prefetch.py): its usage counts them there, not as L2 hits.
     prefetched: CachedTokens = field(default_factory=CachedTokens)
     generator: torch.Generator | None = None
     finish_reason: str | None = None

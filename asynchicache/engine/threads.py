@@ -6,7 +6,7 @@ waits. The HTTP process (detokenizing, streaming), the cache service and a
 benchmark's client run on the same cores, and so may anything else on the
 machine. (With OpenMP's default spin wait, both cores busy elsewhere made a
 batch-8 decode step 1.6-2.7 s on 2 threads instead of 0.23 s on 1; the engine
-waits passively since, engine/openmp.py.)
+waits passively since, launch/openmp.py.)
 
 So by default the count for the steps that read the weights (below) follows
 what the machine leaves free (`ThreadGovernor`): every core when the other
@@ -27,7 +27,7 @@ measured), again when work arrives, and 0.5 s after a proposal to confirm it.
 Which steps it governs (`for_step`): only the steps bound by reading the weights,
 those of fewer than 64 new tokens (decodes, a hit's last tokens; at ~350 GFLOPS and
 ~14 GB/s here a step turns arithmetic-bound near 50 rows). Bigger steps run on every
-core whatever the others do. Measured with `python -m asynchicache.bench.contention`
+core whatever the others do. Measured with `python -m asynchicache.bench.micro.contention`
 (docs/benchmarks.md, 2026-12-05 13:14 UTC), 2 threads against 1: a 1,024-token prefill
 step quiet 1.20 vs 2.27 s, beside 0.3 of a core 1.68 vs 2.41 s, beside one busy core
 2.20 vs 2.36 s, one and a half 2.53 vs 2.41 s, both 2.53 vs 2.55 s (at most 5% slower,

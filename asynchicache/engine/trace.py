@@ -151,7 +151,7 @@ class Tracer:
 
         Stamped with the step's beginning: the scheduling itself is the step's overhead,
         except the seconds the scheduler waited for a load to land in this step (`landed`,
-        engine/prefill_policy.py), which are that request's load time."""
+        engine/scheduling/prefill_policy.py), which are that request's load time."""
         for req, waited in landed:
             entry = self._open.get(id(req))
             if entry is not None:
@@ -189,7 +189,7 @@ class Tracer:
                 trace.max_step_s, trace.max_step_tokens = seconds, tokens
 
     def answered(self, req: Request) -> None:
-        """`req` got its first token before any forward (engine/prompt_logits.py)."""
+        """`req` got its first token before any forward (engine/sampling/prompt_logits.py)."""
         entry = self._open.get(id(req))
         if entry is not None and entry[1].first_token is None:
             now = self._clock()

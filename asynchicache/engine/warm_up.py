@@ -26,10 +26,10 @@ import logging
 import time
 from dataclasses import dataclass
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.engine.cost import CostModel
-from asynchicache.engine.prefill_policy import MIN_STEP_TOKENS
-from asynchicache.engine.runner import ForwardBatch, ModelRunner
+from asynchicache.engine.scheduling.cost import CostModel
+from asynchicache.engine.scheduling.prefill_policy import MIN_STEP_TOKENS
+from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.model.runner import ForwardBatch, ModelRunner
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from asynchicache.storage.curve import ClientCurve, CurveGuard, CurveKeys
-from asynchicache.storage.fileio import make_private_dir, private_dir_problem
+from asynchicache.common.curve import ClientCurve, CurveGuard, CurveKeys
+from asynchicache.common.fileio import make_private_dir, private_dir_problem
 
-# The CURVE helpers live in storage/curve.py (the cache service's tcp:// uses them too).
+# The CURVE helpers live in common/curve.py (the cache service's tcp:// uses them too).
 __all__ = [
     "LOOPBACK_HINT",
     "REMOTE_HINT",

@@ -15,8 +15,7 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from asynchicache.storage.admin_messages import ContentsReply
-from asynchicache.tiers import (
+from asynchicache.common.tiers import (
     STORAGE_TIERS,
     AllBlocksCleared,
     BlockRemoved,
@@ -24,6 +23,7 @@ from asynchicache.tiers import (
     Tier,
     TierEvent,
 )
+from asynchicache.storage.admin_messages import ContentsReply
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ import hashlib
 import secrets
 from dataclasses import replace
 
+from asynchicache.common.tiers import BlockStored, TierEvent
 from asynchicache.kv_events import wire
-from asynchicache.tiers import BlockStored, TierEvent
 
 PRUNE_SLACK = 4096
 

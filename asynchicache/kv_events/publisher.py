@@ -42,17 +42,24 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from asynchicache.config import LaunchConfig
+from asynchicache.common.tiers import (
+    STORAGE_TIERS,
+    TIERS,
+    AllBlocksCleared,
+    BlockStored,
+    Tier,
+    TierEvent,
+)
 from asynchicache.kv_events import wire
 from asynchicache.kv_events.access import CurveGuard, CurveKeys, check_endpoint, prepare_ipc
 from asynchicache.kv_events.mirror import StorageMirror
 from asynchicache.kv_events.privacy import PublicChains
 from asynchicache.kv_events.replay import ReplayLimits, ReplayServer
+from asynchicache.settings.config import LaunchConfig
 from asynchicache.storage.admin_messages import ContentsReply
-from asynchicache.tiers import STORAGE_TIERS, TIERS, AllBlocksCleared, BlockStored, Tier, TierEvent
 
 if TYPE_CHECKING:  # the launcher imports this module for its config: no torch there
-    from asynchicache.cache.hierarchy import HiRadixCache
+    from asynchicache.hierarchy.hierarchy import HiRadixCache
     from asynchicache.storage.client.storage_client import StorageClient
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from typing import Protocol
 
 import zmq
 
+from asynchicache.common.sockets import queued
 from asynchicache.kv_events import wire
-from asynchicache.storage.sockets import queued
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ import time
 
 import zmq
 
+from asynchicache.common.sockets import queued
+from asynchicache.common.tiers import TIERS
 from asynchicache.kv_events import wire
 from asynchicache.kv_events.access import ClientCurve
-from asynchicache.storage.sockets import queued
-from asynchicache.tiers import TIERS
 
 
 class KvEventSubscriber:

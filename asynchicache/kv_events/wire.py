@@ -40,8 +40,8 @@ from typing import Any
 
 import msgpack
 
-from asynchicache.codec import unpack_foreign
-from asynchicache.tiers import Tier
+from asynchicache.common.codec import unpack_foreign
+from asynchicache.common.tiers import Tier
 
 SEQ_BYTES = 8
 END_SEQ = -1  # the seq of the replay socket's end marker (vLLM's)

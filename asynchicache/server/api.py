@@ -6,12 +6,12 @@
     POST /cache/pin               POST /cache/unpin              (server/cache_admin.py)
     POST /tokenize, /detokenize   GET /version                   (vLLM's, server/compat_routes.py)
     POST /flush_cache, /clear_hicache_storage_backend             (SGLang's, admin)
-    POST /v1/completions/render, /v1/chat/completions/render      (vLLM's, server/render_routes.py)
+    POST /v1/completions/render, /v1/chat/completions/render      (vLLM's, openai/render_routes.py)
 
-Keys: server/auth.py (every endpoint but `/health` and `/ready` wants the API key;
+Keys: server/guards/auth.py (every endpoint but `/health` and `/ready` wants the API key;
 the admin key opens the cache admin routes and everything else). Before the keys,
-server/exposure.py refuses cross-site and rebound browser requests; after them,
-server/admission.py gives each work request its turn (or a 429).
+server/guards/exposure.py refuses cross-site and rebound browser requests; after them,
+server/guards/admission.py gives each work request its turn (or a 429).
 """
 
 from __future__ import annotations
@@ -23,24 +23,24 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from asynchicache.config import ServerConfig
-from asynchicache.server import completions
-from asynchicache.server.admission import Admission, AdmissionMiddleware
-from asynchicache.server.auth import ADMIN_PATHS, PUBLIC_PATHS, APIKeyMiddleware
 from asynchicache.server.cache_admin import add_cache_routes, fresh_stats
 from asynchicache.server.compat_routes import add_compat_routes
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineUnavailable
 from asynchicache.server.errors import APIError, install_error_handlers
-from asynchicache.server.exposure import ExposureGuard
-from asynchicache.server.readiness import readiness
-from asynchicache.server.render_routes import add_render_routes
-from asynchicache.server.schemas import (
+from asynchicache.server.guards.admission import Admission, AdmissionMiddleware
+from asynchicache.server.guards.auth import ADMIN_PATHS, PUBLIC_PATHS, APIKeyMiddleware
+from asynchicache.server.guards.exposure import ExposureGuard
+from asynchicache.server.openai import completions
+from asynchicache.server.openai.render_routes import add_render_routes
+from asynchicache.server.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
     ModelList,
 )
+from asynchicache.server.readiness import readiness
+from asynchicache.settings.config import ServerConfig
 
 __all__ = ["ADMIN_PATHS", "PUBLIC_PATHS", "APIKeyMiddleware", "create_app"]
 

@@ -16,7 +16,7 @@ otherwise), at most once per `INTEGRITY_INTERVAL_S` (429 with `Retry-After`).
 
 Tenants: no answer names a salt (a pin's tenant is its `owner`, a keyed
 fingerprint), and the list of pins with their owners goes to the admin only
-(server/auth.py); others see the counts. A lookup reads one namespace, the shared
+(server/guards/auth.py); others see the counts. A lookup reads one namespace, the shared
 one or the `cache_salt` the caller sends: the salt is the tenant's secret, and
 nothing lists salts, so a caller learns only what its own requests could.
 """
@@ -33,12 +33,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
-from asynchicache.server.auth import is_admin
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineUnavailable
 from asynchicache.server.errors import APIError, error_body
-from asynchicache.server.requests import chat_prompt_ids
-from asynchicache.server.schemas import (
+from asynchicache.server.guards.auth import is_admin
+from asynchicache.server.openai.requests import chat_prompt_ids
+from asynchicache.server.openai.schemas import (
     ChatCompletionRequest,
     ClearRequest,
     LookupRequest,
@@ -104,7 +104,7 @@ def _older_than(payload: dict[str, Any], start: float) -> bool:
 def prompt_ids(ctx: AppContext, body: LookupRequest) -> list[int]:
     """The token ids of a body's `prompt` (text or ids) or `messages` (chat template), at
     most the context length (the length checked before the ids, the text's bytes before
-    it is tokenized: server/bounded_tokenizer.py)."""
+    it is tokenized: server/guards/bounded_tokenizer.py)."""
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "send exactly one of 'prompt' and 'messages'", param="prompt")
     if body.messages is not None:

@@ -5,7 +5,7 @@ their code names them), its type and labels as vLLM 0.32's `vllm/v1/metrics/logg
 and SGLang's metrics collector declare them, and what it counts here. vLLM's labels are
 `model_name` (the served name) and `engine` ("0": one engine per server), plus the
 row's own; none carries a salt, a prompt or a token id. docs/migrating.md is generated
-from the table (server/migrating.py) and tests/vllm/test_bench_serve.py checks it
+from the table (launch/migrating.py) and tests/vllm/test_bench_serve.py checks it
 against vLLM's module and a live `/metrics`.
 
 Two sources: what the HTTP process sees of each request (`PeerRequestMetrics`, fed

@@ -15,7 +15,7 @@ tokenized and decoded in a worker thread, and a /detokenize body longer than the
 context's ids could be is refused before it is parsed (issue 39: a 1,000,000-id
 /detokenize held every other request for 0.45 s). The two SGLang routes change
 state, so they are POST only (a GET from a link or an <img> must not empty a cache)
-and among server/auth.py's ADMIN_PATHS. `ENDPOINTS` is the table docs/migrating.md
+and among server/guards/auth.py's ADMIN_PATHS. `ENDPOINTS` is the table docs/migrating.md
 is generated from.
 """
 
@@ -34,8 +34,8 @@ from asynchicache import __version__
 from asynchicache.server.cache_admin import CLEAR_TIMEOUT_S, admin
 from asynchicache.server.context import AppContext
 from asynchicache.server.errors import APIError
-from asynchicache.server.requests import check_model
-from asynchicache.server.schemas import ChatMessage, Text
+from asynchicache.server.openai.requests import check_model
+from asynchicache.server.openai.schemas import ChatMessage, Text
 
 # A detokenize body (and a token list on its way back) is bounded like a prompt.
 MAX_TOKENS = 1 << 20

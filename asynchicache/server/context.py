@@ -73,7 +73,7 @@ class AppContext:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     # Pings the cache service for /ready (None: no disk tier, nothing to ask).
     service_probe: ServiceProbe | None = None
-    # --max-request-tokens (server/work_bound.py); None: its default for this context.
+    # --max-request-tokens (server/guards/work_bound.py); None: its default for this context.
     max_request_tokens: int | None = None
 
     def __post_init__(self) -> None:

@@ -15,7 +15,7 @@ At shutdown, `refuse_new` turns new generations away while running ones finish.
 Every generation carries a deadline (`request_timeout_s` from its start): past it,
 it is aborted and ends with `RequestTimedOut` (a JSON 504, or an error event on a
 stream), whatever the engine does. `ping` asks for "health" even while the client
-is down: the launcher's watchdog (server/engine_probe.py) pings through it, and
+is down: the launcher's watchdog (launch/engine_probe.py) pings through it, and
 `last_heard` says when the engine last sent anything.
 """
 

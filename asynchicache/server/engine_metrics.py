@@ -5,7 +5,7 @@
 Known fields get their own names and labels (`_RULE_TABLE`); any other numeric field
 is still exported, as a gauge named after its path. Also from the payload: each
 tier's hit rate and occupancy, and the transfer latency histograms of
-cache/latency.py (`asynchicache_cache_load_seconds`, `..._store_seconds`, per tier).
+hierarchy/l2/latency.py (`asynchicache_cache_load_seconds`, `..._store_seconds`, per tier).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ counter scheduler_loads_given_up loads_given_up
 counter prompt_logits_hits prompt_logits\.hits
     First tokens drawn from a kept prompt's last-position logits, before any forward.
 counter prompt_logits_stored prompt_logits\.stored
-    Prompts whose last-position logits were kept (engine/prompt_logits.py).
+    Prompts whose last-position logits were kept (engine/sampling/prompt_logits.py).
 gauge prompt_logits prompt_logits\.(?P<what>entries|bytes)
     Prompts whose last-position logits are kept, and their bytes.
 """
@@ -150,7 +150,7 @@ def _counters(payload: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _latencies(payload: Mapping[str, Any]) -> Iterator[Metric]:
-    """cache/latency.py's histograms: load and store durations per tier."""
+    """hierarchy/l2/latency.py's histograms: load and store durations per tier."""
     cache = payload.get("cache")
     latency = cache.get("latency") if isinstance(cache, Mapping) else None
     for op, doc in (("load", "Durations of prefix loads (and arrival prefetches) up the "

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from asynchicache.config import ServerConfig
 from asynchicache.server.api import create_app
-from asynchicache.server.body_limit import BodyLimitMiddleware
 from asynchicache.server.context import AppContext
 from asynchicache.server.engine_client import EngineClient
 from asynchicache.server.errors import JSONErrors
+from asynchicache.server.guards.body_limit import BodyLimitMiddleware
+from asynchicache.settings.config import ServerConfig
 
 log = logging.getLogger(__name__)
 

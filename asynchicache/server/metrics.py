@@ -22,10 +22,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from asynchicache.common.tiers import TIERS
 from asynchicache.engine.protocol import CachedTokens
 from asynchicache.server.compat_metrics import PeerEngineCollector, PeerRequestMetrics
 from asynchicache.server.engine_metrics import PREFIX, EngineStatsCollector
-from asynchicache.tiers import TIERS
 
 # Latency buckets from 1 ms (a cached prefix on a GPU) to minutes (a long cold
 # prompt on a small CPU).

@@ -8,13 +8,13 @@ protocols and page layout), messages.py / admin_messages.py (the wire), header.p
 page_index.py, shm.py, sockets.py, deadline.py (when a job stops), liveness.py,
 fileio.py, lineage.py, tenant_key.py, write_behind.py, admission.py.
 
-Names load on first use (asynchicache.faces), so importing `asynchicache.storage.base`
+Names load on first use (asynchicache.common.faces), so importing `asynchicache.storage.base`
 (as the cache layer does) loads neither redis-py nor ZeroMQ.
 """
 
 from __future__ import annotations
 
-from asynchicache.faces import lazy_face
+from asynchicache.common.faces import lazy_face
 
 __all__, __getattr__ = lazy_face(
     __name__,
@@ -28,14 +28,13 @@ __all__, __getattr__ = lazy_face(
         "StorageTier": "base",
         "TicketKind": "base",
         "StorageClient": "client.storage_client",
-        "ClientConfig": "client.config",
-        "Deadline": "deadline",
-        "DiskBackend": "disk.backend",
-        "DiskConfig": "disk.config",
-        "RedisBackend": "remote.backend",
-        "RedisConfig": "remote.config",
+        "ClientConfig": "client.client_config",
+        "DiskBackend": "disk.disk_backend",
+        "DiskConfig": "disk.disk_config",
+        "RedisBackend": "remote.remote_backend",
+        "RedisConfig": "remote.remote_config",
         "CacheService": "service.server",
-        "ServiceConfig": "service.config",
+        "ServiceConfig": "service.service_config",
         "run_service": "service.server",
         "RemoteTierConfig": "service.tiered",
         "TieredBackend": "service.tiered",

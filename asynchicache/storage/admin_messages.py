@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asynchicache.storage.disk.pins import Pin
-from asynchicache.tiers import STORAGE_TIERS, TierEvent
+from asynchicache.common.tiers import STORAGE_TIERS, TierEvent
+from asynchicache.storage.disk.disk_pins import Pin
 
 HASH_BYTES = 16
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
-    from asynchicache.storage.deadline import Deadline
+    from asynchicache.common.deadline import Deadline
 
 # A chain's page hashes (16 bytes each, in chain order) and the L2 slots their pages
 # move through, `slots[i]` for `hashes[i]`.

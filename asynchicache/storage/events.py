@@ -1,6 +1,6 @@
 """KV events of the storage tiers: pages stored to and removed from L3 (disk) and L4 (remote).
 
-The events are asynchicache.tiers' (`BlockStored`, `BlockRemoved`,
+The events are asynchicache.common.tiers' (`BlockStored`, `BlockRemoved`,
 `AllBlocksCleared`: vLLM's names) with the tier `disk` or `remote`: a run of
 pages of one chain stored, pages gone from a tier (evicted, cleared, found
 damaged, or found gone: another instance evicted them from a shared folder),
@@ -30,8 +30,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from asynchicache.common.tiers import AllBlocksCleared, BlockRemoved, BlockStored, Tier, TierEvent
 from asynchicache.storage.page_index import IndexedPage
-from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored, Tier, TierEvent
 
 
 def stored_runs(tier: str, pages: Sequence[IndexedPage]) -> list[BlockStored]:

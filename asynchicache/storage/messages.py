@@ -21,7 +21,7 @@ Store gets exactly one final reply, after which the service touches none of
 its slots.
 
 The admin messages (clear, pins, contents, events) are in storage.admin_messages;
-both go through the one codec (asynchicache.codec), whose `decode` checks every field
+both go through the one codec (asynchicache.common.codec), whose `decode` checks every field
 against its type hint, so a malformed or hostile frame is a clean `ValueError`, never
 a half-built message that fails later inside the service.
 """
@@ -32,7 +32,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 
-from asynchicache.codec import Codec
+from asynchicache.common.codec import Codec
 from asynchicache.storage.admin_messages import AdminReply, AdminRequest, check_hashes
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
 

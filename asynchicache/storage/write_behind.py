@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from asynchicache.common.deadline import Deadline, passed
 from asynchicache.storage.base import PageRef
-from asynchicache.storage.deadline import Deadline, passed
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 from bench_helpers import ScriptedServer
 
-from asynchicache.engine.tokenizer import Tokenizer
-from asynchicache.server.frontend import Frontend
+from asynchicache.launch.frontend import Frontend
+from asynchicache.model.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from bench_helpers import ScriptedServer
 
-from asynchicache.bench.client import ClientConfig, main, run_workload
-from asynchicache.bench.workloads import RequestSpec, Session, Workload, make_workload
+from asynchicache.bench.clients.client import ClientConfig, main, run_workload
+from asynchicache.bench.workloads.workloads import RequestSpec, Session, Workload, make_workload
 
 
 def _cfg(server: ScriptedServer, **kw: object) -> ClientConfig:

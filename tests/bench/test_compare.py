@@ -12,8 +12,8 @@ import pytest
 
 from asynchicache.bench.compare import _order, _Round, main, medians, ratios
 from asynchicache.bench.compare_phases import clients_workload
-from asynchicache.bench.peers import Peer, ours, parse_peer, vllm
-from asynchicache.engine.loader import default_model_path
+from asynchicache.bench.processes.peers import Peer, ours, parse_peer, vllm
+from asynchicache.model.loader import default_model_path
 
 
 def test_peer_commands_fill_their_placeholders() -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from asynchicache.bench.connector_hits import connector_counters
-from asynchicache.bench.conversation_workload import (
+from asynchicache.bench.workloads.conversation_workload import (
     MIN_GAP,
     ConversationParams,
     build,
     reusable_page_fraction,
     warm_up_prompt,
 )
-from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.model.tokenizer import Tokenizer
 
 SMALL = ConversationParams(sessions=120, mean_turns=2.0, max_turns=4, seed=3)
 

@@ -1,10 +1,10 @@
-"""`bench/dd.py`: a real dd reads a real file in the folder, cold."""
+"""`bench/processes/dd.py`: a real dd reads a real file in the folder, cold."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from asynchicache.bench.dd import MIN_BYTES, cold_read
+from asynchicache.bench.processes.dd import MIN_BYTES, cold_read
 
 
 def test_cold_read_reports_dd_bandwidth_and_leaves_nothing(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.bench.fleet import (
+from asynchicache.bench.fleet.fleet import (
     MEASURED,
     FleetOptions,
     build_workload,
@@ -21,9 +21,9 @@ from asynchicache.bench.fleet import (
     run,
     table,
 )
-from asynchicache.bench.fleet_router import Credits
-from asynchicache.bench.ideal import replay
-from asynchicache.bench.valkey_cluster import ValkeyCluster
+from asynchicache.bench.fleet.fleet_router import Credits
+from asynchicache.bench.processes.valkey_cluster import ValkeyCluster
+from asynchicache.bench.workloads.ideal import replay
 
 
 def test_valkey_cluster_spreads_keys_over_its_three_nodes_and_flushes(tmp_path: Path) -> None:

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from asynchicache.bench.ideal import replay
-from asynchicache.bench.prompts import chat_ids, ideal_of_run, sent_messages
-from asynchicache.bench.results import RequestResult
-from asynchicache.bench.workloads import make_workload
-from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.bench.reports.run_results import RequestResult
+from asynchicache.bench.workloads.ideal import replay
+from asynchicache.bench.workloads.prompts import chat_ids, ideal_of_run, sent_messages
+from asynchicache.bench.workloads.workloads import make_workload
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import SamplingParams
-from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.model.loader import LoadedModel
+from asynchicache.model.tokenizer import Tokenizer
+from asynchicache.settings.config import CacheConfig, EngineConfig
 
 P = 4
 A = list(range(1, 11))  # pages [1..4] [5..8], 2 tokens left over

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.bench import micro
+from asynchicache.bench.micro import micro
 from asynchicache.cli import BENCHMARKS
 
 OURS = sorted(set(BENCHMARKS) - {"vllm"})  # vllm's CLI belongs to the vLLM integration

@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 from bench_helpers import ScriptedServer
 
+from asynchicache.bench.clients.pressure_client import ClientRun, RequestTiming
 from asynchicache.bench.pressure import ARMS, PressureOptions, arm_peer, main
-from asynchicache.bench.pressure_client import ClientRun, RequestTiming
-from asynchicache.bench.pressure_report import (
+from asynchicache.bench.reports.pressure_report import (
     by_class,
     figures,
     match_traces,
     percentile,
     request_rows,
 )
-from asynchicache.bench.pressure_workload import PressureParams, build, warm_up_prompt
-from asynchicache.engine.loader import default_model_path
-from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.bench.workloads.pressure_workload import PressureParams, build, warm_up_prompt
+from asynchicache.model.loader import default_model_path
+from asynchicache.model.tokenizer import Tokenizer
 
 TINY = PressureParams(l1_tokens=512, working_set=2.0, prefix_tokens=100, suffix_tokens=8,
                       repeats=2, max_tokens=2)  # fmt: skip
@@ -131,7 +131,7 @@ def _prompts_file(tmp_path: Path, n: int) -> Path:
 
 def _client(python: str, url: str, tmp_path: Path, client: str) -> ClientRun:
     out = tmp_path / f"{client}.json"
-    argv = [python, "-m", "asynchicache.bench.pressure_client", "--requests",
+    argv = [python, "-m", "asynchicache.bench.clients.pressure_client", "--requests",
             str(_prompts_file(tmp_path, 6)), "--url", url, "--concurrency", "2",
             "--max-tokens", "3", "--client", client, "--out", str(out)]  # fmt: skip
     subprocess.run(argv, check=True, timeout=600, env={**os.environ, "PYTHONPATH": os.getcwd()})

@@ -6,8 +6,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from asynchicache.bench.report import config_table, markdown, write_report
-from asynchicache.bench.results import RequestResult, write_results
+from asynchicache.bench.reports.report import config_table, markdown, write_report
+from asynchicache.bench.reports.run_results import RequestResult, write_results
 
 TIERS0 = {"device": 0.0, "host": 0.0, "disk": 0.0, "remote": 0.0}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asynchicache.bench.report import markdown
-from asynchicache.bench.server_log import load_events, read_load_events
+from asynchicache.bench.processes.server_log import load_events, read_load_events
+from asynchicache.bench.reports.report import markdown
 
 LOG = """\
 2026-11-29 16:48:50 engine INFO engine ready: model SmolLM2-135M-Instruct on cpu

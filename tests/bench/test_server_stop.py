@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from processes import pid_alive
 
-from asynchicache.bench.server_process import BenchServer, _group_members
+from asynchicache.bench.processes.server_process import BenchServer, _group_members
 
 SCRIPT = Path(__file__).with_name("shm_server.py")
 

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.bench.setups import (
+from asynchicache.bench.workloads.setups import (
     SETUPS,
     ServerPlan,
     pick_setups,
     server_flags,
     size_tiers,
 )
-from asynchicache.cache.pools import KVLayout
-from asynchicache.server.options import LaunchConfig, build_parser, to_config
+from asynchicache.hierarchy.pools import KVLayout
+from asynchicache.launch.options import LaunchConfig, build_parser, to_config
 
 KV_PER_TOKEN = 30 * 2 * 3 * 64 * 4  # the default model in float32
 LAYOUT = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_size=16)

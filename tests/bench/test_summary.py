@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asynchicache.bench.results import RequestResult, read_results, write_results
-from asynchicache.bench.summary import Distribution, percentile, summarize
+from asynchicache.bench.reports.run_results import RequestResult, read_results, write_results
+from asynchicache.bench.reports.summary import Distribution, percentile, summarize
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 101, 1000])

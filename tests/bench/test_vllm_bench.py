@@ -9,7 +9,13 @@ import pytest
 from bench_helpers import ScriptedServer
 from service_process import ServiceProcess
 
-from asynchicache.bench.peers import vllm
+from asynchicache.bench.processes.peers import vllm
+from asynchicache.bench.processes.vllm_process import (
+    VllmFlags,
+    VllmThreads,
+    machine_cores,
+    metric_sum,
+)
 from asynchicache.bench.vllm import (
     ARMS,
     DECODE_ARMS,
@@ -20,7 +26,6 @@ from asynchicache.bench.vllm import (
     messages,
 )
 from asynchicache.bench.vllm_decode import DecodeLoad, decode_tok_s
-from asynchicache.bench.vllm_process import VllmFlags, VllmThreads, machine_cores, metric_sum
 from asynchicache.storage.client.storage_client import StorageClient
 
 

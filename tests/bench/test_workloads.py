@@ -7,16 +7,16 @@ import statistics
 
 import pytest
 
-from asynchicache.bench import text
-from asynchicache.bench.prompts import chat_ids
-from asynchicache.bench.workloads import (
+from asynchicache.bench.workloads import text
+from asynchicache.bench.workloads.prompts import chat_ids
+from asynchicache.bench.workloads.workloads import (
     LongdocParams,
     MultiturnParams,
     make_workload,
     override,
     poisson_arrivals,
 )
-from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.model.tokenizer import Tokenizer
 
 
 @pytest.mark.parametrize("name", ["multiturn", "longdoc", "sysprompt"])

@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 import torch
 from storage_doubles import MemoryStorage
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.jobs import LoadTicket
-from asynchicache.cache.keys import Namespace
-from asynchicache.cache.pools import KVLayout
-from asynchicache.cache.results import LockedPages, MatchResult
+from asynchicache.common.keys import Namespace
+from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.hierarchy.l2.jobs import LoadTicket
+from asynchicache.hierarchy.pools import KVLayout
+from asynchicache.hierarchy.results import LockedPages, MatchResult
 
 PAGE = 4
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=1, head_dim=4, page_size=PAGE, dtype=torch.float32)

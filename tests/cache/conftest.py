@@ -8,9 +8,9 @@ import pytest
 import torch
 from cache_helpers import LAYOUT, NS, PAGE, MakeCache, MemoryStorage, host_gb
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.pools import HostPool
-from asynchicache.config import CacheConfig, WritePolicy
+from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.hierarchy.pools import HostPool
+from asynchicache.settings.config import CacheConfig, WritePolicy
 
 
 @pytest.fixture

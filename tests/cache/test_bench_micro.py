@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from asynchicache.bench import micro
+from asynchicache.bench.micro import micro
 
 
 def test_micro_reports_radix_and_copy_keys(capsys: pytest.CaptureFixture[str]) -> None:

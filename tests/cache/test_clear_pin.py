@@ -7,10 +7,10 @@ import random
 
 from cache_helpers import NS, PAGE, MakeCache, put, tokens_for
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.keys import chain_hashes
-from asynchicache.cache.pins import PinnedChain
-from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored, TierEvent
+from asynchicache.common.keys import chain_hashes
+from asynchicache.common.tiers import AllBlocksCleared, BlockRemoved, BlockStored, TierEvent
+from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.hierarchy.pins import PinnedChain
 
 
 def pin(cache: HiRadixCache, tokens: list[int], salt: str = "") -> PinnedChain:

@@ -12,15 +12,15 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.keys import Namespace
-from asynchicache.cache.pools import KVLayout
-from asynchicache.config import CacheConfig, WritePolicy
+from asynchicache.common.keys import Namespace
+from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.hierarchy.pools import KVLayout
+from asynchicache.settings.config import CacheConfig, WritePolicy
 
 PAGE = 8
 CHILD = """
 import hashlib, json, sys, torch
-from asynchicache.cache.pools import HostPool, KVLayout
+from asynchicache.hierarchy.pools import HostPool, KVLayout
 name, dtype, slots = sys.argv[1], getattr(torch, sys.argv[2]), json.loads(sys.argv[3])
 layout = KVLayout(num_layers=3, num_kv_heads=2, head_dim=8, page_size=8, dtype=dtype)
 pool = HostPool.attach(name, layout)

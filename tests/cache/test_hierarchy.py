@@ -7,9 +7,9 @@ import pytest
 import torch
 from cache_helpers import PAGE, MakeCache, device_values, finish, put, release, tokens_for
 
-from asynchicache.cache import HiRadixCache, IntegrityError
-from asynchicache.cache.ledger import SlotState
-from asynchicache.config import WritePolicy
+from asynchicache.hierarchy import HiRadixCache, IntegrityError
+from asynchicache.hierarchy.l2.ledger import SlotState
+from asynchicache.settings.config import WritePolicy
 
 
 def host_value(cache: HiRadixCache, slot: int) -> float:

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from asynchicache.cache.keys import (
+from asynchicache.common.keys import (
     ENGINE,
     KV_LAYOUT_VERSION,
     NUMERICS_VERSION,
@@ -18,7 +18,7 @@ NS = Namespace("smollm2-test", "float32", 16)
 
 SCRIPT = """
 import json, random, sys
-from asynchicache.cache.keys import Namespace, page_hashes
+from asynchicache.common.keys import Namespace, page_hashes
 rng = random.Random(7)
 tokens = [rng.randrange(50000) for _ in range(1000)]
 ns = Namespace("smollm2-test", "float32", 16, cache_salt=sys.argv[1])

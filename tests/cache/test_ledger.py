@@ -8,7 +8,7 @@ import logging
 import pytest
 from cache_helpers import PAGE, MakeCache, tokens_for
 
-from asynchicache.cache.ledger import (
+from asynchicache.hierarchy.l2.ledger import (
     PAGE_TRANSITIONS,
     SLOT_TRANSITIONS,
     LedgerError,

@@ -1,10 +1,10 @@
-"""The shared load-or-recompute rule (cache/load_cost.py), as our engine and the vLLM
+"""The shared load-or-recompute rule (hierarchy/load_cost.py), as our engine and the vLLM
 connector both apply it."""
 
 from __future__ import annotations
 
-from asynchicache.cache.load_cost import LoadCost, Rate
-from asynchicache.engine.cost import CostModel
+from asynchicache.engine.scheduling.cost import CostModel
+from asynchicache.hierarchy.load_cost import LoadCost, Rate
 
 PAGE, PAGE_BYTES = 16, 1_000_000
 

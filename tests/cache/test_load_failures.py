@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from cache_helpers import PAGE, MakeCache, put, release, tokens_for
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.ledger import SlotState
+from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.hierarchy.l2.ledger import SlotState
 
 
 def assert_idle_and_unlocked(cache: HiRadixCache) -> None:

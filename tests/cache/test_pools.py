@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from asynchicache.cache.pools import DevicePool, HostPool, KVLayout
-from asynchicache.storage.shm import SHM_DIR, SharedSegment, list_segments
+from asynchicache.common.shm import SHM_DIR, SharedSegment, list_segments
+from asynchicache.hierarchy.pools import DevicePool, HostPool, KVLayout
 from tests.support.settling import wait_until
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=3, head_dim=4, page_size=4, dtype=torch.float32)
@@ -27,7 +27,7 @@ def pool() -> Iterator[HostPool]:
 
 
 def _run_child(script: str, *args: str) -> str:
-    code = "import torch\nfrom asynchicache.cache.pools import HostPool, KVLayout\n"
+    code = "import torch\nfrom asynchicache.hierarchy.pools import HostPool, KVLayout\n"
     code += "LAYOUT = KVLayout(2, 3, 4, 4, torch.float32)\n" + textwrap.dedent(script)
     out = subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60

@@ -9,8 +9,8 @@ import time
 
 from cache_helpers import MakeCache, put, storage_of, tokens_for
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.jobs import LoadTicket
+from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.hierarchy.l2.jobs import LoadTicket
 
 
 def _landed(cache: HiRadixCache, ticket: LoadTicket) -> None:

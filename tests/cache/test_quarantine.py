@@ -22,10 +22,10 @@ from cache_helpers import (
     tokens_for,
 )
 
-from asynchicache.cache import HiRadixCache, LoadTicket
-from asynchicache.cache.keys import chain_hashes
-from asynchicache.config import CacheConfig
-from asynchicache.server.options import build_parser, to_config
+from asynchicache.common.keys import chain_hashes
+from asynchicache.hierarchy import HiRadixCache, LoadTicket
+from asynchicache.launch.options import build_parser, to_config
+from asynchicache.settings.config import CacheConfig
 
 
 def host_values(cache: HiRadixCache, slots: list[int]) -> list[float]:

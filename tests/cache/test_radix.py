@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from asynchicache.cache.keys import Namespace, page_hashes
-from asynchicache.cache.node import RadixNode
-from asynchicache.cache.radix import RadixTree
-from asynchicache.tiers import Tier
+from asynchicache.common.keys import Namespace, page_hashes
+from asynchicache.common.tiers import Tier
+from asynchicache.hierarchy.node import RadixNode
+from asynchicache.hierarchy.radix import RadixTree
 
 PS = 4
 NS = Namespace("radix-test", "float32", PS)

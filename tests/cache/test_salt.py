@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cache_helpers import NS, PAGE, MakeCache, MemoryStorage, tokens_for
 
-from asynchicache.cache.keys import page_hashes
+from asynchicache.common.keys import page_hashes
 
 
 def _insert(cache, tokens: list[int], salt: str) -> list[int]:  # type: ignore[no-untyped-def]
@@ -103,9 +103,9 @@ def test_memory_per_salt_is_bounded_over_100k_salts() -> None:
     eviction and `poll` reach it)."""
     import gc
 
-    from asynchicache.cache.node import RadixNode
-    from asynchicache.cache.radix import RadixTree
-    from asynchicache.tiers import Tier
+    from asynchicache.common.tiers import Tier
+    from asynchicache.hierarchy.node import RadixNode
+    from asynchicache.hierarchy.radix import RadixTree
 
     tree = RadixTree(PAGE, NS.digest())
     tokens = tokens_for(1)

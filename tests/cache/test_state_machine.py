@@ -32,11 +32,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from asynchicache.cache import HiRadixCache, LoadTicket, MatchHandle
-from asynchicache.cache.keys import chain_hashes
-from asynchicache.cache.ledger import SlotState
-from asynchicache.cache.pools import HostPool
-from asynchicache.config import CacheConfig, WritePolicy
+from asynchicache.common.keys import chain_hashes
+from asynchicache.hierarchy import HiRadixCache, LoadTicket, MatchHandle
+from asynchicache.hierarchy.l2.ledger import SlotState
+from asynchicache.hierarchy.pools import HostPool
+from asynchicache.settings.config import CacheConfig, WritePolicy
 
 DEVICE_PAGES = 10
 HOST_SLOTS = 8
@@ -262,7 +262,8 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(recent=st.integers(0, 15), pages=st.integers(1, 4), clear=st.booleans())
     def prefetch(self, recent: int, pages: int, clear: bool) -> None:
-        """An arrival prefetch: a prompt's storage pages read into L2 only (engine/prefetch.py)."""
+        """An arrival prefetch: a prompt's storage pages read into L2 only
+        (engine/scheduling/prefetch.py)."""
         if self.storage is None or not self.history:
             return
         if clear:

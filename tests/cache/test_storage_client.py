@@ -12,9 +12,9 @@ import pytest
 import torch
 from cache_helpers import LAYOUT, NS, PAGE, host_gb, release, tokens_for
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.pools import HostPool
-from asynchicache.config import CacheConfig
+from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.hierarchy.pools import HostPool
+from asynchicache.settings.config import CacheConfig
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 from asynchicache.storage.service.server import ServiceConfig

@@ -19,7 +19,7 @@ from cache_helpers import (
     tokens_for,
 )
 
-from asynchicache.cache.ledger import SlotState
+from asynchicache.hierarchy.l2.ledger import SlotState
 
 
 def test_pages_go_to_storage_after_their_l2_copy_and_load_back(make_cache: MakeCache) -> None:

@@ -1,4 +1,4 @@
-"""Stores of new pages wait for a quiet engine (cache/store_queue.py): idle for IDLE_S, or at
+"""Stores of new pages wait for a quiet engine (hierarchy/l2/store_queue.py): idle for IDLE_S, or at
 most MAX_WAIT_S under continuous work; meanwhile L2 keeps their copies, and drain, clear and
 close start them at once; so do L2 pressure (held pages past MAX_HELD_FRACTION of L2) and an
 L1 -> L2 write that found no room."""
@@ -9,9 +9,9 @@ import time
 
 from cache_helpers import MakeCache, put, storage_of, tokens_for
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.ledger import SlotState
-from asynchicache.cache.store_queue import IDLE_S, MAX_HELD_FRACTION, MAX_WAIT_S, StoreQueue
+from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.hierarchy.l2.ledger import SlotState
+from asynchicache.hierarchy.l2.store_queue import IDLE_S, MAX_HELD_FRACTION, MAX_WAIT_S, StoreQueue
 
 
 class Clock:

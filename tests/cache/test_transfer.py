@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from asynchicache.cache.transfer import TransferEngine, copy_pages, page_runs
+from asynchicache.hierarchy.l2.transfer import TransferEngine, copy_pages, page_runs
 
 SHAPE = (2, 2, 4, 1, 4)  # [layers, 2, page_size, kv_heads, head_dim]
 

@@ -18,13 +18,13 @@ import pytest
 import torch
 from cuda_marks import ON_CUDA, cuda_test_model
 
-from asynchicache.bench.engine import new_runner
+from asynchicache.bench.engine_speed import new_runner
 from asynchicache.bench.ttft import real_text_prompt
-from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel, load_model
 from asynchicache.engine.protocol import SamplingParams
-from asynchicache.engine.runner import ForwardBatch
+from asynchicache.model.loader import LoadedModel, load_model
+from asynchicache.model.runner import ForwardBatch
+from asynchicache.settings.config import CacheConfig, EngineConfig
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 from asynchicache.storage.service.server import ServiceConfig
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.engine.export_hf import export_hf
+from asynchicache.tools.export_hf import export_hf
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = [ROOT / "scripts" / "gpu-check.sh", ROOT / "scripts" / "gpu-prepare.sh"]

@@ -9,9 +9,9 @@ import pytest
 import torch
 from cuda_marks import ON_CUDA
 
-from asynchicache.bench.l1_l2_copies import measure
-from asynchicache.cache.pools import HostPool, KVLayout
-from asynchicache.cache.transfer import TransferDone, TransferEngine
+from asynchicache.bench.micro.l1_l2_copies import measure
+from asynchicache.hierarchy.l2.transfer import TransferDone, TransferEngine
+from asynchicache.hierarchy.pools import HostPool, KVLayout
 
 pytestmark = ON_CUDA
 

@@ -18,8 +18,12 @@ import pytest
 import torch
 from cuda_marks import ON_CUDA
 
-from asynchicache.cache.pools import HostPool, KVLayout
-from asynchicache.integrations.vllm.layouts import BlockCopier, BlockFormat, canonical_kv
+from asynchicache.hierarchy.pools import HostPool, KVLayout
+from asynchicache.integrations.vllm.layouts.block_layouts import (
+    BlockCopier,
+    BlockFormat,
+    canonical_kv,
+)
 
 pytestmark = ON_CUDA
 

@@ -18,7 +18,7 @@ import scheduler_rig
 import torch
 
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel, default_model_path, load_model
+from asynchicache.model.loader import LoadedModel, default_model_path, load_model
 
 TINY = {
     "hidden_size": 64,

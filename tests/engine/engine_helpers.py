@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import torch
 
-from asynchicache.engine.loader import LoadedModel
-from asynchicache.engine.runner import ForwardBatch, ModelRunner
+from asynchicache.model.loader import LoadedModel
+from asynchicache.model.runner import ForwardBatch, ModelRunner
 
 
 def make_pool(model: LoadedModel, num_pages: int, page_size: int) -> torch.Tensor:

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import torch
 from storage_doubles import MemoryStorage
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.keys import Namespace
-from asynchicache.cache.pools import HostPool, KVLayout
-from asynchicache.config import CacheConfig, EngineConfig
-from asynchicache.engine.batch import Batch
-from asynchicache.engine.cost import CostModel
-from asynchicache.engine.scheduler import Scheduler
+from asynchicache.common.keys import Namespace
+from asynchicache.engine.scheduling.batch import Batch
+from asynchicache.engine.scheduling.cost import CostModel
+from asynchicache.engine.scheduling.scheduler import Scheduler
+from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.hierarchy.pools import HostPool, KVLayout
+from asynchicache.settings.config import CacheConfig, EngineConfig
 
 PAGE = 4
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=1, head_dim=4, page_size=PAGE, dtype=torch.float32)

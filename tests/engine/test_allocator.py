@@ -1,4 +1,4 @@
-"""The engine process's allocator settings (engine/allocator.py): freed activations stay
+"""The engine process's allocator settings (launch/allocator.py): freed activations stay
 in the heap, so a forward's next layer does not fault its blocks in again."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.engine.allocator import ALLOCATOR_KEEP, allocator_env
+from asynchicache.launch.allocator import ALLOCATOR_KEEP, allocator_env
 
 # Blocks of a forward's sizes (19, 9.5, 3.5 MB...) taken and given back layer after layer;
 # prints the page faults of the rounds after the first (the first maps the heap in).

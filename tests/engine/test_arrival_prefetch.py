@@ -1,6 +1,7 @@
-"""Prefetch at arrival (engine/prefetch.py): a queued request's storage prefix moves into L2
-while it waits, so by admission it is an L2 hit; every lock and read is released whatever
-the request's fate. The scheduler over a tiny cache and an in-memory storage tier."""
+"""Prefetch at arrival (engine/scheduling/prefetch.py): a queued request's storage prefix
+moves into L2 while it waits, so by admission it is an L2 hit; every lock and read is
+released whatever the request's fate. The scheduler over a tiny cache and an in-memory
+storage tier."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from scheduler_rig import (
     tokens_for,
 )
 
-from asynchicache.config import EngineConfig
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.request import Phase, Request
+from asynchicache.settings.config import EngineConfig
 
 GREEDY = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
 ONE_AT_A_TIME = EngineConfig(min_load_tokens=0, max_running_requests=1)

@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.config import CacheConfig, EngineConfig
-from asynchicache.engine.audit import AuditConfig, deep_verify
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import load_model
 from asynchicache.engine.protocol import SamplingParams
+from asynchicache.model.loader import load_model
+from asynchicache.settings.config import CacheConfig, EngineConfig
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
-from asynchicache.storage.disk.admin import OLD_FORMAT, read_page_file
+from asynchicache.storage.disk.disk_admin import OLD_FORMAT, read_page_file
 from asynchicache.storage.header import MAGIC, encode_header, payload_checksum
 from asynchicache.storage.service.server import ServiceConfig
+from asynchicache.tools.audit import AuditConfig, deep_verify
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "llama3-rope-tied"

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from scheduler_rig import PAGE, RigMaker, assert_no_locks, tokens_for
 
-from asynchicache.config import EngineConfig
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.request import Request
+from asynchicache.settings.config import EngineConfig
 
 
 def test_a_step_takes_the_prompts_it_finishes_and_one_chunk_of_another(
     make_rig: RigMaker,
 ) -> None:
     """Shortest remaining first; every prompt that completes, then one partial chunk, all of
-    it at most max_prefill_tokens (engine/prefill_policy.py)."""
+    it at most max_prefill_tokens (engine/scheduling/prefill_policy.py)."""
     config = EngineConfig(
         min_load_tokens=0, chunked_prefill_size=3 * PAGE, max_prefill_tokens=8 * PAGE
     )

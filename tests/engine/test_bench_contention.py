@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.bench.contention import main
+from asynchicache.bench.micro.contention import main
 
 
 def test_contention_times_both_steps_at_both_counts_under_each_load(

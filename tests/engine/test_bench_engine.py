@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.bench.engine import main
-from asynchicache.engine.models import native
+from asynchicache.bench.engine_speed import main
+from asynchicache.model import native
 
 
 def test_bench_prints_one_json_record(

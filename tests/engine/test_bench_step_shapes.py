@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asynchicache.bench.step_shapes import main
+from asynchicache.bench.micro.step_shapes import main
 
 
 def test_step_shapes_prints_every_shape(

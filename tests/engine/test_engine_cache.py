@@ -10,11 +10,11 @@ import torch
 from loop_harness import LoopHarness
 from storage_doubles import MemoryStorage
 
-from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import WARM_UP_GROWTH, Engine
-from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
-from asynchicache.engine.runner import ForwardBatch
+from asynchicache.model.loader import LoadedModel
+from asynchicache.model.runner import ForwardBatch
+from asynchicache.settings.config import CacheConfig, EngineConfig
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 from asynchicache.storage.service.server import ServiceConfig
 
@@ -79,7 +79,7 @@ def test_a_prompt_cached_whole_computes_its_last_token_alone(
     prompt = _prompt(smollm, 6, "What did he see?")
     prompt = prompt[: len(prompt) // 16 * 16]
     plain = _engine(smollm, enable_prefix_cache=False)
-    # The whole hit's KV path: without the prompt's kept logits (engine/prompt_logits.py).
+    # The whole hit's KV path: without the prompt's kept logits (engine/sampling/prompt_logits.py).
     cached = _engine(smollm, device_cache_tokens=4096, prompt_logits_mib=0)
     engines += [plain, cached]
     expected = plain.generate([prompt], GREEDY)[0].token_ids

@@ -11,10 +11,10 @@ import pytest
 from loop_harness import LoopHarness
 from storage_doubles import MemoryStorage
 
-from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import SamplingParams
+from asynchicache.model.loader import LoadedModel
+from asynchicache.settings.config import CacheConfig, EngineConfig
 
 ONE = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 TEXT = "The harbour master counted the boats that came in with the tide each morning. "

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from asynchicache.engine.export_hf import export_hf
-from asynchicache.engine.loader import LoadedModel, load_model
+from asynchicache.model.loader import LoadedModel, load_model
+from asynchicache.tools.export_hf import export_hf
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from asynchicache.engine.loader import LoadedModel, load_model
-from asynchicache.engine.models import gemm
-from asynchicache.engine.models.llama import Linear
+from asynchicache.model import gemm
+from asynchicache.model.llama import Linear
+from asynchicache.model.loader import LoadedModel, load_model
 
 needs_onednn = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(),

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from test_models import assert_logits_close, our_logits
 from tokenizers import pre_tokenizers
 
-from asynchicache.engine.loader import load_model
+from asynchicache.model.loader import load_model
 
 GGUF_ARCH = {"llama-untied-bias": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 LAYER_NAMES = {

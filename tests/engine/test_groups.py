@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.group import member_seed
-from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams, TokenOutput
+from asynchicache.model.loader import LoadedModel
+from asynchicache.settings.config import CacheConfig, EngineConfig
 
 TEXT = (
     "The lighthouse keeper wrote in his log every evening: the weather, the ships that "

@@ -10,12 +10,12 @@ import pytest
 import zmq
 from loop_harness import LoopHarness
 
-from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.inbox import Inbox
-from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import AbortRequest, SamplingParams, encode
-from asynchicache.engine.runner import ForwardBatch
+from asynchicache.model.loader import LoadedModel
+from asynchicache.model.runner import ForwardBatch
+from asynchicache.settings.config import CacheConfig, EngineConfig
 
 GREEDY = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
 STEP_S = 0.6  # the held step: long against a message's way through ZeroMQ (~ms)

@@ -1,4 +1,4 @@
-"""Which build of the native kernels a host runs (engine/models/native.py).
+"""Which build of the native kernels a host runs (model/native.py).
 
 An AVX-512 host runs the 16-lane build, an AVX2-only one (AMD Zen 3) the 8-lane build
 (16-lane vectors on AVX2 stay in memory and go lane by lane: ~100x slower attention);
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.engine.models import native
+from asynchicache.model import native
 
 ZEN3 = frozenset("avx avx2 fma bmi1 bmi2 f16c movbe sse4_2".split())
 SAPPHIRE_RAPIDS = ZEN3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}

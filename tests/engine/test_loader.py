@@ -10,9 +10,9 @@ import pytest
 import torch
 from engine_helpers import greedy_generate, make_pool
 
-from asynchicache.engine.loader import LoadedModel, default_model_path, load_model
-from asynchicache.engine.models.registry import get_architecture
-from asynchicache.engine.runner import ModelRunner
+from asynchicache.model.loader import LoadedModel, default_model_path, load_model
+from asynchicache.model.registry import get_architecture
+from asynchicache.model.runner import ModelRunner
 
 
 def test_default_is_the_embedded_smollm2(smollm: LoadedModel) -> None:

@@ -12,11 +12,11 @@ import pytest
 import torch
 from hf_reference import hf_logprobs
 
-from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel
-from asynchicache.engine.logprobs import prompt_targets, token_logprobs
 from asynchicache.engine.protocol import SamplingParams, TokenLogprob
+from asynchicache.engine.sampling.logprobs import prompt_targets, token_logprobs
+from asynchicache.model.loader import LoadedModel
+from asynchicache.settings.config import CacheConfig, EngineConfig
 
 TOP = 5
 TEXT = (

@@ -1,4 +1,4 @@
-"""Admission by memory (engine/memory_budget.py), over a tiny cache and no model.
+"""Admission by memory (engine/scheduling/memory_budget.py), over a tiny cache and no model.
 
 Each test failed on the count-only admission it replaced (commit 1dc760e).
 """
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from scheduler_rig import RigMaker, assert_no_locks, run_until_idle, step, tokens_for
 
-from asynchicache.config import EngineConfig
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.request import Phase, Request
+from asynchicache.settings.config import EngineConfig
 
 
 def _prompt(k: int, pages: int) -> list[int]:

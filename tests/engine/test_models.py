@@ -16,9 +16,9 @@ from conftest import TINY_SPECS
 from engine_helpers import make_pool
 from hf_reference import hf_logits, hf_model
 
-from asynchicache.engine.loader import LoadedModel, load_model
-from asynchicache.engine.models import native
-from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel
+from asynchicache.model import native
+from asynchicache.model.loader import LoadedModel, load_model
+from asynchicache.model.runner import ForwardBatch, ModelRunner, attention_kernel
 
 PAGE = 8
 # torch's attention, and every build of the native kernels this CPU runs (AVX-512 and AVX2).

@@ -5,7 +5,7 @@ so internal renames do not matter) prefills a fixed prompt in two chunks and
 decodes two tokens through the real runner into a paged pool; the K/V it
 writes must match `numerics_reference.json` within 1e-5 (exact bits vary with
 the CPU and the thread count, so no bit checksum). When the arithmetic changes
-on purpose, bump `NUMERICS_VERSION` in asynchicache/cache/keys.py (the page
+on purpose, bump `NUMERICS_VERSION` in asynchicache/common/keys.py (the page
 namespace, so every cached page of the old code becomes a miss) and rewrite
 the reference:
 
@@ -23,17 +23,17 @@ import numpy as np
 import pytest
 import torch
 
-from asynchicache.cache.keys import (
+from asynchicache.common.keys import (
     NATIVE8_NUMERICS_VERSION,
     NATIVE_NUMERICS_VERSION,
     NUMERICS_VERSION,
 )
-from asynchicache.engine.models import native
-from asynchicache.engine.models import row_ops as row_ops_module
-from asynchicache.engine.models.config import ModelConfig, RopeConfig, RopeType
-from asynchicache.engine.models.llama import LlamaForCausalLM
-from asynchicache.engine.models.registry import get_architecture
-from asynchicache.engine.runner import (
+from asynchicache.model import native
+from asynchicache.model import row_ops as row_ops_module
+from asynchicache.model.llama import LlamaForCausalLM
+from asynchicache.model.model_config import ModelConfig, RopeConfig, RopeType
+from asynchicache.model.registry import get_architecture
+from asynchicache.model.runner import (
     ForwardBatch,
     ModelRunner,
     attention_kernel,
@@ -145,7 +145,7 @@ def test_kv_numerics_match_the_reference_of_this_version() -> None:
     assert worst <= TOLERANCE, (
         f"the K/V of the reference model moved by {worst:.3g} (> {TOLERANCE}): pages cached by "
         f"the previous code would be served as hits. Bump NUMERICS_VERSION in "
-        f"asynchicache/cache/keys.py and rewrite {REFERENCE.name} (see this file's docstring)."
+        f"asynchicache/common/keys.py and rewrite {REFERENCE.name} (see this file's docstring)."
     )
 
 

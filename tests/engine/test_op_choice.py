@@ -1,4 +1,4 @@
-"""Ours or torch's per op and shape class (engine/models/op_choice.py).
+"""Ours or torch's per op and shape class (model/op_choice.py).
 
 The chooser takes torch's op where its measured time beats ours (by the margin, in most
 rounds); the runner then gives the same greedy tokens as the all-native and the torch
@@ -19,18 +19,17 @@ import pytest
 import torch
 from engine_helpers import make_pool
 
-from asynchicache.cache.keys import (
+from asynchicache.common.keys import (
     NATIVE8_NUMERICS_VERSION,
     NATIVE_NUMERICS_VERSION,
     NUMERICS_VERSION,
 )
-from asynchicache.config import CacheConfig, EngineConfig
-from asynchicache.engine.audit import AuditConfig, deep_verify
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel, load_model
-from asynchicache.engine.models import native
-from asynchicache.engine.models.native import KernelThreads
-from asynchicache.engine.models.op_choice import (
+from asynchicache.engine.protocol import SamplingParams
+from asynchicache.model import native
+from asynchicache.model.loader import LoadedModel, load_model
+from asynchicache.model.native import KernelThreads
+from asynchicache.model.op_choice import (
     PAIRS,
     PREFILL_PAIRS,
     RECORD_DIR_ENV,
@@ -43,16 +42,17 @@ from asynchicache.engine.models.op_choice import (
     record_path,
     settle,
 )
-from asynchicache.engine.protocol import SamplingParams
-from asynchicache.engine.runner import (
+from asynchicache.model.runner import (
     ForwardBatch,
     ModelRunner,
     attention_kernel,
     numerics_version,
     prefill_timer,
 )
+from asynchicache.settings.config import CacheConfig, EngineConfig
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 from asynchicache.storage.service.server import ServiceConfig
+from asynchicache.tools.audit import AuditConfig, deep_verify
 
 PAGE = 8
 

@@ -1,4 +1,4 @@
-"""The native paged attention kernel (engine/models/native.py) against plain attention.
+"""The native paged attention kernel (model/native.py) against plain attention.
 
 The reference gathers each sequence's K/V by its page table and computes
 softmax(q k^T / sqrt(d)) v in float64, causal from each row's position (and
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from asynchicache.engine.models import native
-from asynchicache.engine.models.native import KernelWork, PagedAttentionKernel
+from asynchicache.model import native
+from asynchicache.model.native import KernelWork, PagedAttentionKernel
 
 
 @pytest.fixture(scope="module", params=native.runnable_isas())

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from asynchicache.cache.keys import Namespace
-from asynchicache.config import CacheConfig, EngineConfig
+from asynchicache.common.keys import Namespace
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel
-from asynchicache.engine.prompt_logits import MIB, PromptLogits
 from asynchicache.engine.protocol import AdminRequest, GenerateRequest, SamplingParams
 from asynchicache.engine.request import Request
+from asynchicache.engine.sampling.prompt_logits import MIB, PromptLogits
+from asynchicache.model.loader import LoadedModel
+from asynchicache.settings.config import CacheConfig, EngineConfig
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 TEXT = "The keeper logged the weather, the ships that passed and the colour of the sea. "

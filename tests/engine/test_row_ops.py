@@ -1,4 +1,4 @@
-"""The native row kernels (engine/models/row_ops.py, kernels/row_ops.c) against torch's.
+"""The native row kernels (model/row_ops.py, kernels/row_ops.c) against torch's.
 
 Each step (RMSNorm, residual add + RMSNorm, SiLU * up, rotary, the K/V copy into pages)
 must give torch's numbers within float32 noise at widths that are and are not a multiple
@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from asynchicache.engine.models import native
-from asynchicache.engine.models.native import KernelThreads
-from asynchicache.engine.models.row_ops import MIN_PART_FLOATS, NativeRowOps, RowOps
+from asynchicache.model import native
+from asynchicache.model.native import KernelThreads
+from asynchicache.model.row_ops import MIN_PART_FLOATS, NativeRowOps, RowOps
 
 TORCH = RowOps()
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 from engine_helpers import make_pool
 
-from asynchicache.engine import runner as runner_module
-from asynchicache.engine.loader import LoadedModel, load_model
-from asynchicache.engine.models import native
-from asynchicache.engine.models.native import KernelThreads
-from asynchicache.engine.models.op_choice import OPS, OpChoice
-from asynchicache.engine.runner import ForwardBatch, ModelRunner, attention_kernel, length_groups
+from asynchicache.model import native
+from asynchicache.model import runner as runner_module
+from asynchicache.model.loader import LoadedModel, load_model
+from asynchicache.model.native import KernelThreads
+from asynchicache.model.op_choice import OPS, OpChoice
+from asynchicache.model.runner import ForwardBatch, ModelRunner, attention_kernel, length_groups
 
 PAGE = 8
 PAGES = 64

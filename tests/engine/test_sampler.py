@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from asynchicache.engine.protocol import SamplingParams
-from asynchicache.engine.sampler import request_generator, sample
+from asynchicache.engine.sampling.sampler import request_generator, sample
 
 VOCAB = 50
 
@@ -84,7 +84,7 @@ def test_mismatched_lengths_raise() -> None:
 
 def test_logit_bias_steers_greedy_and_leaves_logprobs_raw() -> None:
     from asynchicache.engine.protocol import LogitBias
-    from asynchicache.engine.sampler import pick
+    from asynchicache.engine.sampling.sampler import pick
 
     logits = logits_rows(2, seed=5)
     worst = int(logits[0].argmin())
@@ -100,7 +100,7 @@ def test_logit_bias_steers_greedy_and_leaves_logprobs_raw() -> None:
 
 
 def test_penalties_follow_openai_and_vllm() -> None:
-    from asynchicache.engine.penalties import apply_penalties
+    from asynchicache.engine.sampling.penalties import apply_penalties
 
     row = torch.tensor([[2.0, -2.0, 1.0, 0.5, 3.0]])
     prompt, output = [3], [0, 0, 1]
@@ -116,7 +116,7 @@ def test_penalties_follow_openai_and_vllm() -> None:
 
 
 def test_penalties_change_what_greedy_picks() -> None:
-    from asynchicache.engine.sampler import pick
+    from asynchicache.engine.sampling.sampler import pick
 
     row = torch.tensor([[5.0, 4.9, 0.0]])
     params = SamplingParams(temperature=0, frequency_penalty=1.0)
@@ -134,7 +134,7 @@ def _valid(token: int, vocab: int) -> bool:
 
 
 def test_a_vanishing_top_p_keeps_the_best_token() -> None:
-    from asynchicache.engine.sampler import pick
+    from asynchicache.engine.sampling.sampler import pick
 
     logits = logits_rows(3, seed=8)
     for top_p in (1e-50, 5e-324, 1e-8):
@@ -145,7 +145,7 @@ def test_a_vanishing_top_p_keeps_the_best_token() -> None:
 
 
 def test_extreme_repetition_penalties_still_pick_a_token() -> None:
-    from asynchicache.engine.sampler import pick
+    from asynchicache.engine.sampling.sampler import pick
 
     logits = logits_rows(2, seed=9)
     seen = (list(range(VOCAB)), [1, 2, 3])  # every token seen: every logit is penalized
@@ -157,7 +157,7 @@ def test_extreme_repetition_penalties_still_pick_a_token() -> None:
 
 
 def test_a_tiny_temperature_is_finite() -> None:
-    from asynchicache.engine.sampler import pick
+    from asynchicache.engine.sampling.sampler import pick
 
     for temperature, scale in ((1e-300, 1.0), (1e-5, 1e34)):  # logits / T overflow float32
         logits = logits_rows(2, seed=10) * scale
@@ -169,7 +169,7 @@ def test_a_tiny_temperature_is_finite() -> None:
 
 
 def test_non_finite_logits_still_pick_a_token() -> None:
-    from asynchicache.engine.sampler import pick
+    from asynchicache.engine.sampling.sampler import pick
 
     logits = logits_rows(4, seed=11)
     logits[0, 3] = float("inf")
@@ -235,7 +235,7 @@ def _params(draw: st.DrawFn) -> SamplingParams:
 def test_every_valid_sampling_params_picks_a_token(
     params: SamplingParams, scale: float, seed: int
 ) -> None:
-    from asynchicache.engine.sampler import pick
+    from asynchicache.engine.sampling.sampler import pick
 
     logits = logits_rows(2, seed=seed) * scale
     gens = [request_generator(params.seed), request_generator(params.seed)]

@@ -1,4 +1,4 @@
-"""Bounded step time (`--max-step-ms`, engine/prefill_policy.py's `StepBudget`): a step's
+"""Bounded step time (`--max-step-ms`, engine/scheduling/prefill_policy.py's `StepBudget`): a step's
 tokens follow the measured pace, hits take their first token in the next step, a miss
 fills what is left and is never starved."""
 
@@ -7,18 +7,18 @@ from __future__ import annotations
 import pytest
 from scheduler_rig import PAGE, Rig, RigMaker, assert_no_locks, cached_prefix, step, tokens_for
 
-from asynchicache.config import CacheConfig, EngineConfig
-from asynchicache.engine.cost import CostModel, Mean, Rate, StepFit
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel
-from asynchicache.engine.prefill_policy import (
+from asynchicache.engine.protocol import SamplingParams
+from asynchicache.engine.request import Request
+from asynchicache.engine.scheduling.cost import CostModel, Mean, Rate, StepFit
+from asynchicache.engine.scheduling.prefill_policy import (
     MIN_STEP_TOKENS,
     OVERHEAD_SHARES,
     STARVE_FLOOR_TOKENS,
     StepBudget,
 )
-from asynchicache.engine.protocol import SamplingParams
-from asynchicache.engine.request import Request
+from asynchicache.model.loader import LoadedModel
+from asynchicache.settings.config import CacheConfig, EngineConfig
 
 ONE = SamplingParams(max_tokens=1, temperature=0.0)
 TWO = SamplingParams(max_tokens=2, temperature=0.0)

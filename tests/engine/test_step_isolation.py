@@ -19,11 +19,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
-from asynchicache.engine.runner import ForwardBatch
+from asynchicache.model.loader import LoadedModel
+from asynchicache.model.runner import ForwardBatch
+from asynchicache.settings.config import CacheConfig, EngineConfig
 
 PROMPTS = {
     "greedy": "The capital of France is",

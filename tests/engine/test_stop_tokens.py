@@ -6,10 +6,10 @@ set (failed on 697821a: ignore_eos skipped both).
 
 from __future__ import annotations
 
-from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import SamplingParams
+from asynchicache.model.loader import LoadedModel
+from asynchicache.settings.config import CacheConfig, EngineConfig
 
 PROMPT = [5, 17, 33, 2, 41, 8, 19, 23, 7]
 

@@ -10,9 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.threads import (
     ARITHMETIC_BOUND_TOKENS,
@@ -24,6 +22,8 @@ from asynchicache.engine.threads import (
     others_cores,
     threads_for,
 )
+from asynchicache.model.loader import LoadedModel
+from asynchicache.settings.config import CacheConfig, EngineConfig
 
 
 def test_default_starts_at_every_core() -> None:
@@ -194,7 +194,7 @@ def decode(gov: ThreadGovernor, machine: Machine, steps: int, others: float) -> 
 
 def test_prompts_run_on_every_core_whatever_the_others_do(machine: Machine) -> None:
     """A 1,024-token step was no slower on 2 threads than on 1 beside a busy core, and
-    faster beside two (bench/contention.py); the governor used to leave prompts that came
+    faster beside two (bench/micro/contention.py); the governor used to leave prompts that came
     while a client was busy on one thread (1.5-1.8x their time in a pressure run)."""
     gov = governor(machine)
     idle_for(gov, machine, 10.0, others=1.0)  # a busy machine: small steps on one thread

@@ -11,8 +11,8 @@ from typing import Any
 import jinja2
 import pytest
 
-from asynchicache.engine.loader import LoadedModel
-from asynchicache.engine.tokenizer import GGUFVocab, Tokenizer
+from asynchicache.model.loader import LoadedModel
+from asynchicache.model.tokenizer import GGUFVocab, Tokenizer
 
 TEXTS = [
     "Hello, world!",

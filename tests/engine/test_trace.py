@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from asynchicache.cache.jobs import LoadTicket
-from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel
-from asynchicache.engine.prefill_policy import QUICK_LOAD_MAX_WAIT_S, QuickLoads
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.request import Phase, Request
+from asynchicache.engine.scheduling.prefill_policy import QUICK_LOAD_MAX_WAIT_S, QuickLoads
+from asynchicache.hierarchy.l2.jobs import LoadTicket
+from asynchicache.model.loader import LoadedModel
+from asynchicache.settings.config import CacheConfig, EngineConfig
 
 GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 

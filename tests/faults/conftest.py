@@ -10,8 +10,8 @@ from fault_helpers import Matrix, knob
 from live_server import LiveServer
 from traffic import make_prompts, references
 
-from asynchicache.engine.tokenizer import Tokenizer
-from asynchicache.server.frontend import Frontend
+from asynchicache.launch.frontend import Frontend
+from asynchicache.model.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="session")

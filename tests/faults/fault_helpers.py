@@ -20,8 +20,8 @@ from pathlib import Path
 from live_server import LiveServer
 from traffic import Prompt
 
-from asynchicache.engine.tokenizer import Tokenizer
-from asynchicache.storage.disk.admin import verify_folder
+from asynchicache.model.tokenizer import Tokenizer
+from asynchicache.storage.disk.disk_admin import verify_folder
 from asynchicache.storage.header import decode_header, peek_header_len
 
 _CI = {

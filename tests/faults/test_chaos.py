@@ -45,9 +45,9 @@ from live_server import LiveServer
 from redis_server import RedisServer, redis_server_binary
 from traffic import Load, LoadResult, ask_all, make_prompts, references
 
-from asynchicache.engine.audit import AuditConfig
-from asynchicache.engine.audit import deep_verify as audit_folder
-from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.model.tokenizer import Tokenizer
+from asynchicache.tools.audit import AuditConfig
+from asynchicache.tools.audit import deep_verify as audit_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

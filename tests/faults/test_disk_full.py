@@ -19,7 +19,7 @@ from fault_helpers import FaultRecord, knob, page_files, record, temp_files, ver
 from live_server import LiveServer, metric
 from traffic import Load, make_prompts, references
 
-from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.model.tokenizer import Tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -264,7 +264,7 @@ def test_kill9_whole_server_during_heavy_writes(matrix: Matrix) -> None:
     t0 = time.monotonic()
     storage = _wait_service_ready(restarted)
     # Counted before any request: the answers below store pages the kill lost (their
-    # stores were still waiting for a quiet engine, cache/store_queue.py).
+    # stores were still waiting for a quiet engine, hierarchy/l2/store_queue.py).
     files_at_restart = len(page_files(matrix.disk))
     scan_detected = storage["disk"]["corrupt_detected"]
     done = [p for p in heavy if p.name in answers]

@@ -18,7 +18,7 @@ from redis_server import RedisServer, redis_server_binary
 from settling import wait_until
 from traffic import Load, make_prompts, references
 
-from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.model.tokenizer import Tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from supervised_targets import sleep_forever
 
-from asynchicache.cache.radix import RadixTree
-from asynchicache.server.supervisor import MAX_BACKOFF_S, ChildSpec, Supervisor, backoff_s
+from asynchicache.common.tiers import Tier
+from asynchicache.hierarchy.radix import RadixTree
+from asynchicache.launch.supervisor import MAX_BACKOFF_S, ChildSpec, Supervisor, backoff_s
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.header import HeaderError, PageHeader, decode_header, encode_header
-from asynchicache.tiers import Tier
 
 PS = 4
 

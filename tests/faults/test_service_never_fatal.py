@@ -27,7 +27,7 @@ from live_server import LiveServer
 from settling import wait_until
 from traffic import Load, make_prompts, references
 
-from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.model.tokenizer import Tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

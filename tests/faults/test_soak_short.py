@@ -16,7 +16,7 @@ import pytest
 from fault_helpers import FaultRecord, record, scale
 from live_server import REPO, LiveServer
 
-from asynchicache.bench.procwatch import ServerWatch, listening_pid
+from asynchicache.bench.processes.procwatch import ServerWatch, listening_pid
 from asynchicache.bench.soak import SoakConfig, render, run_soak
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

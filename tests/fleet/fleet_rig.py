@@ -16,7 +16,7 @@ from ports import free_port
 from redis_server import RedisServer, redis_server_binary
 from serve_process import ServeProcess, shutdown_together, start_together
 
-from asynchicache.bench.fleet_router import Decision, RouterConfig, VllmRouter, Worker
+from asynchicache.bench.fleet.fleet_router import Decision, RouterConfig, VllmRouter, Worker
 
 PAGE = 16
 

@@ -12,7 +12,7 @@ import pytest
 from redis_server import RedisServer, redis_server_binary
 from serve_process import disk_server
 
-from asynchicache.bench.fleet_router import Credits, RouterConfig, VllmRouter, Worker
+from asynchicache.bench.fleet.fleet_router import Credits, RouterConfig, VllmRouter, Worker
 from asynchicache.fleet.credits import (
     TIERS_BELOW,
     Probe,

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from fleet_rig import PAGE, Fleet, clear, fleet_on_redis, lookup, prompt, send, tokens
 
-from asynchicache.bench.fleet_router import Credits, RouterConfig
+from asynchicache.bench.fleet.fleet_router import Credits, RouterConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from fleet_rig import Fleet, Instance, fleet, fleet_on_redis, lookup, prompt, send
 
-from asynchicache.bench.fleet_router import Credits, RouterConfig, VllmRouter
-from asynchicache.bench.server_process import BenchServer
+from asynchicache.bench.fleet.fleet_router import Credits, RouterConfig, VllmRouter
+from asynchicache.bench.processes.server_process import BenchServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

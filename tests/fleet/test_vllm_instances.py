@@ -6,7 +6,7 @@ instance declares the folder shared (the connector's `kv_events_shared_disk`), a
 fleet's pool's (`ownership`) at `--kv-penalty-external`.
 
 Two vLLM processes (.venv-vllm, the tiny random Llama), one L3 folder between them,
-each its own cache service, the second declaring it shared; bench/fleet_vllm.py makes
+each its own cache service, the second declaring it shared; bench/fleet/fleet_vllm.py makes
 their flags (the same as `bench fleet`'s vLLM arm)."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import pytest
 from fleet_rig import prompt
 from tiny_llama import tiny_llama
 
-from asynchicache.bench.fleet_router import Credits, Decision, RouterConfig, VllmRouter
-from asynchicache.bench.fleet_vllm import BLOCK, VllmInstanceSpec, vllm_instance, worker_of
-from asynchicache.bench.vllm_process import VllmServer, VllmThreads, metric_sum
+from asynchicache.bench.fleet.fleet_router import Credits, Decision, RouterConfig, VllmRouter
+from asynchicache.bench.fleet.fleet_vllm import BLOCK, VllmInstanceSpec, vllm_instance, worker_of
+from asynchicache.bench.processes.vllm_process import VllmServer, VllmThreads, metric_sum
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -59,7 +59,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmFleet]:
     if not VLLM_PYTHON.exists():
         pytest.skip(f"no vLLM venv at {VLLM_PYTHON} (make install-vllm)")
     root = tmp_path_factory.mktemp("vllm-fleet")
-    from asynchicache.engine.export_hf import export_hf
+    from asynchicache.tools.export_hf import export_hf
 
     model = tiny_llama(root / "model", export_hf(root / "smollm2-hf"))
     spec = VllmInstanceSpec(

@@ -14,8 +14,8 @@ from redis_server import RedisClusterNodes, RedisServer, redis_server_binary, va
 from remote_helpers import Backends
 
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.disk.backend import DiskBackend
-from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
+from asynchicache.storage.disk.disk_backend import DiskBackend
+from asynchicache.storage.remote.remote_backend import RedisBackend, RedisConfig
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from asynchicache.storage.remote.backend import RedisBackend
+from asynchicache.storage.remote.remote_backend import RedisBackend
 
 Backends = Callable[..., RedisBackend]

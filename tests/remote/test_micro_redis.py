@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from asynchicache.bench import micro_redis
+from asynchicache.bench.micro import micro_redis
 
 
 def test_measure_small(redis_binary: str) -> None:

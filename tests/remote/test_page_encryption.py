@@ -20,16 +20,16 @@ from keyed_tiers import mac_failures, read_back
 from pools import ALIGNED, SMALL, Pool, new_hashes, refs
 from redis_server import RedisServer
 
-from asynchicache.config import CacheConfig, ServiceTuning
-from asynchicache.integrations.vllm.config import ConnectorConfig
-from asynchicache.integrations.vllm.service_process import service_args
+from asynchicache.integrations.vllm.connector_config import ConnectorConfig
+from asynchicache.integrations.vllm.l2.service_process import service_args
+from asynchicache.settings.config import CacheConfig, ServiceTuning
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.disk.backend import DiskBackend
+from asynchicache.storage.disk.disk_backend import DiskBackend
 from asynchicache.storage.header import decode_header, encode_header, peek_header_len
 from asynchicache.storage.page_keys import PageKeys
-from asynchicache.storage.remote.backend import RedisBackend
-from asynchicache.storage.service import cli as service_cli
-from asynchicache.storage.service.config import service_argv
+from asynchicache.storage.remote.remote_backend import RedisBackend
+from asynchicache.storage.service import service_cli
+from asynchicache.storage.service.service_config import service_argv
 
 OLD = b"old-secret-" + b"o" * 32
 NEW = b"new-secret-" + b"n" * 32

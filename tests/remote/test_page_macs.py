@@ -22,9 +22,9 @@ from keyed_tiers import mac_failures, read_back
 from pools import Pool, new_hashes, refs
 from redis_server import RedisServer
 
-from asynchicache.storage.disk.backend import DiskBackend
+from asynchicache.storage.disk.disk_backend import DiskBackend
 from asynchicache.storage.page_keys import PageKeys
-from asynchicache.storage.remote.backend import RedisBackend
+from asynchicache.storage.remote.remote_backend import RedisBackend
 
 OLD = b"old-secret-" + b"o" * 32
 NEW = b"new-secret-" + b"n" * 32

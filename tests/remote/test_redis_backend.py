@@ -13,7 +13,7 @@ from redis_server import RedisServer
 from remote_helpers import Backends
 
 from asynchicache.storage.header import HEADER_ALIGN
-from asynchicache.storage.remote.backend import RedisConfig, remote_key_prefix
+from asynchicache.storage.remote.remote_backend import RedisConfig, remote_key_prefix
 from asynchicache.storage.remote.topology import parse_remote_url
 
 

@@ -19,14 +19,14 @@ from pools import NAMESPACE, SMALL, Pool, chain
 from redis_server import RedisServer
 from remote_helpers import Backends
 
-from asynchicache.cache.keys import Namespace
+from asynchicache.common.keys import Namespace
+from asynchicache.common.tiers import BlockRemoved, BlockStored
 from asynchicache.storage.base import ClearScope
-from asynchicache.storage.disk.backend import DiskConfig
+from asynchicache.storage.disk.disk_backend import DiskConfig
 from asynchicache.storage.disk.names import namespace_dir_name
 from asynchicache.storage.events import EventLog
-from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
+from asynchicache.storage.remote.remote_backend import RedisBackend, RedisConfig
 from asynchicache.storage.service.tiered import RemoteTierConfig, open_tiered
-from asynchicache.tiers import BlockRemoved, BlockStored
 
 OTHER = b"other-model\x1ffloat32\x1f4\x1f1\x1f"
 PAGE = SMALL.shape[2]  # tokens per page

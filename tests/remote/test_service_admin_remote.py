@@ -16,10 +16,10 @@ from pools import NAMESPACE, SMALL, Pool, chain
 from redis_server import RedisServer
 from service_process import ServiceProcess
 
-from asynchicache.cache.keys import Namespace
+from asynchicache.common.keys import Namespace
+from asynchicache.common.tiers import AllBlocksCleared, BlockRemoved, BlockStored
 from asynchicache.storage.admin_messages import ClearedPages
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
-from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored
 
 PAGE = SMALL.shape[2]
 NS = Namespace("m", "float32", PAGE)

@@ -21,8 +21,8 @@ from service_process import ServiceProcess
 from slow_proxy import SlowProxy
 
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
-from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
+from asynchicache.storage.disk.disk_backend import DiskBackend, DiskConfig
+from asynchicache.storage.remote.remote_backend import RedisBackend, RedisConfig
 from asynchicache.storage.service.tiered import TieredBackend, TieredConfig
 
 DELAY_S = 0.4  # RedisConfig.control_timeout_s is 0.5: never an outage

@@ -11,8 +11,8 @@ import pytest
 from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 from redis_server import RedisServer
 
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
-from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
+from asynchicache.storage.disk.disk_backend import DiskBackend, DiskConfig
+from asynchicache.storage.remote.remote_backend import RedisBackend, RedisConfig
 from asynchicache.storage.service.tiered import TieredBackend, TieredConfig
 
 Tiers = Callable[..., TieredBackend]

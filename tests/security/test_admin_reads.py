@@ -26,10 +26,10 @@ from keyed_server import ADMIN_KEY, KEY, auth
 from live_server import LiveServer
 from service_process import ServiceProcess
 
-from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import AdminRequest
+from asynchicache.model.loader import LoadedModel
+from asynchicache.settings.config import CacheConfig, EngineConfig
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 
 

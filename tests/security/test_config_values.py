@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.config import CacheConfig, EngineConfig, LaunchConfig, ServerConfig
-from asynchicache.server.options import build_parser, parse_args, to_config
+from asynchicache.launch.options import build_parser, parse_args, to_config
+from asynchicache.settings.config import CacheConfig, EngineConfig, LaunchConfig, ServerConfig
 
 
 def _refusal(argv: list[str]) -> str | None:
@@ -146,7 +146,7 @@ def test_configs_built_in_code_check_too(make: object, flag: str) -> None:
 
 def test_argparse_errors_name_the_flag() -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        from asynchicache.config_flags import finite_float
+        from asynchicache.settings.config_flags import finite_float
 
         finite_float("nan")
 
@@ -167,7 +167,7 @@ def test_the_cache_command_refuses_nan_too(argv: list[str]) -> None:
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_the_cache_service_refuses_nan_too(value: str) -> None:
-    from asynchicache.storage.service.cli import config_from_args
+    from asynchicache.storage.service.service_cli import config_from_args
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from ports import free_port
 
-from asynchicache.config import ServerConfig
-from asynchicache.server.options import exposure_warnings
+from asynchicache.launch.options import exposure_warnings
+from asynchicache.settings.config import ServerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

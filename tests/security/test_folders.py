@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.cache.keys import Namespace
+from asynchicache.common.keys import Namespace
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.disk.disk_backend import DiskBackend, DiskConfig
 from asynchicache.storage.service.server import prepare_address
 
 LAYOUT = PageLayout("float32", (2, 2, 4, 2, 8))
@@ -54,7 +54,7 @@ def _folder(path: Path, mode: int) -> Path:
 
 def _serve_refusal(folder: Path) -> str | None:
     """What `serve --disk-cache-dir folder` stops with (None: it would have started)."""
-    from asynchicache.server.options import parse_args, to_config
+    from asynchicache.launch.options import parse_args, to_config
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -128,7 +128,7 @@ def test_a_new_folder_inside_a_sticky_shared_one_is_fine(tmp_path: Path) -> None
 def test_the_default_folder_under_a_fresh_cache_home(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asynchicache.config import default_disk_cache_dir
+    from asynchicache.settings.config import default_disk_cache_dir
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home" / ".cache"))
     root = default_disk_cache_dir()

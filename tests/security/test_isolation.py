@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from curve_certs import curve_certs
 
-from asynchicache.cache.keys import Namespace, page_hashes
+from asynchicache.common.keys import Namespace, page_hashes
 from asynchicache.storage.base import PageLayout, PageRef
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.disk.disk_backend import DiskBackend, DiskConfig
 from asynchicache.storage.service.server import CacheService, ServiceConfig, prepare_address
 
 LAYOUT = PageLayout("float32", (2, 2, 4, 2, 8))

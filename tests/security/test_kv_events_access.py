@@ -115,7 +115,7 @@ def test_an_ipc_endpoint_in_a_symlinked_folder_is_refused(tmp_path: Path) -> Non
 
 
 def _serve_refusal(*argv: str) -> str | None:
-    from asynchicache.server.options import parse_args, to_config
+    from asynchicache.launch.options import parse_args, to_config
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):

@@ -32,7 +32,7 @@ from health_probe import HEALTH_MS, HealthProbe
 from host_speed import scaled
 from live_server import LiveServer
 
-from asynchicache.server.schemas import MAX_STOP_CHARS, MAX_STOP_TOTAL_CHARS
+from asynchicache.server.openai.schemas import MAX_STOP_CHARS, MAX_STOP_TOTAL_CHARS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -25,9 +25,9 @@ from keyed_server import ADMIN_KEY, KEY, auth
 from live_server import LiveServer
 from traffic import Prompt, complete, make_prompts
 
-from asynchicache.bench.procwatch import descendants
+from asynchicache.bench.processes.procwatch import descendants
+from asynchicache.launch.frontend import Frontend
 from asynchicache.server.api import ADMIN_PATHS, PUBLIC_PATHS, create_app
-from asynchicache.server.frontend import Frontend
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

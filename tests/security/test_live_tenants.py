@@ -22,7 +22,7 @@ from keyed_server import ADMIN_KEY, KEY, auth
 from live_server import LiveServer
 from traffic import make_prompts
 
-from asynchicache.server.frontend import Frontend
+from asynchicache.launch.frontend import Frontend
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

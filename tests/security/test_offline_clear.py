@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.disk.disk_backend import DiskBackend, DiskConfig
 
 
 def _clear(root: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.integrations.vllm.service_process import lock_path
-from asynchicache.storage.service.config import (
+from asynchicache.integrations.vllm.l2.service_process import lock_path
+from asynchicache.storage.service.service_config import (
     ServiceConfig,
     default_runtime_dir,
     prepare_address,

@@ -9,16 +9,16 @@ from collections.abc import Iterator
 import pytest
 from pydantic import ValidationError
 
-from asynchicache.config import CacheConfig, EngineConfig
 from asynchicache.engine.engine import Engine
-from asynchicache.engine.loader import LoadedModel
 from asynchicache.engine.protocol import (
     MAX_CACHE_SALT_CHARS,
     AdminRequest,
     GenerateRequest,
     SamplingParams,
 )
-from asynchicache.server.schemas import ChatCompletionRequest, CompletionRequest
+from asynchicache.model.loader import LoadedModel
+from asynchicache.server.openai.schemas import ChatCompletionRequest, CompletionRequest
+from asynchicache.settings.config import CacheConfig, EngineConfig
 
 LONG = "s" * (MAX_CACHE_SALT_CHARS + 1)
 OK = "s" * MAX_CACHE_SALT_CHARS

@@ -2,7 +2,7 @@
 
 On a loopback `tcp://` address the service had no authentication: any local user could
 Load any tenant's pages, Store pages under any name, or Clear. Now `tcp://` needs ZeroMQ
-CURVE (the KV event sockets' code, storage/curve.py): refused without keys; with them,
+CURVE (the KV event sockets' code, common/curve.py): refused without keys; with them,
 only the listed clients' keys get an answer. `ipc://` in a private folder stays the
 default.
 """
@@ -18,10 +18,10 @@ import pytest
 from curve_certs import curve_certs
 from ports import free_port
 
+from asynchicache.common.curve import ClientCurve
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
-from asynchicache.storage.curve import ClientCurve
-from asynchicache.storage.service.cli import config_from_args
 from asynchicache.storage.service.server import CacheService, ServiceConfig
+from asynchicache.storage.service.service_cli import config_from_args
 
 
 def test_plain_loopback_tcp_is_refused(tmp_path: Path) -> None:

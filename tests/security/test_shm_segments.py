@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.storage.shm import SEGMENT_PREFIX, SharedSegment, owner_pid, remove_stale_segments
+from asynchicache.common.shm import SEGMENT_PREFIX, SharedSegment, owner_pid, remove_stale_segments
 
 DEAD_PID = 4_194_304 + 1  # above Linux's largest pid_max: never alive
 

@@ -124,13 +124,13 @@ def test_loaders_never_unpickle() -> None:
 
 
 def test_msgpack_decoders_exist_and_are_the_only_ones() -> None:
-    """Every msgpack decode goes through the one checked codec (asynchicache/codec.py)."""
+    """Every msgpack decode goes through the one checked codec (asynchicache/common/codec.py)."""
     users = {
         where.split(":")[0]
         for where, name, _ in _calls()
         if name.split(".")[-1] in ("unpackb", "Unpacker", "unpack")
     }
-    assert users == {"asynchicache/codec.py"}
+    assert users == {"asynchicache/common/codec.py"}
 
 
 def test_templates_render_in_the_sandbox() -> None:
@@ -148,7 +148,7 @@ def test_sandbox_refuses_a_hostile_template() -> None:
     import jinja2.exceptions
     import pytest
 
-    from asynchicache.engine.tokenizer import _compile
+    from asynchicache.model.tokenizer import _compile
 
     evil = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
     with pytest.raises(jinja2.exceptions.SecurityError):

@@ -8,9 +8,9 @@ from typing import Any
 
 import httpx
 
+from asynchicache.common.tiers import TIERS
 from asynchicache.kv_events import wire
 from asynchicache.kv_events.subscriber import KvEventSubscriber
-from asynchicache.tiers import TIERS
 
 PAGE = 16
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from server_helpers import API_KEY, ThreadServer
 
-from asynchicache.server.frontend import Frontend
+from asynchicache.launch.frontend import Frontend
 
 HERE = Path(__file__).resolve().parent
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import httpx
 
-from asynchicache.config import ServerConfig
+from asynchicache.launch.frontend import Frontend
 from asynchicache.server.context import AppContext, ModelInfo
 from asynchicache.server.engine_client import EngineClient
-from asynchicache.server.frontend import Frontend
 from asynchicache.server.http import StopSignal, bind_socket, serve_http
+from asynchicache.settings.config import ServerConfig
 from asynchicache.storage.client.probe import ServiceProbe
 
 API_KEY = "test-key"

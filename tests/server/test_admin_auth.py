@@ -11,8 +11,8 @@ import pytest
 from server_helpers import API_KEY, ThreadServer
 from starlette.responses import PlainTextResponse
 
+from asynchicache.launch.frontend import Frontend
 from asynchicache.server.api import APIKeyMiddleware
-from asynchicache.server.frontend import Frontend
 
 ADMIN_KEY = "operator-key"
 

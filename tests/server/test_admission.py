@@ -1,4 +1,4 @@
-"""server/admission.py's rules, without a server: counts, turns and fair share, with the
+"""server/guards/admission.py's rules, without a server: counts, turns and fair share, with the
 invariants checked after every step (issue 39, finding 7)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asynchicache.server.admission import Admission, Refused
+from asynchicache.server.guards.admission import Admission, Refused
 
 
 async def _settle() -> None:

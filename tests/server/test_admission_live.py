@@ -21,8 +21,8 @@ import pytest
 from fake_engine import SLOW_SEED
 from server_helpers import ThreadServer
 
-from asynchicache.config import ServerConfig
-from asynchicache.server.frontend import Frontend
+from asynchicache.launch.frontend import Frontend
+from asynchicache.settings.config import ServerConfig
 
 BASE = {"model": "fake-model", "prompt": "Hello", "max_tokens": 2}
 

@@ -15,7 +15,7 @@ import pytest
 from fake_engine import SLOW_SEED
 from server_helpers import API_KEY, FAKE_CONTEXT, ThreadServer
 
-from asynchicache.server.frontend import Frontend
+from asynchicache.launch.frontend import Frontend
 
 PROMPT = "The quick brown fox jumps over the lazy dog, again and again."
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

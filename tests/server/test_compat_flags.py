@@ -1,4 +1,4 @@
-"""Other servers' flags with their meanings (server/compat_flags.py): launch lines copied
+"""Other servers' flags with their meanings (launch/compat_flags.py): launch lines copied
 from SGLang's and LightLLM's docs give the same tiers, sizes and policies here; what
 cannot hold is refused, all at once, with what to do instead."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.config import GIB, PrefetchPolicy, WritePolicy
-from asynchicache.server.compat_resolve import CompatError
-from asynchicache.server.options import build_parser, to_config
+from asynchicache.launch.compat_resolve import CompatError
+from asynchicache.launch.options import build_parser, to_config
+from asynchicache.settings.config import GIB, PrefetchPolicy, WritePolicy
 
 # SGLang docs, advanced_features/hicache_file_direct_io.md, "Launch Example" (model swapped).
 SGLANG_FILE_LINE = """--model-path MODEL --host 0.0.0.0 --port 30000 --enable-hierarchical-cache

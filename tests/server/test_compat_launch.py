@@ -1,5 +1,5 @@
 """Launch lines from SGLang's and LightLLM's docs start our server with their tiers and
-sizes (server/compat_flags.py): `python -m asynchicache serve` as users run it, its
+sizes (launch/compat_flags.py): `python -m asynchicache serve` as users run it, its
 /cache/stats read back. The model is swapped for the embedded SmolLM2 GGUF, the port for
 a free one, and sizes meant for a GPU server scaled to this machine (the config-level
 tests in test_compat_flags.py take the lines whole)."""
@@ -14,8 +14,8 @@ import httpx
 import pytest
 from serve_process import ServeProcess
 
-from asynchicache.config import GIB
-from asynchicache.engine.loader import default_model_path
+from asynchicache.model.loader import default_model_path
+from asynchicache.settings.config import GIB
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

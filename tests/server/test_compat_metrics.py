@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import API_KEY, ThreadServer
 
+from asynchicache.launch.frontend import Frontend
 from asynchicache.server.compat_metrics import PEER_METRICS
-from asynchicache.server.frontend import Frontend
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 SALT = "tenant-salt-7f3a9"

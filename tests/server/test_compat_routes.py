@@ -12,7 +12,7 @@ import pytest
 from server_helpers import API_KEY, ThreadServer
 
 from asynchicache import __version__
-from asynchicache.server.frontend import Frontend
+from asynchicache.launch.frontend import Frontend
 
 ADMIN_KEY = "operator-key"
 CLIENT = {"Authorization": f"Bearer {API_KEY}"}

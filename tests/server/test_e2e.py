@@ -21,7 +21,7 @@ from serve_process import ServeProcess, disk_server
 from settling import wait_until
 from traffic import by_tier, inventory, timed_chat
 
-from asynchicache.storage.shm import list_segments
+from asynchicache.common.shm import list_segments
 
 pytestmark = pytest.mark.slow
 

@@ -18,11 +18,11 @@ import httpx
 import pytest
 from server_helpers import API_KEY, FAKE_CONTEXT, ThreadServer
 
+from asynchicache.launch.frontend import Frontend
 from asynchicache.server.context import AppContext, ModelInfo
 from asynchicache.server.errors import APIError
-from asynchicache.server.frontend import Frontend
-from asynchicache.server.requests import MAX_CHOICES, plan_completion
-from asynchicache.server.schemas import CompletionRequest
+from asynchicache.server.openai.requests import MAX_CHOICES, plan_completion
+from asynchicache.server.openai.schemas import CompletionRequest
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 BASE = {"model": "fake-model", "prompt": "Hello", "max_tokens": 2}

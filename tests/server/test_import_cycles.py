@@ -1,6 +1,6 @@
 """No import circle between modules of the server and bench packages (any import, also one
 inside a function): a circle means two files share one concept, or one of them is in the
-wrong layer (as `server/launch.py` <-> `server/options.py` once were)."""
+wrong layer (as `launch/launch.py` <-> `launch/options.py` once were)."""
 
 from __future__ import annotations
 

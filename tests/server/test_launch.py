@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ports import free_port
 
-from asynchicache.server.launch import make_run_dir, ready_message
+from asynchicache.launch.launch import make_run_dir, ready_message
 
 
 def _serve(*argv: str, tmp: Path | None = None) -> subprocess.CompletedProcess[str]:

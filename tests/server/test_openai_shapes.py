@@ -14,7 +14,7 @@ import openai
 from fake_engine import SLOW_SEED
 from server_helpers import API_KEY, ThreadServer
 
-from asynchicache.server.frontend import Frontend
+from asynchicache.launch.frontend import Frontend
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -10,11 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from asynchicache.cache.pools import KVLayout
-from asynchicache.config import PrefetchPolicy, ServiceTuning, WritePolicy, default_disk_cache_dir
-from asynchicache.server.frontend import Frontend
-from asynchicache.server.launch import sized_cache
-from asynchicache.server.options import build_parser, parse_args, to_config
+from asynchicache.hierarchy.pools import KVLayout
+from asynchicache.launch.frontend import Frontend
+from asynchicache.launch.launch import sized_cache
+from asynchicache.launch.options import build_parser, parse_args, to_config
+from asynchicache.settings.config import (
+    PrefetchPolicy,
+    ServiceTuning,
+    WritePolicy,
+    default_disk_cache_dir,
+)
 
 
 def _config(*argv: str):  # -> LaunchConfig

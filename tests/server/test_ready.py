@@ -1,5 +1,5 @@
 """`/ready` with real processes behind the app: a fake engine process (the real wire
-protocol) and a real cache service process (`python -m asynchicache.storage.service`).
+protocol) and a real cache service process (`asynchicache service`).
 200 only while both answer; 503 naming the one that does not when the service is killed
 or the engine is gone; 200 again once a new service binds the same address. `/health`
 stays liveness. (A SIGSTOPped service inside a real `serve` is in test_cache_ops.py.)"""
@@ -22,7 +22,7 @@ import pytest
 from server_helpers import ThreadServer
 from service_process import ServiceProcess
 
-from asynchicache.server.frontend import Frontend
+from asynchicache.launch.frontend import Frontend
 
 HERE = Path(__file__).resolve().parent
 

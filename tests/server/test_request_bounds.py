@@ -129,7 +129,7 @@ def test_logprobs_are_bounded_too(server: ThreadServer) -> None:
 
 
 def test_work_bound_rules() -> None:
-    from asynchicache.server.work_bound import (
+    from asynchicache.server.guards.work_bound import (
         DEFAULT_MAX_REQUEST_TOKENS,
         Work,
         check_work,

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asynchicache.integrations.vllm.config import ConnectorConfig
-from asynchicache.integrations.vllm.service_process import service_args
-from asynchicache.server.launch import _service_spec
-from asynchicache.server.options import parse_args, to_config
-from asynchicache.storage.service.cli import config_from_args
-from asynchicache.storage.service.config import CACHE_FLAGS, TUNING_FLAGS, ServiceConfig
+from asynchicache.integrations.vllm.connector_config import ConnectorConfig
+from asynchicache.integrations.vllm.l2.service_process import service_args
+from asynchicache.launch.launch import _service_spec
+from asynchicache.launch.options import parse_args, to_config
+from asynchicache.storage.service.service_cli import config_from_args
+from asynchicache.storage.service.service_config import CACHE_FLAGS, TUNING_FLAGS, ServiceConfig
 
 REMOTE = "redis://127.0.0.1:6379/0"  # parsed, never connected to
 

@@ -15,21 +15,21 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.server.engine_client import EngineClient
-from asynchicache.server.launch import (
+from asynchicache.common.shm import SharedSegment
+from asynchicache.launch.launch import (
     SILENT_TIMEOUTS,
     ServiceLaunch,
     _engine_spec,
     _service_spec,
     run_cache_service,
 )
-from asynchicache.server.options import build_parser, to_config
-from asynchicache.server.supervisor import ChildSpec, Supervisor
+from asynchicache.launch.options import build_parser, to_config
+from asynchicache.launch.supervisor import ChildSpec, Supervisor
+from asynchicache.server.engine_client import EngineClient
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.client.probe import ServiceProbe
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 from asynchicache.storage.service.server import ServiceConfig
-from asynchicache.storage.shm import SharedSegment
 
 LAYOUT = PageLayout("float32", (2, 2, 4, 2, 8))
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from asynchicache.server import sse
-from asynchicache.server.schemas import CompletionChoice, CompletionResponse
+from asynchicache.server.openai import sse
+from asynchicache.server.openai.schemas import CompletionChoice, CompletionResponse
 
 
 def test_event_framing_round_trips() -> None:

@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asynchicache.server.stop import StopChecker
+from asynchicache.server.openai.stop import StopChecker
 
 
 def _feed(stops: list[str], pieces: list[str]) -> tuple[str, bool]:

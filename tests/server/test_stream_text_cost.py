@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asynchicache.engine.tokenizer import IncrementalDecoder, Tokenizer
-from asynchicache.server.frontend import Frontend
-from asynchicache.server.schemas import MAX_STOP_CHARS, MAX_STOP_TOTAL_CHARS
-from asynchicache.server.stop import StopChecker, StopMatcher
+from asynchicache.launch.frontend import Frontend
+from asynchicache.model.tokenizer import IncrementalDecoder, Tokenizer
+from asynchicache.server.openai.schemas import MAX_STOP_CHARS, MAX_STOP_TOTAL_CHARS
+from asynchicache.server.openai.stop import StopChecker, StopMatcher
 
 
 def _seconds_per_push(stops: Sequence[str], pieces: Sequence[str]) -> float:

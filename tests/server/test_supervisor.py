@@ -12,8 +12,8 @@ from pathlib import Path
 from processes import pid_alive
 from supervised_targets import ignore_sigterm, sleep_forever, sleep_with_env
 
-from asynchicache.engine.openmp import OPENMP_WAIT, openmp_env
-from asynchicache.server.supervisor import ChildSpec, Supervisor
+from asynchicache.launch.openmp import OPENMP_WAIT, openmp_env
+from asynchicache.launch.supervisor import ChildSpec, Supervisor
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
@@ -102,7 +102,7 @@ def test_a_childs_env_is_set_from_its_start_and_the_parents_is_left_alone(
     tmp_path: Path,
 ) -> None:
     """OpenMP reads its wait policy as it loads: the engine child gets it in its environment
-    at spawn (engine/openmp.py), and the launcher's own environment does not change."""
+    at spawn (launch/openmp.py), and the launcher's own environment does not change."""
     pid_file = tmp_path / "pids"
     before = os.environ.get("OMP_WAIT_POLICY")
     sup = Supervisor()

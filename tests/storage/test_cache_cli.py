@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.disk.disk_backend import DiskBackend, DiskConfig
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -66,7 +66,7 @@ def test_missing_folder_is_empty_not_an_error(tmp_path: Path) -> None:
 def test_clear_one_namespace_or_one_salt_keeping_pins(
     tmp_path: Path, make_pool: Callable[..., Pool]
 ) -> None:
-    from asynchicache.cache.keys import Namespace, chain_hashes
+    from asynchicache.common.keys import Namespace, chain_hashes
     from asynchicache.storage.base import PageRef
     from asynchicache.storage.disk.names import namespace_dir_name
 

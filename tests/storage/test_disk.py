@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from pools import ALIGNED, NAMESPACE, SMALL, Pool, new_hashes, refs
 
-from asynchicache.storage import fileio
+from asynchicache.common import fileio
 from asynchicache.storage.base import PageLayout, PageRef
-from asynchicache.storage.disk import backend as disk_module
+from asynchicache.storage.disk import disk_backend as disk_module
 from asynchicache.storage.disk import write as disk_write
-from asynchicache.storage.disk.backend import TMP_PREFIX, DiskBackend, DiskConfig
+from asynchicache.storage.disk.disk_backend import TMP_PREFIX, DiskBackend, DiskConfig
 from asynchicache.storage.header import decode_header
 
 Backends = Callable[..., DiskBackend]

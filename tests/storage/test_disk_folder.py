@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 
-from asynchicache.storage.disk.admin import folder_stats
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig, namespace_dir_name
+from asynchicache.storage.disk.disk_admin import folder_stats
+from asynchicache.storage.disk.disk_backend import DiskBackend, DiskConfig, namespace_dir_name
 from asynchicache.storage.header import header_len_for
 
 OLD = b"test-model\x1ffloat32\x1f4\x1f1\x1f"  # what an upgrade leaves behind

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pools import DEFAULT, NAMESPACE, Pool, refs
 
-from asynchicache.storage.disk.backend import TMP_PREFIX, DiskBackend, DiskConfig
+from asynchicache.storage.disk.disk_backend import TMP_PREFIX, DiskBackend, DiskConfig
 
 
 def _hashes(first: int, n: int) -> list[bytes]:

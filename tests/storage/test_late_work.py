@@ -21,7 +21,7 @@ from storage_clients import Clients, wait_idle
 
 from asynchicache.storage.base import Completion, Settled
 from asynchicache.storage.client.storage_client import StorageClient
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.disk.disk_backend import DiskBackend, DiskConfig
 
 # Enough 1 KiB pages that one service thread needs well over the ticket timeout for them.
 MANY = 20_000

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from asynchicache.common.tiers import AllBlocksCleared, BlockRemoved, BlockStored
 from asynchicache.storage.admin_messages import (
     Clear,
     ClearedPages,
@@ -24,7 +25,7 @@ from asynchicache.storage.admin_messages import (
     UnpinReply,
 )
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
-from asynchicache.storage.disk.pins import Pin
+from asynchicache.storage.disk.disk_pins import Pin
 from asynchicache.storage.messages import (
     MESSAGE_TYPES,
     Cancel,
@@ -47,7 +48,6 @@ from asynchicache.storage.messages import (
     decode,
     encode,
 )
-from asynchicache.tiers import AllBlocksCleared, BlockRemoved, BlockStored
 
 H = [bytes([i]) * 16 for i in range(3)]
 SETTINGS = ServiceSettings("/var/kv", 20 << 30)

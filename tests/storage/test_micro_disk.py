@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asynchicache.bench.micro_disk import DiskBenchOptions, measure
+from asynchicache.bench.micro.micro_disk import DiskBenchOptions, measure
 
 
 def test_measure_small(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pools import NAMESPACE, SMALL, Pool, new_hashes, refs
 
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
-from asynchicache.storage.disk.pins import PINS_DIR, PinLimitError
+from asynchicache.storage.disk.disk_backend import DiskBackend, DiskConfig
+from asynchicache.storage.disk.disk_pins import PINS_DIR, PinLimitError
 
 Backends = Callable[..., DiskBackend]
 ROOT = b"r" * 16

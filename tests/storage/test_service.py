@@ -17,7 +17,7 @@ from storage_clients import Clients
 from asynchicache.storage.admin_messages import ClearedPages
 from asynchicache.storage.base import PageLayout, TicketKind
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
-from asynchicache.storage.disk.admin import verify_folder
+from asynchicache.storage.disk.disk_admin import verify_folder
 from asynchicache.storage.messages import ErrorReply, Stats, decode, encode
 from asynchicache.storage.service.server import ServiceConfig
 

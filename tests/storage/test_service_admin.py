@@ -10,12 +10,12 @@ import pytest
 from pools import NAMESPACE, SMALL, Pool, chain
 from storage_clients import Clients
 
-from asynchicache.cache.keys import Namespace
-from asynchicache.config import GIB
+from asynchicache.common.keys import Namespace
+from asynchicache.settings.config import GIB
 from asynchicache.storage.admin_messages import ClearedPages
 from asynchicache.storage.base import PageRef
 from asynchicache.storage.client.storage_client import StorageClient
-from asynchicache.storage.disk.backend import DiskConfig
+from asynchicache.storage.disk.disk_backend import DiskConfig
 
 FILE = DiskConfig(Path("/unused"), NAMESPACE, SMALL, 1).page_file_bytes
 PAGE = SMALL.shape[2]

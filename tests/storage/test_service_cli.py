@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from asynchicache.storage.service.cli import config_from_args as _parse
-from asynchicache.storage.service.config import ServiceConfig
+from asynchicache.storage.service.service_cli import config_from_args as _parse
+from asynchicache.storage.service.service_config import ServiceConfig
 
 
 def test_no_flag_given_is_the_dataclass_default(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pools import NAMESPACE, Pool, new_hashes, refs
 from storage_clients import Clients
 
 from asynchicache.storage.base import TicketKind
-from asynchicache.storage.disk.admin import verify_folder
+from asynchicache.storage.disk.disk_admin import verify_folder
 from asynchicache.storage.disk.names import namespace_dir_name, page_path
 from asynchicache.storage.header import decode_header, peek_header_len
 

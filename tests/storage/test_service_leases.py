@@ -20,7 +20,7 @@ from storage_clients import Clients
 
 from asynchicache.storage.client.storage_client import StorageClient
 from asynchicache.storage.messages import ServiceSettings
-from asynchicache.storage.service.cli import config_from_args
+from asynchicache.storage.service.service_cli import config_from_args
 
 Holders = Callable[[], subprocess.Popen[bytes]]
 

@@ -22,7 +22,7 @@ from storage_clients import Clients, wait_idle
 
 from asynchicache.storage.base import Completion, Settled
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.disk.disk_backend import DiskBackend, DiskConfig
 from asynchicache.storage.messages import (
     Cancel,
     CancelReply,

@@ -14,11 +14,11 @@ import pytest
 from pools import NAMESPACE, Pool, new_hashes, refs
 from storage_clients import Clients
 
-from asynchicache.config import GIB
+from asynchicache.settings.config import GIB
 from asynchicache.storage.base import PageLayout, TicketKind
 from asynchicache.storage.client.storage_client import StorageClient
-from asynchicache.storage.disk.admin import verify_folder
-from asynchicache.storage.disk.backend import DiskConfig
+from asynchicache.storage.disk.disk_admin import verify_folder
+from asynchicache.storage.disk.disk_backend import DiskConfig
 
 LAYOUT = PageLayout("float32", (2, 2, 16, 2, 16))  # 8 KiB pages
 FILE = DiskConfig(Path("/unused"), NAMESPACE, LAYOUT, 1).page_file_bytes

@@ -17,12 +17,14 @@ from asynchicache.storage.base import (
     check_read,
 )
 from asynchicache.storage.client.storage_client import StorageClient
-from asynchicache.storage.disk.backend import DiskBackend
-from asynchicache.storage.remote.backend import RedisBackend
+from asynchicache.storage.disk.disk_backend import DiskBackend
+from asynchicache.storage.remote.remote_backend import RedisBackend
 from asynchicache.storage.service.tiered import TieredBackend
 
 
-@pytest.mark.parametrize("module", ["asynchicache.cache.hierarchy", "asynchicache.storage.base"])
+@pytest.mark.parametrize(
+    "module", ["asynchicache.hierarchy.hierarchy", "asynchicache.storage.base"]
+)
 def test_the_cache_layer_loads_neither_redis_nor_zmq(module: str) -> None:
     code = f"import sys, {module}; print(sorted({{'redis', 'zmq'}} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pools import Pool, new_hashes, refs
 
+from asynchicache.common.deadline import Deadline
+from asynchicache.common.liveness import ProcessIdentity
 from asynchicache.storage.base import Completion, Settled, TicketKind
 from asynchicache.storage.client.tickets import OpenTicket, TicketBook
-from asynchicache.storage.deadline import Deadline
-from asynchicache.storage.liveness import ProcessIdentity
 from asynchicache.storage.write_behind import stage
 
 ME = ProcessIdentity.of(os.getpid())

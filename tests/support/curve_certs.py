@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from asynchicache.storage.curve import CurveKeys
+from asynchicache.common.curve import CurveKeys
 
 
 def curve_certs(tmp_path: Path) -> tuple[CurveKeys, Path, Path]:

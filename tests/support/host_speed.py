@@ -31,8 +31,8 @@ PROMPT, HEADS, KV_HEADS, HEAD_DIM, PAGE = 512, 9, 3, 64, 16
 
 def _work() -> object:
     """A closure doing the measured work once (its inputs made beforehand)."""
-    from asynchicache.engine.models import native
-    from asynchicache.engine.models.native import KernelWork
+    from asynchicache.model import native
+    from asynchicache.model.native import KernelWork
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(ROWS, HIDDEN, generator=g)

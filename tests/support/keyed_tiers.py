@@ -13,9 +13,9 @@ from pathlib import Path
 from pools import NAMESPACE, SMALL, Pool
 
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.disk.disk_backend import DiskBackend, DiskConfig
 from asynchicache.storage.page_keys import PageKeys
-from asynchicache.storage.remote.backend import RedisBackend, RedisConfig
+from asynchicache.storage.remote.remote_backend import RedisBackend, RedisConfig
 
 Backend = DiskBackend | RedisBackend
 

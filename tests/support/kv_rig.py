@@ -16,15 +16,15 @@ from typing import Any
 import torch
 import zmq
 
-from asynchicache.cache.hierarchy import HiRadixCache
-from asynchicache.cache.keys import Namespace
-from asynchicache.cache.pools import HostPool, KVLayout
-from asynchicache.config import CacheConfig
+from asynchicache.common.keys import Namespace
+from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.hierarchy.pools import HostPool, KVLayout
 from asynchicache.kv_events.publisher import KvEventPublisher, KvEventsConfig
 from asynchicache.kv_events.subscriber import KvEventSubscriber
+from asynchicache.settings.config import CacheConfig
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
-from asynchicache.storage.disk.backend import DiskConfig
+from asynchicache.storage.disk.disk_backend import DiskConfig
 from asynchicache.storage.service.server import ServiceConfig
 
 PAGE = 4

@@ -14,13 +14,13 @@ from host_speed import scaled
 from processes import children_of, pid_alive, proc_title
 from serve_process import ServeProcess
 
-from asynchicache.storage.shm import remove_stale_segments
+from asynchicache.common.shm import remove_stale_segments
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = ("engine", "cache-service")
 
 
-# Flags that size L2 (ours and the compat ones, server/compat_flags.py).
+# Flags that size L2 (ours and the compat ones, launch/compat_flags.py).
 L2_SIZE_FLAGS = frozenset(
     {"--host-cache-gb", "--no-host-cache", "--hiradix_cache_token_num", "--hicache-size",
      "--hicache-ratio", "--cpu_cache_storage_size"}

@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from asynchicache.cache.keys import chain_hashes
+from asynchicache.common.keys import chain_hashes
+from asynchicache.common.shm import SharedSegment
 from asynchicache.storage.base import PageLayout, PageRef
-from asynchicache.storage.shm import SharedSegment
 
 # 1 KiB pages take the buffered path (and are enough for logic); 8 KiB pages are
 # 4096-aligned and use O_DIRECT on disk.

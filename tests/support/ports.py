@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from asynchicache.bench.server_process import free_port
+from asynchicache.bench.processes.server_process import free_port
 
 __all__ = ["free_port"]

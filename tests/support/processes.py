@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asynchicache.storage.liveness import ProcessIdentity
+from asynchicache.common.liveness import ProcessIdentity
 
 
 def pid_alive(pid: int) -> bool:

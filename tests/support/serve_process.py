@@ -1,5 +1,5 @@
 """`python -m asynchicache serve` on CPU as a test's subprocess: the benchmarks' launcher
-(`bench/server_process.py`: a free port, retried if taken; /health awaited; SIGTERM,
+(`bench/processes/server_process.py`: a free port, retried if taken; /health awaited; SIGTERM,
 then SIGKILL if it hangs), with `start` returning the server, its children by pid, and a
 `terminate` that leaves them to the server (so a test sees what it leaves behind)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from host_speed import scaled
 from processes import children_of, pid_alive
 
-from asynchicache.bench.server_process import BenchServer
+from asynchicache.bench.processes.server_process import BenchServer
 
 
 class ServeProcess(BenchServer):

@@ -1,4 +1,4 @@
-"""A real cache service process (`python -m asynchicache.storage.service`) for a test."""
+"""A real cache service process (`asynchicache service`) for a test."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ class ServiceProcess:
     """The service on `address` over `disk_dir`; `extra` adds flags (e.g. `--remote-url`)."""
 
     def __init__(self, disk_dir: Path, address: str, *extra: str) -> None:
-        self.argv = [sys.executable, "-m", "asynchicache.storage.service"]
+        self.argv = [sys.executable, "-m", "asynchicache", "service"]
         self.argv += ["--disk-cache-dir", str(disk_dir), "--socket", address]
         self.argv += ["--log-level", "WARNING", *extra]
         self.proc: subprocess.Popen[bytes] | None = None

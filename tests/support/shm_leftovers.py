@@ -19,7 +19,7 @@ from pathlib import Path
 
 from processes import pid_alive
 
-from asynchicache.storage.shm import SEGMENT_PREFIX, SHM_DIR, owner_pid
+from asynchicache.common.shm import SEGMENT_PREFIX, SHM_DIR, owner_pid
 
 MULTIPROCESSING = ("psm_", "sem.mp-")
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asynchicache.cache.pools import HostPool
+from asynchicache.hierarchy.pools import HostPool
 from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled, TicketKind
 
 

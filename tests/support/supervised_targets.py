@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from asynchicache.server.supervisor import ChildSpec, Supervisor
+from asynchicache.launch.supervisor import ChildSpec, Supervisor
 
 
 def sleep_forever(pid_file: Path) -> None:

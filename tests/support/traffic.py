@@ -16,7 +16,7 @@ import openai
 from host_speed import scaled
 from settling import at_most
 
-from asynchicache.engine.tokenizer import Tokenizer
+from asynchicache.model.tokenizer import Tokenizer
 
 MAX_TOKENS = 6
 PAGE_SIZE = 16

@@ -18,7 +18,7 @@ from shm_leftovers import snapshot, wait_no_leftovers
 from tiny_llama import tiny_llama
 from tiny_pair import TinyPair
 
-from asynchicache.engine.export_hf import export_hf
+from asynchicache.tools.export_hf import export_hf
 
 # `tests/` is on sys.path, so a bare "vllm" would find this very folder as a
 # namespace package: ask for a module only the real vLLM has.

@@ -101,7 +101,7 @@ class FakeModel:
     """One rank's KV blocks: writes K/V for scheduled positions (vLLM's CPU layout)."""
 
     def __init__(self, num_blocks: int, heads: int = HEADS, rank: int = 0) -> None:
-        from asynchicache.integrations.vllm.layouts import BlockFormat, canonical_kv
+        from asynchicache.integrations.vllm.layouts.block_layouts import BlockFormat, canonical_kv
 
         # CPU_ATTN: [blocks, kv_heads, block_size, 2 * head_dim] per layer
         self.tensors = {
@@ -262,7 +262,7 @@ class Engine:
         from vllm.v1.structured_output import StructuredOutputManager
 
         from asynchicache.integrations.vllm.connector import AsynchicacheConnector
-        from asynchicache.integrations.vllm.worker import WorkerSide
+        from asynchicache.integrations.vllm.worker_side import WorkerSide
 
         self.vllm_config = make_vllm_config(
             model,
@@ -491,7 +491,7 @@ class Engine:
 
     def l2_pages(self) -> dict[bytes, torch.Tensor]:
         """Every READY page in L2, by hash."""
-        from asynchicache.integrations.vllm.host_index import SlotUse
+        from asynchicache.integrations.vllm.l2.host_index import SlotUse
 
         side = self.side
         pool = side.pool.tensor

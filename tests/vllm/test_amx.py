@@ -28,8 +28,8 @@ import pytest
 import torch
 from vllm_helpers import CONNECTOR, hit_after, hits, start_all, stored_since, wait_for
 
-from asynchicache.bench.text import text
-from asynchicache.bench.vllm_process import VllmFlags, VllmServer, VllmThreads
+from asynchicache.bench.processes.vllm_process import VllmFlags, VllmServer, VllmThreads
+from asynchicache.bench.workloads.text import text
 
 pytestmark = [
     pytest.mark.timeout(900),  # three vLLM starts on 2 busy cores

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from asynchicache.bench.server_process import BenchServer
+from asynchicache.bench.processes.server_process import BenchServer
 from asynchicache.server.compat_metrics import PEER_METRICS
 
 pytestmark = pytest.mark.timeout(900)  # a model load and a benchmark on a shared CPU

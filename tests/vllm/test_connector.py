@@ -33,8 +33,8 @@ from vllm_helpers import (
     wait_for,
 )
 
-from asynchicache.bench.vllm_process import VllmServer
-from asynchicache.integrations.vllm.service_process import service_pid
+from asynchicache.bench.processes.vllm_process import VllmServer
+from asynchicache.integrations.vllm.l2.service_process import service_pid
 
 # A vLLM start takes 30-120 s on 2 busy cores; the suite's 300 s per test is too tight
 # for a test whose fixture starts servers.

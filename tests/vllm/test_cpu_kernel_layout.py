@@ -11,7 +11,7 @@ import pytest
 import torch
 from vllm import _custom_ops as ops
 
-from asynchicache.integrations.vllm.layouts import (
+from asynchicache.integrations.vllm.layouts.block_layouts import (
     BlockCopier,
     BlockFormat,
     canonical_kv,

@@ -20,7 +20,7 @@ import pytest
 import zmq
 from sched_harness import PAGE, Engine, Truth, tiny_model_folder
 
-from asynchicache.integrations.vllm.lookup import RequestChain
+from asynchicache.integrations.vllm.block_lookup import RequestChain
 from asynchicache.kv_events.wire import external_hash
 
 pytestmark = pytest.mark.timeout(600)

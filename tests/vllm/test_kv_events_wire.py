@@ -84,7 +84,7 @@ def test_the_connectors_shared_storage_pages_carry_the_pool() -> None:
 
 
 def test_the_connectors_storage_is_the_pools_when_shared_or_written_to_l4() -> None:
-    from asynchicache.integrations.vllm.config import ConnectorConfig
+    from asynchicache.integrations.vllm.connector_config import ConnectorConfig
     from asynchicache.kv_events.publisher import DEFAULT_POOL
 
     assert ConnectorConfig.from_extra({}).storage_ownership is None

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from sched_harness import PAGE, Engine, Truth, tiny_model_folder
 
-from asynchicache.cache.load_cost import Rate
+from asynchicache.hierarchy.load_cost import Rate
 from asynchicache.integrations.vllm.load_policy import DISK, HOST, LoadPolicy
 
 pytestmark = pytest.mark.timeout(600)

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from sched_harness import make_vllm_config, tiny_model_folder
 
+from asynchicache.integrations.vllm.layouts.numerics import numerics_factors, selected_backend
 from asynchicache.integrations.vllm.namespace import (
     ModelIdentity,
     pinned_revision,
     vllm_namespace,
 )
-from asynchicache.integrations.vllm.numerics import numerics_factors, selected_backend
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 

@@ -1,4 +1,4 @@
-"""`bench pressure`'s vLLM client (bench/pressure_client.py) drives vLLM's own serving
+"""`bench pressure`'s vLLM client (bench/clients/pressure_client.py) drives vLLM's own serving
 benchmark code, `vllm.benchmarks.serve.benchmark`, against a scripted streaming server: the
 call matches this vLLM's signature and every request is timed (the main suite tests the
 httpx client of the same behaviour, and the bench end to end)."""
@@ -15,7 +15,7 @@ import httpx
 import pytest
 from ports import free_port
 
-from asynchicache.bench.pressure_client import run
+from asynchicache.bench.clients.pressure_client import run
 
 SCRIPTED = Path(__file__).parents[1] / "bench" / "bench_helpers.py"
 

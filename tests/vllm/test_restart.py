@@ -20,9 +20,9 @@ import pytest
 from tiny_pair import TinyPair
 from vllm_helpers import CONNECTOR, hit_after, hits, server, start_all
 
-from asynchicache.bench.text import text
-from asynchicache.bench.vllm_process import VllmFlags, VllmServer
-from asynchicache.integrations.vllm.service_process import service_pid
+from asynchicache.bench.processes.vllm_process import VllmFlags, VllmServer
+from asynchicache.bench.workloads.text import text
+from asynchicache.integrations.vllm.l2.service_process import service_pid
 
 # A vLLM start takes 30-120 s on 2 busy cores; the suite's 300 s per test is too tight
 # for a test that starts servers.

@@ -8,11 +8,11 @@ counted. (Under vLLM's real schedulers: test_scheduling_modes.py.)
 
 from __future__ import annotations
 
-from asynchicache.integrations.vllm.host_index import HostIndex
-from asynchicache.integrations.vllm.jobs import Job
-from asynchicache.integrations.vllm.lookup import RequestChain
+from asynchicache.integrations.vllm.block_lookup import RequestChain
+from asynchicache.integrations.vllm.connector_jobs import Job
+from asynchicache.integrations.vllm.connector_stats import AsynchicacheStats
+from asynchicache.integrations.vllm.l2.host_index import HostIndex
 from asynchicache.integrations.vllm.saves import SavePlanner, saveable_tokens
-from asynchicache.integrations.vllm.stats import AsynchicacheStats
 
 PAGE, PER_BLOCK = 16, 2
 TOKENS = list(range(100, 100 + 8 * PAGE))  # 8 pages, 4 blocks

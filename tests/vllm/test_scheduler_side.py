@@ -22,13 +22,13 @@ import torch
 from processes import pid_alive
 from vllm_helpers import wait_for
 
-from asynchicache.integrations.vllm import scheduler as scheduler_module
-from asynchicache.integrations.vllm.config import ConnectorConfig
-from asynchicache.integrations.vllm.lookup import Phase, RequestChain
+from asynchicache.integrations.vllm import scheduler_side as scheduler_module
+from asynchicache.integrations.vllm.block_lookup import Phase, RequestChain
+from asynchicache.integrations.vllm.connector_config import ConnectorConfig
+from asynchicache.integrations.vllm.l2.service_process import service_args, service_pid
 from asynchicache.integrations.vllm.metadata import AsynchicacheWorkerMeta
 from asynchicache.integrations.vllm.namespace import ModelIdentity
-from asynchicache.integrations.vllm.scheduler import SchedulerSide
-from asynchicache.integrations.vllm.service_process import service_args, service_pid
+from asynchicache.integrations.vllm.scheduler_side import SchedulerSide
 from asynchicache.integrations.vllm.spec import VllmKVSpec
 
 BLOCK, PAGE = 32, 16

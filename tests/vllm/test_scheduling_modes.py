@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from sched_harness import BLOCK, PAGE, Engine, Truth, page_is_truth, tiny_model_folder
 
-from asynchicache.integrations.vllm.lookup import RequestChain
+from asynchicache.integrations.vllm.block_lookup import RequestChain
 
 pytestmark = pytest.mark.timeout(600)
 

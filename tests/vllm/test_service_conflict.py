@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from asynchicache.integrations.vllm.config import ConnectorConfig
+from asynchicache.common.shm import list_segments, owner_pid
+from asynchicache.integrations.vllm.connector_config import ConnectorConfig
+from asynchicache.integrations.vllm.l2.service_link import ServiceConflict
+from asynchicache.integrations.vllm.l2.service_process import service_pid, wait_service_gone
 from asynchicache.integrations.vllm.namespace import ModelIdentity
-from asynchicache.integrations.vllm.scheduler import SchedulerSide
-from asynchicache.integrations.vllm.service_link import ServiceConflict
-from asynchicache.integrations.vllm.service_process import service_pid, wait_service_gone
+from asynchicache.integrations.vllm.scheduler_side import SchedulerSide
 from asynchicache.integrations.vllm.spec import VllmKVSpec
-from asynchicache.storage.shm import list_segments, owner_pid
 
 
 def _spec() -> VllmKVSpec:

@@ -30,8 +30,8 @@ from vllm_helpers import (
     wait_for,
 )
 
-from asynchicache.bench.vllm_process import VllmServer
-from asynchicache.integrations.vllm.service_process import (
+from asynchicache.bench.processes.vllm_process import VllmServer
+from asynchicache.integrations.vllm.l2.service_process import (
     service_holder,
     service_pid,
     wait_service_gone,

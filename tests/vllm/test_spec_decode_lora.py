@@ -33,7 +33,7 @@ from vllm_helpers import (
     wait_for,
 )
 
-from asynchicache.bench.vllm_process import VllmFlags, VllmServer
+from asynchicache.bench.processes.vllm_process import VllmFlags, VllmServer
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -19,7 +19,7 @@ import pytest
 from tiny_pair import TinyPair
 from vllm_helpers import CONNECTOR, hit_after, hits, prompt, text_of
 
-from asynchicache.bench.vllm_process import VllmFlags, VllmServer
+from asynchicache.bench.processes.vllm_process import VllmFlags, VllmServer
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
 

@@ -20,7 +20,7 @@ from redis_server import RedisServer
 from shm_leftovers import snapshot
 from vllm_helpers import CONNECTOR, server, start_all
 
-from asynchicache.bench.vllm_process import VllmFlags, VllmServer
+from asynchicache.bench.processes.vllm_process import VllmFlags, VllmServer
 
 NAMES = ("a", "b")
 

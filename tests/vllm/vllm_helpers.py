@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from asynchicache.bench.vllm_process import VllmFlags, VllmServer, metric_sum
-from asynchicache.integrations.vllm.service_process import service_pid
+from asynchicache.bench.processes.vllm_process import VllmFlags, VllmServer, metric_sum
+from asynchicache.integrations.vllm.l2.service_process import service_pid
 from asynchicache.storage.header import HeaderError, decode_header, peek_header_len
 
 # The remote-tier tests' redis-server wrapper (one definition of it for the suite).

@@ -21,14 +21,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from asynchicache.integrations.vllm.config import ConnectorConfig
+from asynchicache.integrations.vllm.connector_config import ConnectorConfig
+from asynchicache.integrations.vllm.connector_stats import (
+    AsynchicachePromMetrics,
+    AsynchicacheStats,
+)
 from asynchicache.integrations.vllm.kv_events import events_enabled
+from asynchicache.integrations.vllm.layouts.numerics import qualified_backend
 from asynchicache.integrations.vllm.metadata import AsynchicacheHandshake, AsynchicacheMetadata
-from asynchicache.integrations.vllm.numerics import qualified_backend
-from asynchicache.integrations.vllm.scheduler import SchedulerSide
+from asynchicache.integrations.vllm.scheduler_side import SchedulerSide
 from asynchicache.integrations.vllm.spec import VllmKVSpec
-from asynchicache.integrations.vllm.stats import AsynchicachePromMetrics, AsynchicacheStats
-from asynchicache.integrations.vllm.worker import WorkerSide, attention_backend
+from asynchicache.integrations.vllm.worker_side import WorkerSide, attention_backend
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored
 
+from asynchicache.common.tiers import Tier
 from asynchicache.kv_events.wire import MEDIUM, external_hash
 from asynchicache.storage.base import PageRef
-from asynchicache.tiers import Tier
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

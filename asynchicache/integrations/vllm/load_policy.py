@@ -1,6 +1,6 @@
 """When the connector loads a hit, and when a request waits for its lookup.
 
-The rule is our engine's (cache/load_cost.py's `LoadCost`): load a prefix only
+The rule is our engine's (hierarchy/load_cost.py's `LoadCost`): load a prefix only
 when loading it beats recomputing it. The rates are this host's and this
 vLLM's, measured:
 
@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from asynchicache.cache.load_cost import LoadCost, Rate
-from asynchicache.integrations.vllm.config import ConnectorConfig
-from asynchicache.tiers import Tier
+from asynchicache.common.tiers import Tier
+from asynchicache.hierarchy.load_cost import LoadCost, Rate
+from asynchicache.integrations.vllm.connector_config import ConnectorConfig
 
 HOST, DISK, REMOTE = Tier.HOST.value, Tier.DISK.value, Tier.REMOTE.value
-# Starting guesses until measured: the engine's (engine/cost.py) for reads, a CPU
+# Starting guesses until measured: the engine's (engine/scheduling/cost.py) for reads, a CPU
 # vLLM's prefill of a small model on two threads, a step of a busy CPU server.
 _START_PREFILL_TOK_S = 1000.0
 _START_DISK_BPS = 3e8

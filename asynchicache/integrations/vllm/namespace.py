@@ -21,7 +21,7 @@ from pathlib import Path
 
 import xxhash
 
-from asynchicache.cache.keys import KV_LAYOUT_VERSION, Namespace
+from asynchicache.common.keys import KV_LAYOUT_VERSION, Namespace
 
 ENGINE = "vllm"
 # vLLM's arithmetic is named by its version, device and backend in the engine marker;

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from asynchicache.cache.keys import Namespace
-from asynchicache.integrations.vllm.lookup import MMSpan, RequestChain
+from asynchicache.common.keys import Namespace
+from asynchicache.integrations.vllm.block_lookup import MMSpan, RequestChain
 from asynchicache.integrations.vllm.namespace import content_digest
 
 if TYPE_CHECKING:

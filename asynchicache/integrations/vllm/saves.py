@@ -30,11 +30,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from asynchicache.integrations.vllm.host_index import HostIndex
-from asynchicache.integrations.vllm.jobs import Job, JobKind
-from asynchicache.integrations.vllm.lookup import RequestChain
+from asynchicache.integrations.vllm.block_lookup import RequestChain
+from asynchicache.integrations.vllm.connector_jobs import Job, JobKind
+from asynchicache.integrations.vllm.connector_stats import AsynchicacheStats
+from asynchicache.integrations.vllm.l2.host_index import HostIndex
 from asynchicache.integrations.vllm.metadata import CopyJob
-from asynchicache.integrations.vllm.stats import AsynchicacheStats
 from asynchicache.storage.base import PageRef
 
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from asynchicache.cache.keys import Namespace
+from asynchicache.common.keys import Namespace
+from asynchicache.integrations.vllm.layouts.numerics import numerics_factors, selected_backend
 from asynchicache.integrations.vllm.namespace import ModelIdentity, vllm_namespace
-from asynchicache.integrations.vllm.numerics import numerics_factors, selected_backend
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -5,17 +5,17 @@ its settings; tickets.py the life of a ticket (and the quarantine of its slots);
 admin.py clears, pins and contents; event_feed.py the service's KV events in order;
 probe.py whether a service answers at an address.
 
-Names load on first use (asynchicache.faces).
+Names load on first use (asynchicache.common.faces).
 """
 
 from __future__ import annotations
 
-from asynchicache.faces import lazy_face
+from asynchicache.common.faces import lazy_face
 
 __all__, __getattr__ = lazy_face(
     __name__,
     {
-        "ClientConfig": "config",
+        "ClientConfig": "client_config",
         "EventFeed": "event_feed",
         "ServiceProbe": "probe",
         "StorageClient": "storage_client",

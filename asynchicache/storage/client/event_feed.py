@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from asynchicache.common.tiers import TierEvent
 from asynchicache.storage.admin_messages import StorageEvents
-from asynchicache.tiers import TierEvent
 
 
 @dataclass(frozen=True)

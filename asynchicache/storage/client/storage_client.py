@@ -58,6 +58,8 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from asynchicache.common.liveness import ProcessIdentity
+from asynchicache.common.sockets import queued
 from asynchicache.storage.admin_messages import Pins, PinsReply, StorageEvents
 from asynchicache.storage.base import (
     Completion,
@@ -67,12 +69,11 @@ from asynchicache.storage.base import (
     TicketKind,
     TierStats,
 )
-from asynchicache.storage.client.admin import AdminRequests
-from asynchicache.storage.client.config import ClientConfig
+from asynchicache.storage.client.admin_client import AdminRequests
+from asynchicache.storage.client.client_config import ClientConfig
 from asynchicache.storage.client.event_feed import EventBatch, EventFeed
 from asynchicache.storage.client.snapshots import Snapshots
 from asynchicache.storage.client.tickets import OpenTicket, TicketBook
-from asynchicache.storage.liveness import ProcessIdentity
 from asynchicache.storage.messages import (
     Cancel,
     CancelReply,
@@ -93,7 +94,6 @@ from asynchicache.storage.messages import (
     encode,
 )
 from asynchicache.storage.service.server import CacheService, ServiceConfig
-from asynchicache.storage.sockets import queued
 
 log = logging.getLogger(__name__)
 

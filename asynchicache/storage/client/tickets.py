@@ -16,8 +16,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from asynchicache.common.liveness import ProcessIdentity
 from asynchicache.storage.base import Completion, Settled, TicketKind
-from asynchicache.storage.liveness import ProcessIdentity
 
 
 @dataclass

@@ -7,24 +7,24 @@ it; scan.py / adopt.py what a start finds there; pins.py the pins kept beside th
 clear.py and admin.py clears, listings and checks; namespace_meta.py what a namespace
 folder says it holds.
 
-Names load on first use (asynchicache.faces).
+Names load on first use (asynchicache.common.faces).
 """
 
 from __future__ import annotations
 
-from asynchicache.faces import lazy_face
+from asynchicache.common.faces import lazy_face
 
 __all__, __getattr__ = lazy_face(
     __name__,
     {
-        "DiskBackend": "backend",
-        "DiskConfig": "config",
+        "DiskBackend": "disk_backend",
+        "DiskConfig": "disk_config",
         "PageWriter": "write",
-        "Pin": "pins",
+        "Pin": "disk_pins",
         "PinLimitError": "pins",
         "PinStore": "pins",
         "check_disk_folder": "folder",
-        "folder_stats": "admin",
+        "folder_stats": "disk_admin",
         "verify_folder": "admin",
     },
 )

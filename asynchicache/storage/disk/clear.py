@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asynchicache.storage.base import ClearScope
+from asynchicache.storage.disk.disk_pins import PinStore
 from asynchicache.storage.disk.names import page_subdirs, parse_page_file_name, scandir
 from asynchicache.storage.disk.page_file import read_header
-from asynchicache.storage.disk.pins import PinStore
 from asynchicache.storage.header import PageHeader
 from asynchicache.storage.lineage import descendants
 

@@ -48,6 +48,7 @@ from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asynchicache.storage.disk.disk_pins import PINS_DIR, load_pins
 from asynchicache.storage.disk.names import (
     PAGE_SUFFIX,
     namespace_folders,
@@ -56,7 +57,6 @@ from asynchicache.storage.disk.names import (
     scandir,
     unlink_size,
 )
-from asynchicache.storage.disk.pins import PINS_DIR, load_pins
 
 log = logging.getLogger(__name__)
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from asynchicache.common.fileio import write_private_text
 from asynchicache.storage.disk.names import (
     PAGE_SUFFIX,
     TMP_PREFIX,
@@ -45,7 +46,6 @@ from asynchicache.storage.disk.names import (
     page_subdirs,
     scandir,
 )
-from asynchicache.storage.fileio import write_private_text
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from asynchicache.common.fileio import write_private_text
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.disk.page_file import read_header
-from asynchicache.storage.fileio import write_private_text
 
 META_NAME = "namespace.json"
 

@@ -18,8 +18,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from asynchicache.common.fileio import DIRECT_ALIGN, Scratch, clear_direct, preadv_all
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.fileio import DIRECT_ALIGN, Scratch, clear_direct, preadv_all
 from asynchicache.storage.header import (
     HeaderError,
     HeaderVersionError,

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from asynchicache.storage.disk.disk_pins import PinStore
 from asynchicache.storage.disk.folder import FolderBudget, NamespaceLease, evict_unindexed
 from asynchicache.storage.disk.folder_ledger import FolderLedger, Usage
 from asynchicache.storage.disk.names import unlink_size
-from asynchicache.storage.disk.pins import PinStore
 from asynchicache.storage.page_index import PageIndex
 
 

@@ -25,11 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asynchicache.config import SyncMode
-from asynchicache.storage.base import PageRef
-from asynchicache.storage.disk.names import TMP_PREFIX
-from asynchicache.storage.disk.page_file import PageFiles
-from asynchicache.storage.fileio import (
+from asynchicache.common.fileio import (
     DIRECT_ALIGN,
     Scratch,
     create_private,
@@ -38,10 +34,14 @@ from asynchicache.storage.fileio import (
     set_mtime,
     syncfs,
 )
+from asynchicache.settings.config import SyncMode
+from asynchicache.storage.base import PageRef
+from asynchicache.storage.disk.names import TMP_PREFIX
+from asynchicache.storage.disk.page_file import PageFiles
 from asynchicache.storage.header import PageHeader, seal_page
 
 if TYPE_CHECKING:
-    from asynchicache.storage.disk.config import DiskConfig, IoBatch
+    from asynchicache.storage.disk.disk_config import DiskConfig, IoBatch
 
 log = logging.getLogger(__name__)
 

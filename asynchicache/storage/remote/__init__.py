@@ -5,19 +5,19 @@ topology.py the URL and the cluster's slots; resp.py / link.py / pipeline.py the
 (our own RESP client, its connections, pipelined page calls); value.py a page's value
 format; breaker.py stops calls while the server is out; admin.py clears and listings.
 
-Names load on first use (asynchicache.faces).
+Names load on first use (asynchicache.common.faces).
 """
 
 from __future__ import annotations
 
-from asynchicache.faces import lazy_face
+from asynchicache.common.faces import lazy_face
 
 __all__, __getattr__ = lazy_face(
     __name__,
     {
         "CircuitBreaker": "breaker",
-        "RedisBackend": "backend",
-        "RedisConfig": "config",
+        "RedisBackend": "remote_backend",
+        "RedisConfig": "remote_config",
         "RemoteEndpoint": "topology",
         "RespConnection": "resp",
         "parse_remote_url": "topology",

@@ -19,8 +19,8 @@ from enum import StrEnum
 
 import numpy as np
 
+from asynchicache.common.deadline import Deadline, passed
 from asynchicache.storage.base import PageRef
-from asynchicache.storage.deadline import Deadline, passed
 from asynchicache.storage.page_keys import MacMismatch
 from asynchicache.storage.remote.link import OUTAGE, RemoteLink
 from asynchicache.storage.remote.resp import NodeAddress, RespConnection, RespError, command

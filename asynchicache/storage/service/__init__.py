@@ -6,19 +6,19 @@ use); cli.py / __main__.py its command line; tiered.py chains disk and remote; j
 runs requests on its workers; leases.py keeps it alive for the engines that lease it;
 offline_clear.py clears a folder (and its L4 keys) with no service running.
 
-Names load on first use (asynchicache.faces).
+Names load on first use (asynchicache.common.faces).
 """
 
 from __future__ import annotations
 
-from asynchicache.faces import lazy_face
+from asynchicache.common.faces import lazy_face
 
 __all__, __getattr__ = lazy_face(
     __name__,
     {
         "CacheService": "server",
         "RemoteTierConfig": "tiered",
-        "ServiceConfig": "config",
+        "ServiceConfig": "service_config",
         "TieredBackend": "tiered",
         "TieredConfig": "tiered",
         "default_address": "config",

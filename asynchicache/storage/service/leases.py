@@ -26,7 +26,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from asynchicache.storage.liveness import ProcessIdentity
+from asynchicache.common.liveness import ProcessIdentity
 from asynchicache.storage.messages import Lease, LeaseReply, Release, ServiceSettings
 
 log = logging.getLogger(__name__)

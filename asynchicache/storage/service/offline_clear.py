@@ -29,13 +29,13 @@ from typing import Any
 
 from asynchicache.storage.base import Cleared, ClearScope
 from asynchicache.storage.disk.clear import drop_pins, plan_clear
+from asynchicache.storage.disk.disk_pins import PINS_DIR, PinStore
 from asynchicache.storage.disk.folder import LEASE_NAME, exclusive, in_use
 from asynchicache.storage.disk.folder_ledger import FolderLedger
 from asynchicache.storage.disk.names import namespace_folders, unlink_size
 from asynchicache.storage.disk.namespace_meta import META_NAME, FolderNamespace, read_namespace
-from asynchicache.storage.disk.pins import PINS_DIR, PinStore
-from asynchicache.storage.remote.admin import clear_prefix
-from asynchicache.storage.remote.config import remote_key_prefix
+from asynchicache.storage.remote.remote_admin import clear_prefix
+from asynchicache.storage.remote.remote_config import remote_key_prefix
 from asynchicache.storage.remote.topology import admin_client, parse_remote_url
 
 ALL_REMOTE_PREFIX = b"ackv:"

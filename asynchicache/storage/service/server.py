@@ -1,6 +1,6 @@
 """The cache service: one process per machine that owns L3 and L4 for its engines.
 
-    python -m asynchicache.storage.service --disk-cache-dir DIR [--socket ipc://...]
+    asynchicache service --disk-cache-dir DIR [--socket ipc://...]
 
 A ZeroMQ ROUTER (default: `ipc://` in a private 0700 runtime folder) takes
 msgpack messages from `StorageClient`s (DEALER). A client registers its
@@ -66,12 +66,15 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
+from asynchicache.common.curve import CurveGuard
+from asynchicache.common.deadline import Deadline
+from asynchicache.common.liveness import ProcessIdentity, pid_alive
+from asynchicache.common.shm import SHM_DIR, SharedSegment, owner_pid
+from asynchicache.common.sockets import queued
+from asynchicache.common.tiers import TierEvent
 from asynchicache.storage.admin_messages import StorageEvents
 from asynchicache.storage.base import PageLayout
-from asynchicache.storage.curve import CurveGuard
-from asynchicache.storage.deadline import Deadline
-from asynchicache.storage.disk.backend import DiskConfig
-from asynchicache.storage.liveness import ProcessIdentity, pid_alive
+from asynchicache.storage.disk.disk_backend import DiskConfig
 from asynchicache.storage.messages import (
     Cancel,
     CancelReply,
@@ -90,19 +93,16 @@ from asynchicache.storage.messages import (
     encode,
 )
 from asynchicache.storage.page_keys import PageKeys
-from asynchicache.storage.service.config import (
+from asynchicache.storage.service.leases import LeaseDesk
+from asynchicache.storage.service.remote_lookups import RemoteLookups
+from asynchicache.storage.service.service_config import (
     ServiceConfig,
     default_address,
     default_runtime_dir,
     prepare_address,
 )
-from asynchicache.storage.service.jobs import Work, execute, failed
-from asynchicache.storage.service.leases import LeaseDesk
-from asynchicache.storage.service.remote_lookups import RemoteLookups
+from asynchicache.storage.service.service_jobs import Work, execute, failed
 from asynchicache.storage.service.tiered import TieredBackend, open_tiered
-from asynchicache.storage.shm import SHM_DIR, SharedSegment, owner_pid
-from asynchicache.storage.sockets import queued
-from asynchicache.tiers import TierEvent
 
 __all__ = [
     "CacheService",

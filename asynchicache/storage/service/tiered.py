@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from asynchicache.common.deadline import Deadline
+from asynchicache.common.tiers import Tier
 from asynchicache.storage.base import (
     BackendStats,
     Cleared,
@@ -52,15 +54,13 @@ from asynchicache.storage.base import (
     StatsCounter,
     StorageBackend,
 )
-from asynchicache.storage.deadline import Deadline
-from asynchicache.storage.disk.admission import DiskAdmission
-from asynchicache.storage.disk.backend import DiskBackend, DiskConfig
+from asynchicache.storage.disk.disk_admission import DiskAdmission
+from asynchicache.storage.disk.disk_backend import DiskBackend, DiskConfig
 from asynchicache.storage.events import EventLog
 from asynchicache.storage.write_behind import StagedPages, WriteBehind, stage
-from asynchicache.tiers import Tier
 
 if TYPE_CHECKING:  # redis-py loads only when a remote tier is configured
-    from asynchicache.storage.remote.backend import RedisBackend
+    from asynchicache.storage.remote.remote_backend import RedisBackend
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +131,8 @@ def open_tiered(
     events = events or EventLog()
     if remote is None:
         return TieredBackend(DiskBackend(disk, events))
-    from asynchicache.storage.remote.backend import RedisBackend
-    from asynchicache.storage.remote.config import RedisConfig
+    from asynchicache.storage.remote.remote_backend import RedisBackend
+    from asynchicache.storage.remote.remote_config import RedisConfig
 
     redis_cfg = RedisConfig(
         remote.url,

@@ -1,4 +1,5 @@
-"""`python -m asynchicache.integrations.vllm.block_copies_bench` end to end on a small shape."""
+"""`python -m asynchicache.integrations.vllm.layouts.block_copies_bench`, end to end on a
+small shape."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from asynchicache.integrations.vllm import block_copies_bench
+from asynchicache.integrations.vllm.layouts import block_copies_bench
 
 
 def test_the_bench_times_both_ways_of_each_copy(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asynchicache.integrations.vllm.layouts import (
+from asynchicache.integrations.vllm.layouts.block_layouts import (
     BlockCopier,
     BlockFormat,
     BlockGeometry,

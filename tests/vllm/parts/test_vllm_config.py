@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from asynchicache.config import GIB
-from asynchicache.integrations.vllm.config import OLD_KEYS, ConnectorConfig
+from asynchicache.integrations.vllm.connector_config import OLD_KEYS, ConnectorConfig
+from asynchicache.settings.config import GIB
 
 
 def test_host_cache_gb_counts_gib_as_the_serve_flag_does() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asynchicache.integrations.vllm.host_index import HostIndex, SlotUse
+from asynchicache.integrations.vllm.l2.host_index import HostIndex, SlotUse
 
 
 def h(i: int) -> bytes:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from asynchicache.integrations.vllm.layouts import (
+from asynchicache.integrations.vllm.layouts.block_layouts import (
     BlockCopier,
     BlockFormat,
     BlockGeometry,

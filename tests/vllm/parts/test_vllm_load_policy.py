@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from asynchicache.cache.load_cost import Rate
-from asynchicache.integrations.vllm.config import ConnectorConfig
+from asynchicache.hierarchy.load_cost import Rate
+from asynchicache.integrations.vllm.connector_config import ConnectorConfig
 from asynchicache.integrations.vllm.load_policy import (
     DISK,
     HOST,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asynchicache.integrations.vllm.ranks import ReportTally, rank_heads
+from asynchicache.integrations.vllm.layouts.ranks import ReportTally, rank_heads
 
 
 def test_each_rank_writes_and_reads_only_its_own_heads() -> None:

@@ -23,14 +23,14 @@ import pytest
 import torch
 from processes import pid_alive
 
-from asynchicache.cache.keys import Namespace, chain_hashes
-from asynchicache.cache.pools import HostPool, KVLayout
-from asynchicache.integrations.vllm import service_link as link_module
-from asynchicache.integrations.vllm.config import ConnectorConfig
-from asynchicache.integrations.vllm.service_link import ServiceConflict, ServiceLink
-from asynchicache.integrations.vllm.service_process import service_pid, wait_service_gone
+from asynchicache.common.keys import Namespace, chain_hashes
+from asynchicache.common.shm import SHM_DIR
+from asynchicache.hierarchy.pools import HostPool, KVLayout
+from asynchicache.integrations.vllm.connector_config import ConnectorConfig
+from asynchicache.integrations.vllm.l2 import service_link as link_module
+from asynchicache.integrations.vllm.l2.service_link import ServiceConflict, ServiceLink
+from asynchicache.integrations.vllm.l2.service_process import service_pid, wait_service_gone
 from asynchicache.storage.base import Completion, PageLayout, PageRef, TicketKind
-from asynchicache.storage.shm import SHM_DIR
 
 LAYOUT = KVLayout(2, 2, 8, 16, torch.float32)
 PAGE = PageLayout("float32", LAYOUT.page_shape)
@@ -121,9 +121,9 @@ def test_another_disk_folder_at_the_same_address_is_refused(
 _LINK_PROCESS = """
 import sys, time, torch
 from pathlib import Path
-from asynchicache.cache.pools import HostPool, KVLayout
-from asynchicache.integrations.vllm.config import ConnectorConfig
-from asynchicache.integrations.vllm.service_link import ServiceLink
+from asynchicache.hierarchy.pools import HostPool, KVLayout
+from asynchicache.integrations.vllm.connector_config import ConnectorConfig
+from asynchicache.integrations.vllm.l2.service_link import ServiceLink
 from asynchicache.storage.base import PageLayout
 layout = KVLayout(2, 2, 8, 16, torch.float32)
 pool = HostPool.create(layout, 8, tag="vllm")

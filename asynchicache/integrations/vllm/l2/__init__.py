@@ -1,0 +1,1 @@
+"""integrations.vllm.l2."""
