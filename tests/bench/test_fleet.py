@@ -7,6 +7,7 @@ quiet machine (docs/benchmarks.md gives the command)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -72,9 +73,10 @@ def test_l1_is_sized_for_the_working_set_and_the_flags_are_checked(tmp_path: Pat
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_tiny_fleet_run_end_to_end(tmp_path: Path) -> None:
-    credits = Credits(0.9, 0.5, 0.7)
+    """As users run it (no --credits): the credits are measured on the fleet and the
+    router restarted with them; no router or server outlives the run."""
     opts = FleetOptions(out=tmp_path / "out", instances=2, clients=2, sessions=5,
-                        max_tokens=2, arms=(MEASURED,), credits=credits,
+                        max_tokens=2, arms=(MEASURED,), credit_words=16, credit_repeats=1,
                         work_dir=tmp_path)  # fmt: skip
     record = run(opts)
     assert record["failed"] == {}, record["failed"]
@@ -82,9 +84,11 @@ def test_a_tiny_fleet_run_end_to_end(tmp_path: Path) -> None:
     n = record["workload"]["requests"]
     assert r["figures"]["requests"] == n and r["figures"]["failed"] == 0
     assert sum(r["requests_per_instance"]) == n  # every request reached one instance
-    assert r["credits"] == {"host": 0.9, "disk": 0.5, "external": 0.7}
+    measured = r["measured"]["credits"]
+    assert r["credits"] == measured and set(measured) == {"host", "disk", "external"}
     argv = r["router_command"]
-    assert argv[argv.index("--kv-penalty-disk") + 1] == "0.500"
+    assert argv[argv.index("--kv-penalty-disk") + 1] == f"{measured['disk']:.3f}"
+    assert not _processes_started_from(tmp_path)  # the restarted router went too
     # The router priced requests by our events: the shared system page at least.
     assert r["router_credited_tokens"] > 0
     # No fleet computes less than the ideal (each reusable page once); later turns hit.
@@ -96,3 +100,18 @@ def test_a_tiny_fleet_run_end_to_end(tmp_path: Path) -> None:
     md = (out / "fleet.md").read_text()
     assert md == table(record) + "\n" and f"| {MEASURED} |" in md
     assert not list(tmp_path.glob("asynchicache-fleet-*"))  # the cluster's folder went
+
+
+def _processes_started_from(folder: Path) -> list[str]:
+    """Live processes that name `folder` in their command line or write their output
+    under it (each server and router logs to its arm's folder)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            outputs = [os.readlink(proc / "fd" / fd) for fd in ("1", "2")]
+        except OSError:
+            continue
+        if any(str(folder) in text for text in (cmd, *outputs)):
+            found.append(cmd)
+    return found

@@ -145,17 +145,17 @@ def running(spec: FleetSpec, arm: Arm, folder: Path) -> Iterator[Fleet]:
         flags = _serve_flags(spec, disk, ev, rep)
         servers.append(BenchServer(flags, folder / f"server{k}.log", spec.startup_timeout_s))
         workers.append(Worker("", ev, rep))
-    router: VllmRouter | None = None
+    fleet: Fleet | None = None
     try:
         _start_servers(servers)
         workers = [Worker(s.url, w.events, w.replay) for s, w in zip(servers, workers, strict=True)]
         config = RouterConfig(policy=arm.policy, credits=arm.credits)
-        router = VllmRouter(config, workers, folder / "router.log")
-        router.start()
+        fleet = Fleet(servers, VllmRouter(config, workers, folder / "router.log"), workers)
+        fleet.router.start()
         time.sleep(SUBSCRIBE_S)
-        yield Fleet(servers, router, workers)
+        yield fleet
     finally:
-        if router is not None:
-            router.stop()
+        if fleet is not None:  # the router in front now: an arm may have restarted it
+            fleet.router.stop()
         with ThreadPoolExecutor(len(servers)) as pool:
             list(pool.map(lambda s: s.stop(), servers))

@@ -161,7 +161,7 @@ def running_vllm(
     )  # fmt: skip
     made = [vllm_instance(vspec, folder, f"vllm{k}") for k in range(spec.instances)]
     servers: list[BenchServer] = [s for s, _ in made]
-    router: VllmRouter | None = None
+    fleet: Fleet | None = None
     try:
         with ThreadPoolExecutor(len(made)) as pool:
             for done in [pool.submit(s.start) for s, _ in made]:
@@ -169,13 +169,18 @@ def running_vllm(
         workers = [worker_of(s, w) for s, w in made]
         config = RouterConfig(policy=arm.policy, block_size=BLOCK, model=str(spec.model),
                               credits=arm.credits)  # fmt: skip
-        router = VllmRouter(config, workers, folder / "router.log")
-        router.start()
+        fleet = Fleet(
+            servers,
+            VllmRouter(config, workers, folder / "router.log"),
+            workers,
+            counters_of=vllm_counters,
+        )
+        fleet.router.start()
         time.sleep(SUBSCRIBE_S)
-        yield Fleet(servers, router, workers, counters_of=vllm_counters)
+        yield fleet
     finally:
-        if router is not None:
-            router.stop()
+        if fleet is not None:  # the router in front now: an arm may have restarted it
+            fleet.router.stop()
         with ThreadPoolExecutor(len(servers)) as pool:
             list(pool.map(lambda s: s.stop(), servers))
 
