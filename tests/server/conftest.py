@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_helpers import API_KEY, ThreadServer
+from server_helpers import ADMIN_KEY, API_KEY, ThreadServer
 
 from asynchicache.launch.frontend import Frontend
 
@@ -32,9 +32,12 @@ def fake_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def server(fake_engine: Path, frontend: Frontend) -> Iterator[ThreadServer]:
-    srv = ThreadServer(fake_engine, frontend, API_KEY)
-    srv.start()
-    try:
+    with ThreadServer(fake_engine, frontend, API_KEY) as srv:
         yield srv
-    finally:
-        srv.close()
+
+
+@pytest.fixture(scope="module")
+def admin_server(fake_engine: Path, frontend: Frontend) -> Iterator[ThreadServer]:
+    """`server` with an operator key (ADMIN_KEY) for the routes that drop or pin pages."""
+    with ThreadServer(fake_engine, frontend, API_KEY, admin_api_key=ADMIN_KEY) as srv:
+        yield srv

@@ -17,6 +17,7 @@ from asynchicache.settings.config import ServerConfig
 from asynchicache.storage.client.probe import ServiceProbe
 
 API_KEY = "test-key"
+ADMIN_KEY = "operator-key"
 FAKE_CONTEXT = 256
 
 
@@ -80,6 +81,13 @@ class ThreadServer:
                 pass
             time.sleep(0.1)
         raise RuntimeError("the test server did not become healthy")
+
+    def __enter__(self) -> ThreadServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         if self._loop is not None and self._stop is not None:

@@ -3,32 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
-import pytest
-from server_helpers import API_KEY, ThreadServer
+from server_helpers import ADMIN_KEY, API_KEY, ThreadServer
 from starlette.responses import PlainTextResponse
 
-from asynchicache.launch.frontend import Frontend
 from asynchicache.server.api import APIKeyMiddleware
-
-ADMIN_KEY = "operator-key"
 
 
 def _auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
-
-
-@pytest.fixture(scope="module")
-def admin_server(fake_engine: Path, frontend: Frontend) -> Iterator[ThreadServer]:
-    srv = ThreadServer(fake_engine, frontend, API_KEY, admin_api_key=ADMIN_KEY)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.close()
 
 
 def test_clear_wants_the_admin_key_not_the_api_key(admin_server: ThreadServer) -> None:

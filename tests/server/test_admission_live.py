@@ -30,13 +30,9 @@ BASE = {"model": "fake-model", "prompt": "Hello", "max_tokens": 2}
 @pytest.fixture
 def exposed(fake_engine: Path, frontend: Frontend) -> Iterator[ThreadServer]:
     """No key at all, listening on every address."""
-    srv = ThreadServer(fake_engine, frontend, None,
-                       config=ServerConfig(host="0.0.0.0", log_level="warning"))  # fmt: skip
-    srv.start()
-    try:
+    config = ServerConfig(host="0.0.0.0", log_level="warning")
+    with ThreadServer(fake_engine, frontend, None, config=config) as srv:
         yield srv
-    finally:
-        srv.close()
 
 
 def test_state_changing_routes_want_a_key_beyond_loopback(exposed: ThreadServer) -> None:
@@ -54,12 +50,8 @@ def narrow(fake_engine: Path, frontend: Frontend) -> Iterator[ThreadServer]:
     bearer token is a different client."""
     config = ServerConfig(log_level="warning", max_concurrent_requests=2,
                           max_waiting_requests=4, header_timeout_s=1.0)  # fmt: skip
-    srv = ThreadServer(fake_engine, frontend, None, config=config)
-    srv.start()
-    try:
+    with ThreadServer(fake_engine, frontend, None, config=config) as srv:
         yield srv
-    finally:
-        srv.close()
 
 
 # The fake engine echoes the prompt, a token each 0.2 s for this seed: 5 s each, so a
