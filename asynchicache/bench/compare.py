@@ -45,7 +45,7 @@ from asynchicache.bench import compare_phases as phases
 from asynchicache.bench.processes.peers import Peer, ours, parse_peer, vllm
 from asynchicache.bench.processes.server_process import BenchServer, ServerError, start_server_bench
 from asynchicache.bench.processes.vllm_process import VllmThreads
-from asynchicache.bench.reports.output import add_output_arguments, print_report
+from asynchicache.bench.reports.output import add_output_arguments, bench_parser, print_report
 from asynchicache.bench.sweep import machine
 from asynchicache.settings.config_flags import add_config_flags, config_kwargs
 
@@ -93,14 +93,7 @@ def _running(
     opts: CompareOptions, peer: Peer, disk: Path, log_path: Path
 ) -> Iterator[tuple[BenchServer, float]]:
     """The started server and its start-up seconds; stopped on the way out."""
-    server = BenchServer(
-        [],
-        log_path,
-        opts.startup_timeout_s,
-        env=peer.env,
-        command=peer.command(opts.model, disk),
-        ready_path="/v1/models",
-    )
+    server = peer.server(opts.model, disk, log_path, opts.startup_timeout_s)
     t0 = time.perf_counter()
     server.start()
     try:
@@ -227,11 +220,7 @@ def compare(opts: CompareOptions) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------ CLI
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="asynchicache bench compare",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = bench_parser("asynchicache bench compare", __doc__)
     add_output_arguments(p, "compare.json (logs beside it)", out_required=True)
     p.add_argument(
         "--model",

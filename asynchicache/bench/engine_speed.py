@@ -47,7 +47,12 @@ import torch
 from asynchicache.bench import ttft
 from asynchicache.bench.micro import l1_l2_copies
 from asynchicache.bench.micro.kernels import matmul_gflops, prefill_flops
-from asynchicache.bench.reports.output import add_output_arguments, print_report, write_report
+from asynchicache.bench.reports.output import (
+    add_output_arguments,
+    bench_parser,
+    print_report,
+    write_report,
+)
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.engine.sampling.sampler import sample
 from asynchicache.hierarchy.pools import KVLayout
@@ -78,11 +83,7 @@ class BenchArgs:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="asynchicache.bench.engine_speed",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = bench_parser("asynchicache.bench.engine_speed", __doc__)
     parser.add_argument("--model", default=None, help="HF folder or GGUF (default: SmolLM2)")
     parser.add_argument(
         "--threads",

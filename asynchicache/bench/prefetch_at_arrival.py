@@ -38,7 +38,12 @@ import httpx
 
 from asynchicache.bench.clients.client import stream_chat
 from asynchicache.bench.processes.server_process import BenchServer
-from asynchicache.bench.reports.output import add_output_arguments, print_report, write_report
+from asynchicache.bench.reports.output import (
+    add_output_arguments,
+    bench_parser,
+    print_report,
+    write_report,
+)
 from asynchicache.bench.workloads.text import question, text
 
 REPORT = "prefetch.json"
@@ -136,11 +141,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="asynchicache bench prefetch",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = bench_parser("asynchicache bench prefetch", __doc__)
     p.add_argument("--clients", type=int, default=64, help="requests per burst (default 64)")
     p.add_argument(
         "--prefix-tokens",

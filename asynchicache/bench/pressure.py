@@ -67,7 +67,7 @@ from asynchicache.bench.processes.peers import SERVED_NAME, Peer, ours, vllm
 from asynchicache.bench.processes.server_process import BenchServer, ServerError, start_server_bench
 from asynchicache.bench.processes.vllm_process import CONNECTOR_MODULE, VllmThreads, metric_sum
 from asynchicache.bench.reports import pressure_report as report
-from asynchicache.bench.reports.output import add_output_arguments, print_report
+from asynchicache.bench.reports.output import add_output_arguments, bench_parser, print_report
 from asynchicache.bench.sweep import machine
 from asynchicache.bench.workloads import conversation_workload as conversation
 from asynchicache.bench.workloads.pressure_workload import (
@@ -154,14 +154,7 @@ def arm_peer(opts: PressureOptions, arm: str) -> Peer:
 @contextlib.contextmanager
 def _serving(opts: PressureOptions, peer: Peer, log_path: Path) -> Iterator[BenchServer]:
     disk = Path(tempfile.mkdtemp(prefix="asynchicache-pressure-", dir=opts.work_dir))
-    server = BenchServer(
-        [],
-        log_path,
-        opts.startup_timeout_s,
-        env=peer.env,
-        command=peer.command(opts.model, disk),
-        ready_path="/v1/models",
-    )
+    server = peer.server(opts.model, disk, log_path, opts.startup_timeout_s)
     try:
         server.start()
         yield server
@@ -366,11 +359,7 @@ def run(opts: PressureOptions) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------ CLI
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="asynchicache bench pressure",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = bench_parser("asynchicache bench pressure", __doc__)
     add_output_arguments(p, REPORT, out_required=True)
     p.add_argument("--model", type=Path, help="HF folder (default: SmolLM2 exported to OUT)")
     p.add_argument("--clients", default="4,16", help="client counts (default %(default)s)")

@@ -71,7 +71,7 @@ from asynchicache.bench.fleet.fleet_vllm import VllmArm, add_vllm_arguments
 from asynchicache.bench.processes.server_process import ServerError, start_server_bench
 from asynchicache.bench.processes.valkey_cluster import ValkeyCluster
 from asynchicache.bench.reports import pressure_report as report
-from asynchicache.bench.reports.output import add_output_arguments, print_report
+from asynchicache.bench.reports.output import add_output_arguments, bench_parser, print_report
 from asynchicache.bench.sweep import machine
 from asynchicache.bench.workloads import conversation_workload as conversation
 from asynchicache.bench.workloads.ideal import replay
@@ -346,8 +346,7 @@ def table(record: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------------ CLI
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="asynchicache bench fleet", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = bench_parser("asynchicache bench fleet", __doc__)
     add_output_arguments(p, REPORT, out_required=True)
     p.add_argument("--model", type=Path, help="model folder (default: serve's default model)")
     p.add_argument("--instances", type=int, default=3, help="servers (default %(default)s)")

@@ -28,7 +28,12 @@ from typing import Any
 
 import torch
 
-from asynchicache.bench.reports.output import add_output_arguments, print_report, write_report
+from asynchicache.bench.reports.output import (
+    add_output_arguments,
+    bench_parser,
+    print_report,
+    write_report,
+)
 from asynchicache.model import native
 from asynchicache.model.attention import (
     AttentionMetadata,
@@ -241,11 +246,7 @@ def collect(args: KernelBenchArgs) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="asynchicache.bench.micro.kernels",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = bench_parser("asynchicache.bench.micro.kernels", __doc__)
     parser.add_argument("--model", default=None, help="HF folder or GGUF (default: SmolLM2)")
     parser.add_argument("--prompt-tokens", type=int, default=1557)
     parser.add_argument("--threads", type=int, default=1, help="torch and kernel threads")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from asynchicache.bench.processes.server_process import BenchServer
 from asynchicache.bench.processes.vllm_process import VllmThreads
 
 SERVED_NAME = "smollm2"  # the `model` every request names
@@ -52,6 +53,15 @@ class Peer:
 
     def shell(self) -> str:
         return shlex.join(self.argv)
+
+    def server(
+        self, model: Path, disk: Path, log_path: Path, startup_timeout_s: float
+    ) -> BenchServer:
+        """This peer as a server to start (ready once `GET /v1/models` answers)."""
+        command = self.command(model, disk)
+        return BenchServer(
+            [], log_path, startup_timeout_s, self.env, command, ready_path="/v1/models"
+        )
 
 
 # Every peer is an OpenAI server: where it listens and the model it serves, by name.

@@ -15,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 
+def bench_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A subcommand's parser whose --help shows `doc` (its module docstring) as written."""
+    return argparse.ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
 def add_output_arguments(
     parser: argparse.ArgumentParser, report_name: str, out_required: bool = False
 ) -> None:
