@@ -26,7 +26,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_helpers import CONNECTOR, hit_after, hits, start_all, stored_since, wait_for
+from vllm_helpers import (
+    CONNECTOR,
+    connector_config,
+    hit_after,
+    hits,
+    start_all,
+    stored_since,
+    wait_for,
+)
 
 from asynchicache.bench.processes.vllm_process import VllmFlags, VllmServer, VllmThreads
 from asynchicache.bench.workloads.text import text
@@ -64,13 +72,7 @@ def smollm_bf16(smollm_hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 def _flags(model: Path, root: Path, connector: bool) -> VllmFlags:
     if not connector:
         return VllmFlags(model, dtype="auto", kv_cache_bytes=256 << 20)
-    extra = {
-        "disk_cache_dir": str(root / "kv"),
-        "cache_service": f"ipc://{root}/run/c.sock",
-        "host_cache_gb": 0.5,
-        "lookup_timeout_s": 5.0,
-        "prefetch_timeout_s": 30.0,
-    }
+    extra = connector_config(root / "kv", f"ipc://{root}/run/c.sock")
     return VllmFlags(
         model, dtype="auto", kv_cache_bytes=256 << 20, connector=CONNECTOR, extra_config=extra
     )

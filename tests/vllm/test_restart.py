@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from tiny_pair import TinyPair
-from vllm_helpers import CONNECTOR, hit_after, hits, server, start_all
+from vllm_helpers import CONNECTOR, connector_config, hit_after, hits, server, start_all
 
 from asynchicache.bench.processes.vllm_process import VllmFlags, VllmServer
 from asynchicache.bench.workloads.text import text
@@ -32,13 +32,7 @@ PAGE = 16  # the connector's page size (tokens)
 
 
 def _flags(model: Path, disk: Path) -> VllmFlags:
-    extra = {
-        "disk_cache_dir": str(disk),
-        "cache_service": f"ipc://{disk.parent}/run/c.sock",
-        "host_cache_gb": 0.5,
-        "lookup_timeout_s": 5.0,
-        "prefetch_timeout_s": 30.0,
-    }
+    extra = connector_config(disk, f"ipc://{disk.parent}/run/c.sock")
     return VllmFlags(model, kv_cache_bytes=256 << 20, connector=CONNECTOR, extra_config=extra)
 
 

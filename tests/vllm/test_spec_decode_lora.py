@@ -24,6 +24,7 @@ from tiny_llama import TINY
 from tiny_pair import TinyPair
 from vllm_helpers import (
     CONNECTOR,
+    connector_config,
     hit_after,
     hits,
     page_files,
@@ -81,14 +82,8 @@ def write_adapter(folder: Path, seed: int) -> Path:
 def spec_lora_flags(model: Path, root: Path, adapters: dict[str, Path]) -> VllmFlags:
     """Our connector (a folder and service of `root`'s own), ngram speculative decoding
     and the LoRA adapters."""
-    extra_config = {
-        "disk_cache_dir": str(root / "kv"),
-        "cache_service": f"ipc://{root}/run/c.sock",
-        "host_cache_gb": 0.5,
-        "lookup_timeout_s": 5.0,
-        "prefetch_timeout_s": 30.0,
-        "load_policy": "always",  # a tiny model: test the mechanics, not the rates
-    }
+    # a tiny model: test the mechanics, not the rates (load_policy always)
+    extra_config = connector_config(root / "kv", f"ipc://{root}/run/c.sock", load_policy="always")
     modules = [f"{name}={path}" for name, path in adapters.items()]
     extra = (
         "--speculative-config", json.dumps(SPEC),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from tiny_pair import TinyPair
-from vllm_helpers import CONNECTOR, hit_after, hits, prompt, text_of
+from vllm_helpers import CONNECTOR, connector_config, hit_after, hits, prompt, text_of
 
 from asynchicache.bench.processes.vllm_process import VllmFlags, VllmServer
 
@@ -34,14 +34,10 @@ def test_two_ranks_save_and_load_their_own_heads(
     cores = sorted(os.sched_getaffinity(0))
     assert len(cores) >= 2, "TP 2 on CPU needs two cores"
     tiny_pair.stop()  # at most two vLLM servers' worth of processes at once
-    extra_config = {
-        "disk_cache_dir": str(tmp_path / "kv"),
-        "cache_service": f"ipc://{tmp_path}/run/c.sock",
-        "host_cache_gb": 0.05,
-        "lookup_timeout_s": 5.0,
-        "prefetch_timeout_s": 30.0,
-        "load_policy": "always",  # a tiny model: test the mechanics, not the rates
-    }
+    # a tiny model: test the mechanics, not the rates (load_policy always)
+    extra_config = connector_config(
+        tmp_path / "kv", f"ipc://{tmp_path}/run/c.sock", 0.05, load_policy="always"
+    )
     flags = VllmFlags(
         tiny_hf,
         kv_cache_bytes=32 << 20,

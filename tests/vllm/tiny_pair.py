@@ -18,7 +18,7 @@ from pathlib import Path
 
 from redis_server import RedisServer
 from shm_leftovers import snapshot
-from vllm_helpers import CONNECTOR, server, start_all
+from vllm_helpers import CONNECTOR, connector_config, server, start_all
 
 from asynchicache.bench.processes.vllm_process import VllmFlags, VllmServer
 
@@ -39,17 +39,14 @@ class TinyPair:
     starts: int = field(default=0, init=False)
 
     def flags(self, name: str) -> VllmFlags:
-        extra = {
-            "disk_cache_dir": str(self.disk(name)),
-            "cache_service": self.socket(name),
-            "remote_url": self.redis.url,
-            "host_cache_gb": 4_000_000 / 2**30,
-            # a loaded test machine must not turn hits into misses
-            "lookup_timeout_s": 5.0,
-            "prefetch_timeout_s": 30.0,
-            # a tiny model recomputes faster than most loads pay: test the tiers' mechanics
-            "load_policy": "always",
-        }
+        # a tiny model recomputes faster than most loads pay: test the tiers' mechanics
+        extra = connector_config(
+            self.disk(name),
+            self.socket(name),
+            4_000_000 / 2**30,
+            remote_url=self.redis.url,
+            load_policy="always",
+        )
         return VllmFlags(
             self.model, kv_cache_bytes=32 << 20, connector=CONNECTOR, extra_config=extra
         )

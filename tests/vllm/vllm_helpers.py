@@ -29,6 +29,21 @@ def start_all(servers: Sequence[VllmServer]) -> None:
             future.result()
 
 
+def connector_config(
+    disk: Path, socket: str, host_cache_gb: float = 0.5, **more: Any
+) -> dict[str, Any]:
+    """Our connector's keys with its own folder and service; waits long enough that a
+    loaded test machine does not turn hits into misses. `more`: further keys."""
+    return {
+        "disk_cache_dir": str(disk),
+        "cache_service": socket,
+        "host_cache_gb": host_cache_gb,
+        "lookup_timeout_s": 5.0,
+        "prefetch_timeout_s": 30.0,
+        **more,
+    }
+
+
 def server(flags: VllmFlags, log: Path) -> VllmServer:
     return VllmServer(flags, log, python=sys.executable)
 
