@@ -17,6 +17,7 @@ from asynchicache.hierarchy.pools import HostPool
 from asynchicache.settings.config import CacheConfig
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.storage.service.in_thread import client_in_thread
 from asynchicache.storage.service.server import ServiceConfig
 
 
@@ -28,7 +29,7 @@ def cache(tmp_path: Path) -> Iterator[HiRadixCache]:
         tmp_path / "kv", address=f"ipc://{sock_dir}/svc.sock", workers=1, io_threads=2
     )
     page = PageLayout("float32", LAYOUT.page_shape)
-    client = StorageClient.in_thread(service, ClientConfig("", NS.encode(), pool.name, page))
+    client = client_in_thread(service, ClientConfig("", NS.encode(), pool.name, page))
     cfg = CacheConfig(
         page_size=PAGE,
         device_cache_tokens=8 * PAGE,

@@ -25,7 +25,8 @@ from asynchicache.engine.protocol import SamplingParams
 from asynchicache.model.loader import LoadedModel, load_model
 from asynchicache.model.runner import ForwardBatch
 from asynchicache.settings.config import CacheConfig, EngineConfig
-from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.storage.client.storage_client import ClientConfig
+from asynchicache.storage.service.in_thread import client_in_thread
 from asynchicache.storage.service.server import ServiceConfig
 
 pytestmark = ON_CUDA
@@ -106,7 +107,7 @@ def test_the_engine_on_cuda_answers_alike_from_every_tier(
             made = Engine(config, cache, loaded=model)
         else:
             service = ServiceConfig(tmp_path / "kv", address=f"ipc://{tmp_path}/svc.sock")
-            client = StorageClient.in_thread(service, ClientConfig(service.address))
+            client = client_in_thread(service, ClientConfig(service.address))
             cache = CacheConfig(disk_cache_dir=tmp_path / "kv", host_cache_gb=0.25)
             made = Engine(config, cache, storage=client, loaded=model)
             assert client.wait_ready(30)

@@ -24,9 +24,10 @@ from asynchicache.engine.engine import Engine
 from asynchicache.engine.protocol import SamplingParams
 from asynchicache.model.loader import load_model
 from asynchicache.settings.config import CacheConfig, EngineConfig
-from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.storage.client.storage_client import ClientConfig
 from asynchicache.storage.disk.disk_admin import OLD_FORMAT, read_page_file
 from asynchicache.storage.header import MAGIC, encode_header, payload_checksum
+from asynchicache.storage.service.in_thread import client_in_thread
 from asynchicache.storage.service.server import ServiceConfig
 from asynchicache.tools.audit import AuditConfig, deep_verify
 
@@ -50,7 +51,7 @@ def engine_folder(
         [rng.randrange(1, 1024) for _ in range(70)],
     ]
     service = ServiceConfig(root, address=f"ipc://{sock}/svc.sock")
-    client = StorageClient.in_thread(service, ClientConfig(service.address))
+    client = client_in_thread(service, ClientConfig(service.address))
     loaded = load_model(tiny_checkpoints[MODEL])
     engine = Engine(EngineConfig(), CacheConfig(disk_cache_dir=root, host_cache_gb=0.05),
                     storage=client, loaded=loaded)  # fmt: skip

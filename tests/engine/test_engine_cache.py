@@ -15,7 +15,8 @@ from asynchicache.engine.protocol import GenerateRequest, SamplingParams
 from asynchicache.model.loader import LoadedModel
 from asynchicache.model.runner import ForwardBatch
 from asynchicache.settings.config import CacheConfig, EngineConfig
-from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.storage.client.storage_client import ClientConfig
+from asynchicache.storage.service.in_thread import client_in_thread
 from asynchicache.storage.service.server import ServiceConfig
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -179,7 +180,7 @@ def test_l3_hit_after_restart_gives_the_recomputed_tokens(
 
     def disk_engine() -> Engine:
         service = ServiceConfig(tmp_path / "kv", address=f"ipc://{tmp_path}/svc.sock")
-        client = StorageClient.in_thread(service, ClientConfig(service.address))
+        client = client_in_thread(service, ClientConfig(service.address))
         cache = CacheConfig(disk_cache_dir=tmp_path / "kv", host_cache_gb=0.25)
         return Engine(EngineConfig(), cache, storage=client, loaded=smollm)
 
@@ -246,7 +247,7 @@ def test_loads_given_up_then_idle_then_clear_leave_nothing_cached(
     def disk_engine(**cache: object) -> Engine:
         service = ServiceConfig(tmp_path / "kv", address=f"ipc://{tmp_path}/svc.sock",
                                 workers=1, io_threads=1)  # fmt: skip
-        client = StorageClient.in_thread(service, ClientConfig(service.address))
+        client = client_in_thread(service, ClientConfig(service.address))
         config = CacheConfig(disk_cache_dir=tmp_path / "kv", host_cache_gb=0.5, **cache)
         engine = Engine(EngineConfig(), config, storage=client, loaded=smollm)
         assert client.wait_ready(10)

@@ -50,7 +50,8 @@ from asynchicache.model.runner import (
     prefill_timer,
 )
 from asynchicache.settings.config import CacheConfig, EngineConfig
-from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
+from asynchicache.storage.client.storage_client import ClientConfig
+from asynchicache.storage.service.in_thread import client_in_thread
 from asynchicache.storage.service.server import ServiceConfig
 from asynchicache.tools.audit import AuditConfig, deep_verify
 
@@ -235,7 +236,7 @@ def test_the_audit_recomputes_pages_with_the_choice_that_named_them(
     record.write_text(json.dumps({"torch": sorted(map(list, chosen.torch_pairs))}))
     root, sock = tmp_path / "kv", Path(tempfile.mkdtemp(prefix="acs-"))
     service = ServiceConfig(root, address=f"ipc://{sock}/svc.sock")
-    client = StorageClient.in_thread(service, ClientConfig(service.address))
+    client = client_in_thread(service, ClientConfig(service.address))
     engine = Engine(EngineConfig(), CacheConfig(disk_cache_dir=root, host_cache_gb=0.05),
                     storage=client, loaded=loaded)  # fmt: skip
     try:

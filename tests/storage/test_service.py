@@ -19,6 +19,7 @@ from asynchicache.storage.base import PageLayout, TicketKind
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 from asynchicache.storage.disk.disk_admin import verify_folder
 from asynchicache.storage.messages import ErrorReply, Stats, decode, encode
+from asynchicache.storage.service.in_thread import client_in_thread
 from asynchicache.storage.service.server import ServiceConfig
 
 
@@ -266,9 +267,7 @@ def test_service_survives_vanished_clients_bad_requests_and_failing_work(
 def test_in_thread_mode_and_cancel(tmp_path: Path, sock_dir: Path, make_pool) -> None:
     pool = make_pool(256, DEFAULT, fill=128)
     service = ServiceConfig(tmp_path / "kv", _address(sock_dir), workers=1)
-    client = StorageClient.in_thread(
-        service, ClientConfig("", NAMESPACE, pool.segment.name, DEFAULT)
-    )
+    client = client_in_thread(service, ClientConfig("", NAMESPACE, pool.segment.name, DEFAULT))
     try:
         assert client.wait_ready(10)
         hashes = new_hashes(128)

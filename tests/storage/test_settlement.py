@@ -33,6 +33,7 @@ from asynchicache.storage.messages import (
     decode,
     encode,
 )
+from asynchicache.storage.service.in_thread import client_in_thread
 from asynchicache.storage.service.server import ServiceConfig
 
 MANY = 20_000  # 1 KiB pages: one I/O thread needs seconds for them
@@ -177,7 +178,7 @@ def test_in_thread_close_settles_what_was_given_up(
 ) -> None:
     pool, hashes = stored
     service = ServiceConfig(stored_folder[0], f"ipc://{sock_dir}/t.sock", workers=1, io_threads=1)
-    client = StorageClient.in_thread(service, ClientConfig("", NAMESPACE, pool.segment.name, SMALL))
+    client = client_in_thread(service, ClientConfig("", NAMESPACE, pool.segment.name, SMALL))
     try:
         assert client.wait_ready(10)
         ticket = client.submit_load(hashes, list(range(MANY, 2 * MANY)))

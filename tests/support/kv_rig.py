@@ -25,6 +25,7 @@ from asynchicache.settings.config import CacheConfig
 from asynchicache.storage.base import PageLayout
 from asynchicache.storage.client.storage_client import ClientConfig, StorageClient
 from asynchicache.storage.disk.disk_backend import DiskConfig
+from asynchicache.storage.service.in_thread import client_in_thread
 from asynchicache.storage.service.server import ServiceConfig
 
 PAGE = 4
@@ -98,7 +99,7 @@ def kv_rig(
         service = ServiceConfig(tmp_path / "kv", address=f"ipc://{sock_dir}/svc.sock",
                                 workers=1, io_threads=2,
                                 capacity_bytes=disk_pages * file_bytes)  # fmt: skip
-        client = StorageClient.in_thread(
+        client = client_in_thread(
             service, ClientConfig("", NS.encode(), pool.name, PAGE_LAYOUT, events=True)
         )
     cfg = CacheConfig(page_size=PAGE, device_cache_tokens=device_pages * PAGE,

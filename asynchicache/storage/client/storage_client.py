@@ -39,9 +39,10 @@ KV events, drained by `poll()` and handed out by `take_events()` (gaps
 flagged: storage.client.event_feed).
 
 `quarantined` counts the tickets given up but not settled; `counters` how
-often each signal settled one. `StorageClient.in_thread(...)` runs the service
-in a thread of this process, behind the same interface, for tests and small
-deployments: `close()` stops it and settles every quarantined ticket.
+often each signal settled one. `storage.service.in_thread.client_in_thread(...)`
+runs the service in a thread of this process, behind the same interface, for tests
+and small deployments: the client's `close()` stops it and settles every quarantined
+ticket.
 """
 
 from __future__ import annotations
@@ -93,7 +94,6 @@ from asynchicache.storage.messages import (
     decode,
     encode,
 )
-from asynchicache.storage.service.server import CacheService, ServiceConfig
 
 log = logging.getLogger(__name__)
 
@@ -161,16 +161,10 @@ class StorageClient(AdminRequests):
         if self._up:
             self._register()
 
-    @classmethod
-    def in_thread(cls, service: ServiceConfig, client: ClientConfig) -> StorageClient:
-        """A client with its own service running in a thread (stopped by `close()`)."""
-        stop = threading.Event()
-        svc = CacheService(service, stop)  # binds before the client connects
-        thread = threading.Thread(target=svc.run, name="cache-service", daemon=True)
-        thread.start()
-        made = cls(dataclasses.replace(client, address=service.address))
-        made._service = (stop, thread)
-        return made
+    def own_service(self, stop: threading.Event, thread: threading.Thread) -> None:
+        """Stop `thread`, a cache service of this process, at `close()`: set `stop`, join,
+        then settle every quarantined ticket (storage.service.in_thread)."""
+        self._service = (stop, thread)
 
     # -- StorageTier ------------------------------------------------------
 

@@ -21,6 +21,7 @@ __all__, __getattr__ = lazy_face(
         "ServiceConfig": "service_config",
         "TieredBackend": "tiered",
         "TieredConfig": "tiered",
+        "client_in_thread": "in_thread",
         "default_address": "config",
         "default_runtime_dir": "config",
         "open_tiered": "tiered",
