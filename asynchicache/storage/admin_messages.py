@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asynchicache.common.tiers import STORAGE_TIERS, TierEvent
-from asynchicache.storage.disk.disk_pins import Pin
 
 HASH_BYTES = 16
 
@@ -64,6 +63,28 @@ class ClearReply:
     req_id: int
     removed: int
     tiers: tuple[ClearedPages, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One pinned chain, as a `PinReply` / `PinsReply` carries it (the disk tier keeps
+    each as a file: storage.disk.disk_pins). `expires_at` is unix time (None: until
+    unpinned); `owner` is storage.tenant_key's fingerprint of the salt ("": unsalted)."""
+
+    pin_id: str
+    root: bytes
+    pages: tuple[bytes, ...]
+    page_file_bytes: int
+    owner: str = ""
+    created_at: float = 0.0
+    expires_at: float | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.pages) * self.page_file_bytes
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from asynchicache.storage.admin_messages import (
     ClearReply,
     Contents,
     ContentsReply,
+    Pin,
     PinChain,
     PinReply,
     Pins,
@@ -25,7 +26,6 @@ from asynchicache.storage.admin_messages import (
     UnpinReply,
 )
 from asynchicache.storage.base import BackendStats, PageLayout, PageRef
-from asynchicache.storage.disk.disk_pins import Pin
 from asynchicache.storage.messages import (
     MESSAGE_TYPES,
     Cancel,

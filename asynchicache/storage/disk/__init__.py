@@ -20,7 +20,6 @@ __all__, __getattr__ = lazy_face(
         "DiskBackend": "disk_backend",
         "DiskConfig": "disk_config",
         "PageWriter": "write",
-        "Pin": "disk_pins",
         "PinLimitError": "pins",
         "PinStore": "pins",
         "check_disk_folder": "folder",

@@ -58,6 +58,7 @@ from asynchicache.common.fileio import (
     set_mtime,
 )
 from asynchicache.common.tiers import Tier
+from asynchicache.storage.admin_messages import Pin
 from asynchicache.storage.base import (
     BackendStats,
     Cleared,
@@ -74,7 +75,6 @@ from asynchicache.storage.disk.adopt import FolderAdoption
 from asynchicache.storage.disk.clear import drop_pins, plan_clear
 from asynchicache.storage.disk.disk_config import DiskConfig, IoBatch
 from asynchicache.storage.disk.disk_pins import (
-    Pin,
     PinLimit,
     PinStore,
     check_limit,

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asynchicache.common.fileio import make_private_dir, write_private_text
+from asynchicache.storage.admin_messages import Pin
 from asynchicache.storage.disk.names import namespace_folders, scandir
 
 log = logging.getLogger(__name__)
@@ -53,58 +54,41 @@ class PinLimitError(ValueError):
         self.limit_bytes = limit_bytes
 
 
-@dataclass(frozen=True)
-class Pin:
-    """One pinned chain. `expires_at` is unix time (None: until unpinned)."""
+def pin_json(pin: Pin) -> str:
+    """A pin file's text."""
+    return json.dumps(
+        {
+            "version": _VERSION,
+            "pin_id": pin.pin_id,
+            "root": pin.root.hex(),
+            "owner": pin.owner,
+            "pages": [h.hex() for h in pin.pages],
+            "page_file_bytes": pin.page_file_bytes,
+            "created_at": pin.created_at,
+            "expires_at": pin.expires_at,
+        }
+    )
 
-    pin_id: str
-    root: bytes
-    pages: tuple[bytes, ...]
-    page_file_bytes: int
-    owner: str = ""  # storage.tenant_key's fingerprint of the salt ("": unsalted)
-    created_at: float = 0.0
-    expires_at: float | None = None
 
-    @property
-    def nbytes(self) -> int:
-        return len(self.pages) * self.page_file_bytes
-
-    def expired(self, now: float) -> bool:
-        return self.expires_at is not None and now >= self.expires_at
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "version": _VERSION,
-                "pin_id": self.pin_id,
-                "root": self.root.hex(),
-                "owner": self.owner,
-                "pages": [h.hex() for h in self.pages],
-                "page_file_bytes": self.page_file_bytes,
-                "created_at": self.created_at,
-                "expires_at": self.expires_at,
-            }
+def pin_from_json(text: str) -> Pin:
+    """The pin of a pin file's text; ValueError on anything that is not a pin file of
+    this version."""
+    try:
+        d = json.loads(text)
+        if d["version"] != _VERSION:
+            raise ValueError(f"pin file version {d['version']}")
+        expires = d["expires_at"]
+        return Pin(
+            str(d["pin_id"]),
+            bytes.fromhex(d["root"]),
+            tuple(bytes.fromhex(h) for h in d["pages"]),
+            int(d["page_file_bytes"]),
+            str(d.get("owner", "")),  # files of old versions held the salt: not read
+            float(d["created_at"]),
+            None if expires is None else float(expires),
         )
-
-    @classmethod
-    def from_json(cls, text: str) -> Pin:
-        """ValueError on anything that is not a pin file of this version."""
-        try:
-            d = json.loads(text)
-            if d["version"] != _VERSION:
-                raise ValueError(f"pin file version {d['version']}")
-            expires = d["expires_at"]
-            return cls(
-                str(d["pin_id"]),
-                bytes.fromhex(d["root"]),
-                tuple(bytes.fromhex(h) for h in d["pages"]),
-                int(d["page_file_bytes"]),
-                str(d.get("owner", "")),  # files of old versions held the salt: not read
-                float(d["created_at"]),
-                None if expires is None else float(expires),
-            )
-        except (KeyError, TypeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"not a pin file: {exc}") from exc
+    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a pin file: {exc}") from exc
 
 
 def pin_id_of(pages: Iterable[bytes]) -> str:
@@ -140,7 +124,7 @@ class PinStore:
     def write(self, pin: Pin) -> None:
         """Create or replace a pin (atomic: a reader sees the old or the new file)."""
         make_private_dir(self.dir)
-        write_private_text(self.dir / (pin.pin_id + PIN_SUFFIX), pin.to_json())
+        write_private_text(self.dir / (pin.pin_id + PIN_SUFFIX), pin_json(pin))
         self.invalidate()
 
     def remove(self, pin_ids: Iterable[str]) -> int:
@@ -181,7 +165,7 @@ def load_pins(pins_dir: Path, now: float) -> list[Pin]:
             continue
         path = Path(entry.path)
         try:
-            pin = Pin.from_json(path.read_text())
+            pin = pin_from_json(path.read_text())
         except FileNotFoundError:
             continue  # unpinned meanwhile
         except (OSError, ValueError) as exc:
