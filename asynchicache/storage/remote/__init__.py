@@ -1,9 +1,10 @@
 """storage.remote: L4, pages as values in Redis/Valkey (standalone or cluster).
 
-backend.py is the tier (`RedisBackend`); config.py its settings and key prefix;
-topology.py the URL and the cluster's slots; resp.py / link.py / pipeline.py the wire
-(our own RESP client, its connections, pipelined page calls); value.py a page's value
-format; breaker.py stops calls while the server is out; admin.py clears and listings.
+remote_backend.py is the tier (`RedisBackend`); remote_config.py its settings and key
+prefix; topology.py the URL and the cluster's slots; resp.py / link.py / pipeline.py the
+wire (our own RESP client, its connections, pipelined page calls); value.py a page's
+value format; breaker.py stops calls while the server is out; remote_admin.py clears and
+listings.
 
 Names load on first use (asynchicache.common.faces).
 """
@@ -21,6 +22,6 @@ __all__, __getattr__ = lazy_face(
         "RemoteEndpoint": "topology",
         "RespConnection": "resp",
         "parse_remote_url": "topology",
-        "remote_key_prefix": "config",
+        "remote_key_prefix": "remote_config",
     },
 )

@@ -1,10 +1,12 @@
 """storage.service: the cache service process (L3 and L4 behind one ZeroMQ socket).
 
-server.py is the process (`CacheService`, `run_service`); config.py its configuration
-and its flag table (the one `serve`, this package's `python -m` and the vLLM launcher
-use); cli.py / __main__.py its command line; tiered.py chains disk and remote; jobs.py
-runs requests on its workers; leases.py keeps it alive for the engines that lease it;
-offline_clear.py clears a folder (and its L4 keys) with no service running.
+server.py is the process (`CacheService`, `run_service`); service_config.py its
+configuration and its flag table (the one `serve`, `asynchicache service` and the vLLM
+launcher use); service_cli.py its command line; tiered.py chains disk and remote;
+service_jobs.py runs requests on its workers; remote_lookups.py asks L4 off the workers;
+leases.py keeps it alive for the engines that lease it; in_thread.py runs it in a thread
+of this process behind a client (tests, small deployments); offline_clear.py clears a
+folder (and its L4 keys) with no service running.
 
 Names load on first use (asynchicache.common.faces).
 """
@@ -22,10 +24,10 @@ __all__, __getattr__ = lazy_face(
         "TieredBackend": "tiered",
         "TieredConfig": "tiered",
         "client_in_thread": "in_thread",
-        "default_address": "config",
-        "default_runtime_dir": "config",
+        "default_address": "service_config",
+        "default_runtime_dir": "service_config",
         "open_tiered": "tiered",
-        "prepare_address": "config",
+        "prepare_address": "service_config",
         "run_service": "server",
     },
 )
