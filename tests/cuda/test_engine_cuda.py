@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from cuda_marks import ON_CUDA, cuda_test_model
+from engine_fixtures import checked_engines
 
 from asynchicache.bench.engine_speed import new_runner
 from asynchicache.bench.ttft import real_text_prompt
@@ -46,13 +47,7 @@ def pair(request: pytest.FixtureRequest) -> tuple[LoadedModel, LoadedModel]:
 
 @pytest.fixture
 def engines() -> Iterator[list[Engine]]:
-    made: list[Engine] = []
-    yield made
-    for engine in made:
-        engine.cache.check_integrity()
-        engine.close()
-        if engine.cache.storage is not None:
-            engine.cache.storage.close()
+    yield from checked_engines(l1_released=False)
 
 
 def _decode(

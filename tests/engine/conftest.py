@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import scheduler_rig
 import torch
+from engine_fixtures import checked_engines
 
 from asynchicache.engine.engine import Engine
 from asynchicache.model.loader import LoadedModel, default_model_path, load_model
@@ -136,11 +137,4 @@ def make_rig() -> Iterator[scheduler_rig.RigMaker]:
 @pytest.fixture
 def engines() -> Iterator[list[Engine]]:
     """Engines a test makes: each checked (integrity, no L1 page left in use) and closed."""
-    made: list[Engine] = []
-    yield made
-    for engine in made:
-        engine.cache.check_integrity()
-        assert engine.cache.stats().device.in_use == 0, "a finished request kept L1 pages"
-        engine.close()
-        if engine.cache.storage is not None:
-            engine.cache.storage.close()
+    yield from checked_engines()

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from contextlib import closing
 
 import pytest
+from engine_fixtures import l1_only_engine
 
 from asynchicache.engine.engine import Engine
 from asynchicache.engine.protocol import GenerateRequest, SamplingParams
 from asynchicache.model.loader import LoadedModel
 from asynchicache.model.runner import ForwardBatch
-from asynchicache.settings.config import CacheConfig, EngineConfig
 
 PROMPTS = {
     "greedy": "The capital of France is",
@@ -37,10 +38,8 @@ SEEDED = SamplingParams(max_tokens=4, temperature=0.8, seed=11, ignore_eos=True)
 
 @pytest.fixture
 def engine(smollm: LoadedModel) -> Iterator[Engine]:
-    cache = CacheConfig(disk_cache_dir=None, host_cache_gb=0, device_cache_tokens=2048)
-    made = Engine(EngineConfig(), cache, loaded=smollm)
-    yield made
-    made.close()
+    with closing(l1_only_engine(smollm, 2048)) as made:
+        yield made
 
 
 def _corrupt(engine: Engine, rid: str) -> None:

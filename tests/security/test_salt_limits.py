@@ -5,8 +5,10 @@ a root in the radix tree and is part of every page name of its chains."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 
 import pytest
+from engine_fixtures import l1_only_engine
 from pydantic import ValidationError
 
 from asynchicache.engine.engine import Engine
@@ -18,7 +20,6 @@ from asynchicache.engine.protocol import (
 )
 from asynchicache.model.loader import LoadedModel
 from asynchicache.server.openai.schemas import ChatCompletionRequest, CompletionRequest
-from asynchicache.settings.config import CacheConfig, EngineConfig
 
 LONG = "s" * (MAX_CACHE_SALT_CHARS + 1)
 OK = "s" * MAX_CACHE_SALT_CHARS
@@ -35,10 +36,8 @@ def test_the_edge_refuses_a_long_salt() -> None:
 
 @pytest.fixture
 def engine(smollm: LoadedModel) -> Iterator[Engine]:
-    cache = CacheConfig(disk_cache_dir=None, host_cache_gb=0, device_cache_tokens=256)
-    made = Engine(EngineConfig(), cache, loaded=smollm)
-    yield made
-    made.close()
+    with closing(l1_only_engine(smollm, 256)) as made:
+        yield made
 
 
 def test_the_engine_refuses_a_long_salt(engine: Engine) -> None:
