@@ -276,22 +276,17 @@ class EngineClient:
         """One admin call; `options` are further `AdminRequest` fields (tiers, ttl_s...)."""
         if self._dead is not None:
             raise EngineUnavailable(self._dead)
-        return await self._admin_call(op, token_ids, cache_salt, timeout_s, **options)
+        fields = dict(token_ids=token_ids, cache_salt=cache_salt, **options)
+        return await self._admin_call(op, timeout_s, **fields)
 
-    async def _admin_call(
-        self,
-        op: str,
-        token_ids: tuple[int, ...] = (),
-        cache_salt: str = "",
-        timeout_s: float = 10.0,
-        **options: Any,
-    ) -> AdminReply:
+    async def _admin_call(self, op: str, timeout_s: float, **fields: Any) -> AdminReply:
+        """`admin` without the check that the client is up; `fields`: `AdminRequest`'s."""
         req_id = uuid.uuid4().hex
         fut: asyncio.Future[AdminReply] = asyncio.get_running_loop().create_future()
         self._admin[req_id] = fut
         try:
             async with asyncio.timeout(timeout_s):  # a send waits while no engine is connected
-                await self._send(AdminRequest(req_id, op, token_ids, cache_salt, **options))
+                await self._send(AdminRequest(req_id, op, **fields))
                 return await fut
         except TimeoutError as exc:
             raise EngineUnavailable(f"the engine did not answer {op!r} in {timeout_s}s") from exc
@@ -300,7 +295,7 @@ class EngineClient:
 
     async def ping(self, timeout_s: float) -> AdminReply:
         """One "health" call, made even while the client is down (the watchdog's ping)."""
-        return await self._admin_call("health", timeout_s=timeout_s)
+        return await self._admin_call("health", timeout_s)
 
     async def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> dict[str, object]:
         """Ask for "health" until the engine answers (it answers once the model is loaded).
@@ -313,7 +308,7 @@ class EngineClient:
             if left <= 0:
                 raise EngineUnavailable(f"the engine was not healthy within {timeout_s}s")
             try:
-                reply = await self._admin_call("health", timeout_s=min(poll_s, left))
+                reply = await self._admin_call("health", min(poll_s, left))
             except EngineUnavailable:
                 await asyncio.sleep(HEALTH_RETRY_S)  # sockets being made anew: don't spin
                 continue
