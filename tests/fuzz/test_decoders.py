@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import types
 import typing
 from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzz_settings import fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from asynchicache.engine import protocol
@@ -36,11 +36,7 @@ from asynchicache.storage.header import (
 )
 
 # FUZZ_EXAMPLES=5000 for a longer run (scripts/faults-full.sh sets it).
-FUZZ = settings(
-    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+FUZZ = fuzz_settings("FUZZ_EXAMPLES", 150)
 
 H16 = bytes(range(16))
 LAYOUT = PageLayout("float32", (2, 2, 4, 2, 8))

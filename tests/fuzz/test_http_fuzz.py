@@ -16,24 +16,19 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzz_settings import fuzz_settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from live_server import LiveServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-EXAMPLES = int(os.environ.get("FUZZ_HTTP_EXAMPLES", "60"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+FUZZ = fuzz_settings("FUZZ_HTTP_EXAMPLES", 60, HealthCheck.function_scoped_fixture)
 MODEL = "SmolLM2-135M-Instruct"
 
 

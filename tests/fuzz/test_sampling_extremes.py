@@ -14,23 +14,19 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from fuzz_settings import fuzz_settings
+from hypothesis import HealthCheck, event, given
 from hypothesis import strategies as st
 from live_server import LiveServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-EXAMPLES = int(os.environ.get("FUZZ_EXTREME_EXAMPLES", "80"))
-EXTREME = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+# EXAMPLES (the docstring's) is $FUZZ_EXTREME_EXAMPLES, 80 without it
+EXTREME = fuzz_settings("FUZZ_EXTREME_EXAMPLES", 80, HealthCheck.function_scoped_fixture)
 
 _FLOATS = [0.0, -0.0, 5e-324, -5e-324, 1e-308, -1e-308, 1e-50, 1e308, -1e308,
            math.nan, math.inf, -math.inf, 1.0000000000000002, 0.9999999999999999]  # fmt: skip
