@@ -52,6 +52,17 @@ class ProcessIdentity:
         return fields[0] not in ("Z", "X", "x") and int(fields[19]) == self.start_ticks
 
 
+def live_processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group) of every live process of this host (zombies
+    count as dead, as in `ProcessIdentity.alive`); {} where /proc is not available."""
+    found: dict[int, tuple[int, int]] = {}
+    for entry in _PROC.glob("[0-9]*"):
+        fields = _stat_fields(int(entry.name))
+        if fields is not None and len(fields) > 2 and fields[0] not in ("Z", "X", "x"):
+            found[int(entry.name)] = (int(fields[1]), int(fields[2]))
+    return found
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with `pid` exists: signal 0 reaches it (a zombie, or a process we
     may not signal, counts as alive). `ProcessIdentity` tells zombies and reuse apart."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asynchicache.common.liveness import ProcessIdentity
+from asynchicache.common.liveness import ProcessIdentity, live_processes
 
 
 def pid_alive(pid: int) -> bool:
@@ -14,15 +14,7 @@ def pid_alive(pid: int) -> bool:
 
 def children_of(pid: int) -> list[int]:
     """Live (non-zombie) pids whose parent is `pid`."""
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            kids.append(int(stat.parent.name))
-    return kids
+    return [child for child, (parent, _) in live_processes().items() if parent == pid]
 
 
 def proc_title(pid: int) -> str:

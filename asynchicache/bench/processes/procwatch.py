@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from asynchicache.common.liveness import live_processes
 from asynchicache.common.shm import SHM_DIR, list_segments, owner_pid
 
 TITLE_PREFIX = "asynchicache: "
@@ -83,14 +84,7 @@ def _listening_inodes(port: int) -> set[str]:
 
 def descendants(pid: int) -> list[int]:
     """`pid` and every process below it (children first found through /proc/*/stat)."""
-    parent_of: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z":
-            parent_of[int(stat.parent.name)] = int(fields[1])
+    parent_of = {child: parent for child, (parent, _) in live_processes().items()}
     out, frontier = [pid], [pid]
     while frontier:
         kids = [c for c, p in parent_of.items() if p in frontier]

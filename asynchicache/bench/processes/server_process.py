@@ -18,6 +18,8 @@ from typing import TypeVar
 
 import httpx
 
+from asynchicache.common.liveness import live_processes
+
 log = logging.getLogger(__name__)
 Options = TypeVar("Options")  # a bench's options, built from its arguments
 
@@ -28,15 +30,7 @@ _TRACKER = "multiprocessing.resource_tracker"
 
 def _group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes of process group `pgid`."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(stat.parent.name))
-    return members
+    return [pid for pid, (_, group) in live_processes().items() if group == pgid]
 
 
 def _cmdline(pid: int) -> str:
