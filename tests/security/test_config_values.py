@@ -15,23 +15,10 @@ import io
 from pathlib import Path
 
 import pytest
+from serve_refusal import serve_refusal
 
 from asynchicache.launch.options import build_parser, parse_args, to_config
 from asynchicache.settings.config import CacheConfig, EngineConfig, LaunchConfig, ServerConfig
-
-
-def _refusal(argv: list[str]) -> str | None:
-    """The error `serve` stops with for `argv` (None: it would have started)."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            args = parse_args(["--device", "cpu", *argv])
-            to_config(args)
-        except SystemExit:
-            return err.getvalue()
-        except ValueError as exc:  # serve's main turns these into parser.error (exit 2)
-            return str(exc)
-    return None
 
 
 def _numeric_flags() -> list[tuple[str, bool]]:
@@ -58,21 +45,21 @@ def test_the_numeric_flags_are_found() -> None:
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999", "NaN"])
 @pytest.mark.parametrize(("flag", "integer"), NUMERIC)
 def test_numeric_flags_refuse_nan_and_inf(flag: str, integer: bool, value: str) -> None:
-    message = _refusal([flag, value])
+    message = serve_refusal(flag, value)
     assert message is not None, f"{flag} {value} was accepted"
     assert flag in message
 
 
 @pytest.mark.parametrize(("flag", "integer"), [f for f in NUMERIC if f[1]])
 def test_integer_flags_refuse_fractions(flag: str, integer: bool) -> None:
-    message = _refusal([flag, "1.5"])
+    message = serve_refusal(flag, "1.5")
     assert message is not None and flag in message
 
 
 def _yaml(tmp_path: Path, text: str) -> str | None:
     path = tmp_path / "serve.yaml"
     path.write_text(text)
-    return _refusal(["--config", str(path)])
+    return serve_refusal("--config", str(path))
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "1e999", "true", "[1]", "'nan'"])

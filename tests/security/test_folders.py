@@ -12,13 +12,13 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from serve_refusal import serve_refusal
 
 from asynchicache.common.keys import Namespace
 from asynchicache.storage.base import PageLayout
@@ -54,17 +54,7 @@ def _folder(path: Path, mode: int) -> Path:
 
 def _serve_refusal(folder: Path) -> str | None:
     """What `serve --disk-cache-dir folder` stops with (None: it would have started)."""
-    from asynchicache.launch.options import parse_args, to_config
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            to_config(parse_args(["--device", "cpu", "--disk-cache-dir", str(folder)]))
-        except SystemExit:
-            return err.getvalue()
-        except ValueError as exc:
-            return str(exc)
-    return None
+    return serve_refusal("--disk-cache-dir", str(folder))
 
 
 def test_an_existing_private_enough_folder_keeps_its_mode(tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ Real sockets, a real cache (and cache service, for the disk tier) in this proces
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import socket
 import time
@@ -30,6 +29,7 @@ import pytest
 import zmq
 from curve_certs import curve_certs
 from kv_rig import PAGE, Rig, kv_rig, page_tokens
+from serve_refusal import serve_refusal
 
 from asynchicache.kv_events import wire
 from asynchicache.kv_events.access import ClientCurve, CurveKeys
@@ -115,17 +115,7 @@ def test_an_ipc_endpoint_in_a_symlinked_folder_is_refused(tmp_path: Path) -> Non
 
 
 def _serve_refusal(*argv: str) -> str | None:
-    from asynchicache.launch.options import parse_args, to_config
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            to_config(parse_args(["--device", "cpu", "--no-disk-cache", *argv]))
-        except SystemExit:
-            return err.getvalue()
-        except ValueError as exc:
-            return str(exc)
-    return None
+    return serve_refusal("--no-disk-cache", *argv)
 
 
 def test_serve_refuses_a_star_binding_before_starting(tmp_path: Path) -> None:
