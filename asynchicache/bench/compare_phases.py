@@ -24,7 +24,12 @@ from typing import Any
 
 import httpx
 
-from asynchicache.bench.clients.client import ClientConfig, run_workload, stream_chat
+from asynchicache.bench.clients.client import (
+    ClientConfig,
+    exact_chat_body,
+    run_workload,
+    stream_chat,
+)
 from asynchicache.bench.processes.peers import SERVED_NAME
 from asynchicache.bench.processes.procwatch import cpu_by_role
 from asynchicache.bench.reports.summary import summarize
@@ -56,15 +61,7 @@ class Ttft:
 
 
 async def _ttft(url: str, messages: list[Message], max_tokens: int) -> Ttft:
-    body = {
-        "model": SERVED_NAME,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = exact_chat_body(messages, max_tokens, model=SERVED_NAME)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(900.0)) as client:
         t0 = time.perf_counter()
         stream = await stream_chat(client, body, t0)

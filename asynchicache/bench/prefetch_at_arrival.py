@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from asynchicache.bench.clients.client import stream_chat
+from asynchicache.bench.clients.client import exact_chat_body, stream_chat
 from asynchicache.bench.processes.server_process import BenchServer
 from asynchicache.bench.reports.output import (
     add_output_arguments,
@@ -61,9 +61,7 @@ def _server_flags(args: argparse.Namespace, disk: Path) -> list[str]:
 
 def _body(prefix: str, ask: str, max_tokens: int) -> dict:
     messages = [{"role": "system", "content": prefix}, {"role": "user", "content": ask}]
-    return {"messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    return exact_chat_body(messages, max_tokens)
 
 
 async def _burst(url: str, bodies: list[dict]) -> list[tuple[float, int]]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from asynchicache.bench.clients.client import stream_chat
+from asynchicache.bench.clients.client import exact_chat_body, stream_chat
 from asynchicache.bench.workloads.text import text
 
 
@@ -51,18 +51,7 @@ def decode_tok_s(url: str, load: DecodeLoad, seed: int, model: str = "model") ->
 
 
 async def _decode(url: str, load: DecodeLoad, seed: int, model: str) -> float:
-    bodies = [
-        {
-            "model": model,
-            "messages": messages,
-            "max_tokens": load.max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,  # every client decodes exactly max_tokens
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        for messages in load.prompts(seed)
-    ]
+    bodies = [exact_chat_body(m, load.max_tokens, model=model) for m in load.prompts(seed)]
     limits = httpx.Limits(max_connections=load.clients)
     async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
         start = time.perf_counter()

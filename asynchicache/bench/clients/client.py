@@ -78,15 +78,23 @@ class Streamed:
         self.parts.append(piece)
 
 
-def _request_body(workload: Workload, messages: list[dict[str, str]], cfg: ClientConfig) -> dict:
-    body: dict[str, Any] = {
+def exact_chat_body(messages: Any, max_tokens: int, **fields: Any) -> dict[str, Any]:
+    """A greedy streamed chat request that decodes exactly `max_tokens` (ignore_eos), so
+    every server under comparison does the same work; usage comes in its last chunk.
+    `fields`: further body fields (model, cache_salt)."""
+    return {
         "messages": messages,
-        "max_tokens": workload.max_tokens,
+        "max_tokens": max_tokens,
         "temperature": 0,
-        "ignore_eos": True,  # every configuration decodes exactly max_tokens
+        "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **fields,
     }
+
+
+def _request_body(workload: Workload, messages: list[dict[str, str]], cfg: ClientConfig) -> dict:
+    body = exact_chat_body(messages, workload.max_tokens)
     if cfg.model:
         body["model"] = cfg.model
     if cfg.cache_salt:
