@@ -4,12 +4,13 @@ Four packages, each with a short face: disk/ (L3), remote/ (L4), service/ (the
 cache service process, which chains them: service/tiered.py) and client/ (the
 engine's side of the service). What both sides need stays here: base.py (the
 protocols and page layout), messages.py / admin_messages.py (the wire), header.py
-(a page's header, on disk and in Redis), events.py (the tiers' KV events),
-page_index.py, shm.py, sockets.py, deadline.py (when a job stops), liveness.py,
-fileio.py, lineage.py, tenant_key.py, write_behind.py, admission.py.
+(a page's header, on disk and in Redis), page_keys.py / page_cipher.py (its MAC and
+encryption), events.py (the tiers' KV events), page_index.py, lineage.py,
+write_behind.py. What every layer shares (shm, sockets, deadlines, liveness, fileio,
+tenant keys) is in common/.
 
 Names load on first use (asynchicache.common.faces), so importing `asynchicache.storage.base`
-(as the cache layer does) loads neither redis-py nor ZeroMQ.
+(as the hierarchy does) loads neither redis-py nor ZeroMQ.
 """
 
 from __future__ import annotations
