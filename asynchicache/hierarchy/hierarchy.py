@@ -6,7 +6,7 @@ the page ledger of both, the transfer engine for L1<->L2 copies, and
 scheduler's thread; background copies and storage I/O report back through
 `poll()`, which never blocks. The work is split by direction of traffic:
 `Evictor` (eviction.py) makes room, `Writer` (writes.py) moves pages down,
-`Loader` (loads.py) moves them up, `FinishedTickets` (finished_tickets.py) routes what
+`PageLoads` (loads.py) moves them up, `FinishedTickets` (finished_tickets.py) routes what
 finished to them; `CacheParts` (parts.py) is what they share.
 
 Invariants (checked by `check_integrity()`, see integrity.py):
@@ -49,7 +49,7 @@ from asynchicache.hierarchy.integrity import IntegrityError, integrity_problems
 from asynchicache.hierarchy.l2.finished_tickets import FinishedTickets
 from asynchicache.hierarchy.l2.jobs import LoadTicket
 from asynchicache.hierarchy.l2.ledger import PageState, strict_from_env
-from asynchicache.hierarchy.l2.loads import Loader
+from asynchicache.hierarchy.l2.loads import PageLoads
 from asynchicache.hierarchy.l2.transfer import TransferEngine
 from asynchicache.hierarchy.l2.writes import Writer
 from asynchicache.hierarchy.lookup import l1_pages, locked_l1_pages, lookup, stored_after
@@ -113,8 +113,8 @@ class HiRadixCache:
         self.evictor = Evictor(self.parts)
         self.writer = Writer(self.parts, self.evictor)
         self.evictor.backup = self.writer.backup
-        self.loader = Loader(self.parts, self.evictor)
-        self.finished = FinishedTickets(self.parts, self.writer, self.loader)
+        self.loads = PageLoads(self.parts, self.evictor)
+        self.finished = FinishedTickets(self.parts, self.writer, self.loads)
 
     @property
     def pending(self) -> int:
@@ -130,7 +130,7 @@ class HiRadixCache:
     @property
     def abandoned_loads(self) -> int:
         """Loads given up by their caller that have not finished yet."""
-        return self.loader.abandoned
+        return self.loads.abandoned
 
     # -- match, lock --------------------------------------------------------------------------
 
@@ -328,7 +328,7 @@ class HiRadixCache:
         lock on the L1 prefix, reported once by `poll()`. Until then the L1
         part of the match stays locked for `give_up`.
         """
-        return self.loader.submit(match)
+        return self.loads.submit(match)
 
     def prefetch(self, tokens: Sequence[int], max_pages: int, salt: str = "") -> LoadTicket | None:
         """Start reading the storage part of `tokens`' prefix (at most `max_pages` pages)
@@ -346,14 +346,14 @@ class HiRadixCache:
         path = self.tree.match(tokens, limit, self._root(salt))
         node = path[-1] if path else self._root(salt)
         hashes = self._storage_hits(node, tokens, limit)[:max_pages]
-        return self.loader.submit_prefetch(node, tokens, hashes) if hashes else None
+        return self.loads.submit_prefetch(node, tokens, hashes) if hashes else None
 
     def give_up(self, ticket: LoadTicket) -> LockedPages:
         """Stop waiting for a load: returns its L1 prefix at submit time, locked for the caller.
 
         `poll()` will not report the ticket; the cache releases it when it lands.
         """
-        return self.loader.give_up(ticket)
+        return self.loads.give_up(ticket)
 
     # -- poll -----------------------------------------------------------------------------------
 
@@ -366,7 +366,7 @@ class HiRadixCache:
         self.finished.poll()
         self.writer.start_waiting_stores(idle)
         self.tree.drop_idle_roots()  # salts looked up but never cached (radix.py)
-        return self.loader.collect()
+        return self.loads.collect()
 
     def start_stores(self) -> None:
         """Start every store waiting for a quiet engine now (store_queue.py)."""
@@ -440,7 +440,7 @@ class HiRadixCache:
 
     def check_integrity(self) -> None:
         """Raise IntegrityError describing every inconsistency found."""
-        problems = integrity_problems(self.parts, self.loader)
+        problems = integrity_problems(self.parts, self.loads)
         if problems:
             raise IntegrityError("; ".join(problems[:20]))
 

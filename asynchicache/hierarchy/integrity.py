@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from asynchicache.common.keys import chain_hashes
 from asynchicache.hierarchy.l2.jobs import LoadPhase, StoreJob, WriteJob
 from asynchicache.hierarchy.l2.ledger import TREE_SLOT_STATES, PageState, SlotState
-from asynchicache.hierarchy.l2.loads import Loader
+from asynchicache.hierarchy.l2.loads import PageLoads
 from asynchicache.hierarchy.node import RadixNode
 from asynchicache.hierarchy.parts import CacheParts
 from asynchicache.storage.base import TicketKind
@@ -36,7 +36,7 @@ class IntegrityError(RuntimeError):
     """`check_integrity()` found the cache's bookkeeping inconsistent; the message says how."""
 
 
-def integrity_problems(parts: CacheParts, loader: Loader) -> list[str]:
+def integrity_problems(parts: CacheParts, loader: PageLoads) -> list[str]:
     problems: list[str] = []
     dev_owned: dict[int, str] = {}
     host_owned: dict[int, str] = {}
@@ -118,7 +118,7 @@ def _owned_problems(pool: str, in_tree_states: list[int], owned: dict[int, str])
     return out
 
 
-def _ticket_problems(parts: CacheParts, loader: Loader) -> list[str]:
+def _ticket_problems(parts: CacheParts, loader: PageLoads) -> list[str]:
     jobs = list(loader.jobs.values())
     writes = [j for j in parts.transfers.values() if isinstance(j, WriteJob)]
     stores = [j for j in parts.storage_ops.values() if isinstance(j, StoreJob)]
@@ -151,7 +151,7 @@ def _ticket_problems(parts: CacheParts, loader: Loader) -> list[str]:
     return out
 
 
-def _hold_problems(parts: CacheParts, loader: Loader) -> list[str]:
+def _hold_problems(parts: CacheParts, loader: PageLoads) -> list[str]:
     holds: Tally[int] = Tally()
     for node in (
         [j.deepest for j in parts.storage_ops.values() if isinstance(j, StoreJob)]
@@ -174,7 +174,7 @@ def _hold_problems(parts: CacheParts, loader: Loader) -> list[str]:
     return out
 
 
-def _job_locks(parts: CacheParts, loader: Loader) -> list[RadixNode]:
+def _job_locks(parts: CacheParts, loader: PageLoads) -> list[RadixNode]:
     """Nodes locked by the cache's own work: writes, loads, fallbacks, uncollected results."""
     nodes = [j.deepest for j in parts.transfers.values() if isinstance(j, WriteJob)]
     for job in loader.jobs.values():

@@ -1,14 +1,15 @@
 """`CacheParts`: the state the hierarchy's pieces share (tree, pools, ledgers, tickets).
 
 `HiRadixCache` builds one and hands it to its `Evictor`, `Writer` and
-`Loader`; each piece changes page and slot states only through the ledgers.
+`PageLoads`; each piece changes page and slot states only through the ledgers, and
+books its storage tickets in `tickets` (slot_tickets.py, shared with the vLLM connector).
 """
 
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass, field, replace
 
-from asynchicache.hierarchy.l2.jobs import LoadJob, StoreJob, Unsettled, WriteJob
+from asynchicache.hierarchy.l2.jobs import LoadJob, StoreJob, WriteJob
 from asynchicache.hierarchy.l2.latency import Latencies
 from asynchicache.hierarchy.l2.ledger import (
     QUARANTINED,
@@ -18,8 +19,10 @@ from asynchicache.hierarchy.l2.ledger import (
     device_ledger,
     host_ledger,
 )
+from asynchicache.hierarchy.l2.slot_tickets import SlotTickets, Unsettled
 from asynchicache.hierarchy.l2.store_queue import StoreQueue
 from asynchicache.hierarchy.l2.transfer import TransferEngine
+from asynchicache.hierarchy.node import RadixNode
 from asynchicache.hierarchy.pins import PinnedPages
 from asynchicache.hierarchy.pools import DevicePool, HostPool, KVLayout
 from asynchicache.hierarchy.radix import RadixTree
@@ -44,8 +47,9 @@ class CacheParts:
     device: PoolLedger = field(init=False)  # L1 page states
     host: PoolLedger = field(init=False)  # L2 slot states (size 0 without an L2 tier)
     transfers: dict[int, WriteJob | LoadJob] = field(default_factory=dict)
-    storage_ops: dict[int, StoreJob | LoadJob] = field(default_factory=dict)
-    unsettled: dict[int, Unsettled] = field(default_factory=dict)  # storage ticket -> slots
+    # Storage tickets: open ones with their jobs, unsettled ones with their slots (and, for a
+    # store, the node whose L2 copies stay held until Settled).
+    tickets: SlotTickets[StoreJob | LoadJob, RadixNode] = field(default_factory=SlotTickets)
     pins: PinnedPages = field(default_factory=PinnedPages)  # chains L2 does not evict
     store_queue: StoreQueue = field(default_factory=StoreQueue)  # stores of new pages, waiting
     latency: Latencies = field(default_factory=Latencies)  # transfer durations per tier
@@ -57,6 +61,16 @@ class CacheParts:
 
     def _illegal(self, message: str) -> None:
         self.counters.illegal_transitions += 1
+
+    @property
+    def storage_ops(self) -> dict[int, StoreJob | LoadJob]:
+        """Storage tickets in flight -> their jobs (the book's, read-only by convention)."""
+        return self.tickets.open
+
+    @property
+    def unsettled(self) -> dict[int, Unsettled[RadixNode]]:
+        """Storage tickets that ended unsettled -> their quarantined slots (the book's)."""
+        return self.tickets.unsettled
 
     @property
     def quarantined(self) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asynchicache.storage.disk.disk_admission import DiskAdmission
+from asynchicache.common.disk_admission import DiskAdmission
 from asynchicache.storage.service.tiered import TieredConfig
 
 

@@ -1,10 +1,11 @@
 """`FinishedTickets`: hands each finished copy or storage ticket to the job's owner.
 
 Every ticket in flight maps to one job (jobs.py): a `WriteJob` or `StoreJob`
-is the `Writer`'s, a `LoadJob` the `Loader`'s. A handler that raises must not
+is the `Writer`'s, a `LoadJob` `PageLoads`'. A handler that raises must not
 stop the others nor leak its job: the job ends (a load with an error), and the
 failure is counted and logged. A `Settled` (the service touches a timed-out
-ticket's slots no more) releases that ticket's quarantine.
+ticket's slots no more) releases that ticket's quarantine. Storage tickets are
+booked in `SlotTickets` (slot_tickets.py), the lifecycle the vLLM connector shares.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 
 from asynchicache.hierarchy.l2.jobs import LoadJob, StoreJob, WriteJob
 from asynchicache.hierarchy.l2.ledger import SlotState
-from asynchicache.hierarchy.l2.loads import Loader
+from asynchicache.hierarchy.l2.loads import PageLoads
 from asynchicache.hierarchy.l2.transfer import TransferDone
 from asynchicache.hierarchy.l2.writes import Writer
 from asynchicache.hierarchy.parts import CacheParts
@@ -25,10 +26,10 @@ log = logging.getLogger(__name__)
 class FinishedTickets:
     """Polls the transfer engine and the storage tier, and routes what finished."""
 
-    def __init__(self, parts: CacheParts, writer: Writer, loader: Loader) -> None:
+    def __init__(self, parts: CacheParts, writer: Writer, loads: PageLoads) -> None:
         self.parts = parts
         self.writer = writer
-        self.loader = loader
+        self.loads = loads
 
     def poll(self) -> None:
         """Complete every finished copy and storage operation; never blocks."""
@@ -46,7 +47,7 @@ class FinishedTickets:
             if isinstance(r, Settled):
                 self._settle(r)
             else:
-                self._complete(parts.storage_ops.pop(r.ticket, None), r)
+                self._complete(parts.tickets.take(r.ticket), r)
 
     def _complete(
         self, job: WriteJob | StoreJob | LoadJob | None, result: TransferDone | Completion
@@ -57,9 +58,9 @@ class FinishedTickets:
         try:
             if isinstance(job, LoadJob):
                 if isinstance(result, Completion):
-                    self.loader.on_read(job, result)
+                    self.loads.on_read(job, result)
                 else:
-                    self.loader.on_fill(job, result)
+                    self.loads.on_fill(job, result)
             elif isinstance(job, WriteJob):
                 self.writer.on_write(job, result)  # type: ignore[arg-type]
             else:
@@ -72,14 +73,14 @@ class FinishedTickets:
     def _fail(self, job: WriteJob | StoreJob | LoadJob, error: str) -> None:
         try:
             if isinstance(job, LoadJob):
-                self.loader.fail(job, error)
+                self.loads.fail(job, error)
             else:
                 self.writer.fail(job)
         except Exception:
             log.exception("cleaning up after a failed completion failed too")
 
     def _settle(self, settled: Settled) -> None:
-        record = self.parts.unsettled.pop(settled.ticket, None)
+        record = self.parts.tickets.settle(settled)
         if record is None:
             log.warning("settled for a ticket with nothing quarantined: %s", settled)
             return

@@ -1,8 +1,10 @@
 """Records of the cache's asynchronous work while it is in flight.
 
 Each copy or storage ticket maps to one job; its completion is handed to the
-job's owner (`Writer` for `WriteJob` and `StoreJob`, `Loader` for `LoadJob`).
-A load's progress is an explicit phase, not a chain of callbacks.
+job's owner (`Writer` for `WriteJob` and `StoreJob`, `PageLoads` for `LoadJob`).
+Storage tickets are booked in `CacheParts.tickets` (slot_tickets.py, the L2 ticket
+lifecycle our hierarchy shares with the vLLM connector), copy tickets in
+`CacheParts.transfers`. A load's progress is an explicit phase, not a chain of callbacks.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from enum import Enum, auto
 
 from asynchicache.hierarchy.node import RadixNode
 from asynchicache.hierarchy.results import MatchHandle
-from asynchicache.storage.base import TicketKind
 
 
 @dataclass(eq=False)
@@ -49,7 +50,7 @@ class LoadPhase(Enum):
 
 @dataclass(eq=False)
 class LoadJob:
-    """One load in flight, owned by `Loader`.
+    """One load in flight, owned by `PageLoads`.
 
     Locks: the job locks `anchor` (and the node its storage pages land in)
     until DONE, so nothing it reads or fills can be evicted. `fallback`, the
@@ -73,9 +74,8 @@ class LoadJob:
     fill_pages: list[int | None] = field(default_factory=list)  # destination per position
     read_settled: bool = True  # False once its read timed out unsettled
     abandoned: bool = False
-    # A prefetch (`Loader.submit_prefetch`): storage -> L2 only, no L1 pages; DONE once read.
+    # A prefetch (`PageLoads.submit_prefetch`): storage -> L2 only, no L1 pages; DONE once read.
     prefetch: bool = False
-    cancelled: bool = False  # its storage read was cancelled (given up), not late
     errors: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 
@@ -97,17 +97,3 @@ class StoreJob:
     deepest: RadixNode
     slots: list[int]
     started: float = field(default_factory=time.monotonic)
-
-
-@dataclass(eq=False)
-class Unsettled:
-    """Slots of a storage ticket that timed out while the service may still touch them.
-
-    Load slots are LOAD_QUARANTINED and belong to no node; store slots are
-    STORE_QUARANTINED, stay in their nodes and keep `hold`'s host hold. Both
-    end with the ticket's `Settled`.
-    """
-
-    kind: TicketKind
-    slots: list[int]
-    hold: RadixNode | None = None

@@ -1,4 +1,4 @@
-"""`Loader`: traffic up the tiers, L3/L4 -> L2 -> L1, as `LoadJob`s with an explicit phase.
+"""`PageLoads`: KV pages up the tiers, L3/L4 -> L2 -> L1, as `LoadJob`s with an explicit phase.
 
 A load runs at most two steps, one ticket in flight at a time:
 
@@ -18,7 +18,9 @@ Rules that keep every lock and page accounted for:
 * a given-up load is the cache's: when it finishes, the cache releases its
   result lock itself, so no poll can drop it on the floor;
 * a read that timed out unsettled leaves its slots LOAD_QUARANTINED (nothing
-  from it is served); they become FREE on the ticket's `Settled`;
+  from it is served); they become FREE on the ticket's `Settled` (the storage
+  ticket's lifecycle is `SlotTickets`', slot_tickets.py, shared with the vLLM
+  connector);
 * a completion handler that raises still finishes the load, with an error and
   the fallback prefix (`fail`).
 """
@@ -31,19 +33,20 @@ import time
 
 from asynchicache.common.tiers import Tier
 from asynchicache.hierarchy.eviction import Evictor
-from asynchicache.hierarchy.l2.jobs import LoadJob, LoadPhase, LoadTicket, Unsettled
+from asynchicache.hierarchy.l2.jobs import LoadJob, LoadPhase, LoadTicket
 from asynchicache.hierarchy.l2.ledger import PageState, SlotState
 from asynchicache.hierarchy.l2.transfer import TransferDone
 from asynchicache.hierarchy.node import RadixNode
 from asynchicache.hierarchy.parts import CacheParts
 from asynchicache.hierarchy.results import LockedPages, MatchHandle, MatchResult
-from asynchicache.storage.base import Completion, TicketKind
+from asynchicache.storage.base import Completion
 
 log = logging.getLogger(__name__)
 
 
-class Loader:
-    """Starts loads, steps them through their phases and reports them once done."""
+class PageLoads:
+    """The cache's KV page loads (L3/L4 -> L2 -> L1): starts them, steps them through their
+    phases and reports them once done. (Not the model weights' `model.loader`.)"""
 
     def __init__(self, parts: CacheParts, evictor: Evictor) -> None:
         self.parts = parts
@@ -152,7 +155,7 @@ class Loader:
             return
         job.slots = slots
         job.phase, job.op = LoadPhase.READING, op
-        p.storage_ops[op] = job
+        p.tickets.add(op, job)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -160,18 +163,16 @@ class Loader:
         p = self.parts
         job.op = None
         slots = job.slots
-        k = max(0, min(c.pages_ok, len(slots)))
-        if not c.settled:
+        end = p.tickets.read_done(c, slots)
+        if end.quarantined:
             # The service may still write these slots: none of them is read or reused.
             job.read_settled = False
-            p.host.move(slots, SlotState.LOADING, SlotState.LOAD_QUARANTINED)
-            p.unsettled[c.ticket] = Unsettled(TicketKind.LOAD, slots)
-            p.counters.slots_quarantined += len(slots)
-            p.counters.tickets_late += not job.cancelled
-            job.slots, k = [], 0
-        else:
-            p.host.move(slots[k:], SlotState.LOADING, SlotState.FREE)
-            job.slots = slots[:k]
+            p.host.move(end.quarantined, SlotState.LOADING, SlotState.LOAD_QUARANTINED)
+            p.counters.slots_quarantined += len(end.quarantined)
+            p.counters.tickets_late += end.late
+        p.host.move(end.empty, SlotState.LOADING, SlotState.FREE)
+        job.slots = end.landed
+        k = len(end.landed)
         if c.error is not None or k < len(slots):
             job.errors.append(f"storage delivered {k} of {len(slots)} pages: {c.error}")
         job.ticket.pages_from_remote += min(c.pages_from_remote, k)
@@ -322,7 +323,7 @@ class Loader:
         """
         p = self.parts
         job.errors.append(error)
-        ops = p.storage_ops if job.phase is LoadPhase.READING else p.transfers
+        ops = p.tickets.open if job.phase is LoadPhase.READING else p.transfers
         in_flight = job.op is not None and ops.get(job.op) is job
         if job.phase is LoadPhase.DONE or in_flight:
             return
@@ -376,7 +377,7 @@ class Loader:
         storage = self.parts.storage
         if storage is None or job.op is None:
             return
-        job.cancelled = True
+        self.parts.tickets.give_up(job.op)  # what lands now is not late: it was cancelled
         try:
             storage.cancel(job.op)
         except Exception:

@@ -5,7 +5,8 @@ evicted) and its slots are WRITING until the copy lands. A store only holds
 the L2 copies it reads (`host_ref`), so a slow disk does not pin L1 pages; its
 slots are STORING until the completion, and STORE_QUARANTINED (still held,
 bytes unchanged) until `Settled` when the completion was a timeout the service
-may outlive. Past the quarantine cap no store starts.
+may outlive (the storage ticket's lifecycle is `SlotTickets`', slot_tickets.py, shared
+with the vLLM connector). Past the quarantine cap no store starts.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ import logging
 import time
 from collections.abc import Sequence
 
+from asynchicache.common.disk_admission import DiskAdmission
 from asynchicache.hierarchy.eviction import Evictor
-from asynchicache.hierarchy.l2.jobs import StoreJob, Unsettled, WriteJob
+from asynchicache.hierarchy.l2.jobs import StoreJob, WriteJob
 from asynchicache.hierarchy.l2.ledger import SlotState
+from asynchicache.hierarchy.l2.slot_tickets import Unsettled
 from asynchicache.hierarchy.l2.transfer import TransferDone
 from asynchicache.hierarchy.node import RadixNode
 from asynchicache.hierarchy.parts import CacheParts
 from asynchicache.settings.config import WritePolicy
-from asynchicache.storage.base import Completion, PageRef, TicketKind
-from asynchicache.storage.disk.disk_admission import DiskAdmission
+from asynchicache.storage.base import Completion, PageRef
 
 log = logging.getLogger(__name__)
 
@@ -252,21 +254,21 @@ class Writer:
             p.host.move(slots, SlotState.STORING, SlotState.READY)
             p.tree.release_host(deepest)
             return
-        p.storage_ops[ticket] = StoreJob(deepest, slots)
+        p.tickets.add(ticket, StoreJob(deepest, slots))
 
     def on_store(self, job: StoreJob, c: Completion) -> None:
         p = self.parts
-        if not c.settled:
+        end = p.tickets.store_done(c, job.slots, hold=job.deepest)
+        if end.quarantined:
             # The service may still read these slots: keep them held and unchanged.
             p.host.move(job.slots, SlotState.STORING, SlotState.STORE_QUARANTINED)
-            p.unsettled[c.ticket] = Unsettled(TicketKind.STORE, job.slots, job.deepest)
             p.counters.slots_quarantined += len(job.slots)
             p.counters.tickets_late += 1
             p.counters.store_failures += 1
             log.warning("store of %d pages timed out (%s); slots held until settled",
                         len(job.slots), c.error)  # fmt: skip
             return
-        stored = c.error is None and c.pages_ok >= len(job.slots)
+        stored = end.stored
         if stored:
             p.latency.observe("store", "disk", time.monotonic() - job.started)
         try:
@@ -281,7 +283,7 @@ class Writer:
         finally:
             p.tree.release_host(job.deepest)
 
-    def settle_store(self, record: Unsettled) -> None:
+    def settle_store(self, record: Unsettled[RadixNode]) -> None:
         """A timed-out store settled: its slots are the cache's again (not known stored)."""
         p = self.parts
         p.host.move(record.slots, SlotState.STORE_QUARANTINED, SlotState.READY)

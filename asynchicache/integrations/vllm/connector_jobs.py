@@ -1,4 +1,10 @@
-"""The scheduler side's jobs: who fills or reads which L2 slots, until it reports."""
+"""The scheduler side's jobs: who fills or reads which L2 slots, until it reports.
+
+Worker copies (COPY_IN, SAVE_COPY) are `HostTier.jobs`'; service tickets (PREFETCH,
+STORE) are booked in `HostTier.tickets`, the L2 ticket lifecycle our hierarchy shares
+(hierarchy/l2/slot_tickets.py: landed, empty and quarantined slots, given-up loads,
+`Settled`). What stays here is vLLM's: the request a job serves, its lookup, and how
+its pages are named in KV events."""
 
 from __future__ import annotations
 

@@ -198,7 +198,7 @@ class SchedulerSide:
         elif lk.phase is Phase.LOADING and now - lk.loading_since > self.config.prefetch_timeout_s:
             # Give up on it (the slots stay WRITING until the ticket ends) and recompute.
             self.stats.add("prefetch_failures")
-            self.link.cancel(lk.load_job)
+            self.host.give_up(lk.load_job)
             self._answer(lk)
         self._go_unless_worth_waiting(lk)
         if lk.phase is not Phase.ANSWERED:

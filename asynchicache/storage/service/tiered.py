@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from asynchicache.common.deadline import Deadline
+from asynchicache.common.disk_admission import DiskAdmission
 from asynchicache.common.tiers import Tier
 from asynchicache.storage.base import (
     BackendStats,
@@ -54,7 +55,6 @@ from asynchicache.storage.base import (
     StatsCounter,
     StorageBackend,
 )
-from asynchicache.storage.disk.disk_admission import DiskAdmission
 from asynchicache.storage.disk.disk_backend import DiskBackend, DiskConfig
 from asynchicache.storage.events import EventLog
 from asynchicache.storage.write_behind import StagedPages, WriteBehind, stage

@@ -1,16 +1,21 @@
 """This vLLM instance's L2 segment, the line to the cache service, and the jobs over them.
 
-The scheduler side (scheduler.py) decides what to look up, load and save;
+The scheduler side (scheduler_side.py) decides what to look up, load and save;
 `HostTier` owns what those decisions move: the shared-memory pool and its
 slot index (host_index.py), the `ServiceLink`, and every job in flight with
-the slots it holds (jobs.py), until the worker or the service reports it:
+the slots it holds (connector_jobs.py), until the worker or the service reports it:
 
 * worker reports (`worker_reports`): a copy job is done when every
   tensor-parallel rank reported it (ranks.py); a finished save is published
   in L2 and handed to the service to store (`store`), a failed one freed;
-* service events (`poll`): stores finish and free their pins here; a
-  prefetch (L3/L4 -> L2) publishes what it read (`Prefetched`), and the
-  service's "exists" answers go to the lookup that asked;
+* service tickets (`poll`) go through the L2 ticket lifecycle our own hierarchy
+  uses, `SlotTickets` (hierarchy/l2/slot_tickets.py): a store finishes and drops
+  its readers; a prefetch (L3/L4 -> L2) publishes the pages that landed
+  (`Prefetched`) and frees the slots it left empty; a ticket that ended
+  unsettled (timed out, or given up by its lookup: `give_up`) keeps its slots
+  quarantined (a load's WRITING, a store's read) until its `Settled`; a given-up
+  prefetch that lands settled still publishes its pages, for later requests;
+  the service's "exists" answers go to the lookup that asked;
 * KV events (kv_events.py) for what L2 and the service now hold.
 """
 
@@ -21,12 +26,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from asynchicache.hierarchy.l2.slot_tickets import SlotTickets
 from asynchicache.hierarchy.pools import HostPool, KVLayout
 from asynchicache.integrations.vllm.connector_config import ConnectorConfig
 from asynchicache.integrations.vllm.connector_jobs import Job, JobKind
 from asynchicache.integrations.vllm.connector_stats import AsynchicacheStats
 from asynchicache.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_STORAGE, KVEventLog
-from asynchicache.integrations.vllm.l2.host_index import HostIndex
+from asynchicache.integrations.vllm.l2.host_index import HostIndex, SlotUse
 from asynchicache.integrations.vllm.l2.service_link import ExistsAnswer, LinkEvent, ServiceLink
 from asynchicache.integrations.vllm.layouts.ranks import ReportTally
 from asynchicache.integrations.vllm.metadata import AsynchicacheWorkerMeta
@@ -34,6 +40,8 @@ from asynchicache.integrations.vllm.spec import VllmKVSpec
 from asynchicache.storage.base import Completion, PageLayout, PageRef, Settled, TicketKind
 
 log = logging.getLogger(__name__)
+
+_SERVICE_JOBS = frozenset({JobKind.PREFETCH, JobKind.STORE})  # booked in `SlotTickets`
 
 _PREFAULT_BYTES = 256 << 20
 
@@ -82,7 +90,9 @@ class HostTier:
         page = PageLayout(str(spec.dtype).removeprefix("torch."), layout.page_shape)
         self.link = ServiceLink(config, namespace, self.pool.name, page)
         self._ids = itertools.count(1)
-        self.jobs: dict[int, Job] = {}
+        self.jobs: dict[int, Job] = {}  # worker copies (COPY_IN, SAVE_COPY), by job id
+        # Service tickets (PREFETCH, STORE) by job id (the link's ticket numbers).
+        self.tickets: SlotTickets[Job, Job] = SlotTickets()
         self._reports = ReportTally(spec.tp_size)  # worker reports: one per rank and job
 
     def next_id(self) -> int:
@@ -92,8 +102,18 @@ class HostTier:
         if job.described is None:  # its request is live now; it may be gone when job is done
             job.described = self._describe(job.req_id)
         job_id = next(self._ids)
-        self.jobs[job_id] = job
+        if job.kind in _SERVICE_JOBS:
+            self.tickets.add(job_id, job)
+        else:
+            self.jobs[job_id] = job
         return job_id
+
+    def give_up(self, job_id: int) -> None:
+        """The lookup waits no more for prefetch `job_id`: the service is asked to skip it.
+        Its slots stay the ticket's until it ends (quarantined while unsettled); what
+        lands settled is still published, for later requests."""
+        if self.tickets.give_up(job_id):
+            self.link.cancel(job_id)
 
     # -- worker reports ---------------------------------------------------------
 
@@ -147,31 +167,32 @@ class HostTier:
     def _on_event(self, event: LinkEvent) -> ExistsAnswer | Prefetched | None:
         if isinstance(event, ExistsAnswer):
             return event
-        job = self.jobs.get(event.ticket)  # the link's job id
+        if isinstance(event, Settled):  # the service touches the ticket's slots no more
+            record = self.tickets.settle(event)
+            if record is not None and record.kind is TicketKind.LOAD:
+                self.index.release(record.slots)
+            elif record is not None:
+                self.index.drop_readers(record.slots)
+            return None
+        job = self.tickets.take(event.ticket)  # the link's job id
         if job is None:
             return None
-        if isinstance(event, Settled):
-            del self.jobs[event.ticket]
-            if job.kind is JobKind.PREFETCH:
-                self.index.release(job.slots)
-            else:
-                self.index.drop_readers(job.slots)
-        elif event.kind is TicketKind.LOAD:
-            return self._prefetched(event.ticket, job, event)
+        if event.kind is TicketKind.LOAD:
+            return self._prefetched(job, event)
+        end = self.tickets.store_done(event, job.slots, job)
+        self.stats.add("pages_stored", event.pages_ok)
+        if event.error:
+            self.stats.add("store_failures")
+            log.info("asynchicache store: %s", event.error)
         else:
-            self.stats.add("pages_stored", event.pages_ok)
-            if event.error:
-                self.stats.add("store_failures")
-                log.info("asynchicache store: %s", event.error)
-            else:
-                self.announce(job, job.pages, MEDIUM_STORAGE)
-            if event.settled:
-                del self.jobs[event.ticket]
-                self.index.drop_readers(job.slots)
+            self.announce(job, job.pages, MEDIUM_STORAGE)
+        if not end.quarantined:
+            self.index.drop_readers(job.slots)
         return None
 
-    def _prefetched(self, job_id: int, job: Job, done: Completion) -> Prefetched:
-        ok = done.pages_ok if done.settled else 0
+    def _prefetched(self, job: Job, done: Completion) -> Prefetched:
+        end = self.tickets.read_done(done, job.slots, job)
+        ok = len(end.landed)
         if done.error and ok < done.pages_requested:
             self.stats.add("prefetch_failures")
             log.info(
@@ -185,12 +206,17 @@ class HostTier:
             if slot is not None:
                 ready.append(slot)
         self.announce(job, fresh, MEDIUM_CPU)
-        if done.settled:
-            self.index.release(job.slots[ok:])
-            del self.jobs[job_id]
-        else:  # the service may still write into them: quarantined until Settled
-            job.slots = job.slots[ok:]
+        self.index.release(end.empty)  # quarantined ones stay WRITING until Settled
         return Prefetched(job, ready, done)
+
+    def check_integrity(self) -> None:
+        """The index's own invariants, and every quarantined slot still WRITING (a load's:
+        never published or reused) or read (a store's: never evicted) until Settled."""
+        self.index.check_integrity()
+        for slot in self.tickets.quarantined(TicketKind.LOAD):
+            assert self.index.use(slot) is SlotUse.WRITING, f"quarantined slot {slot} reused"
+        for slot in self.tickets.quarantined(TicketKind.STORE):
+            assert self.index.readers(slot) > 0, f"slot {slot} of a late store is not held"
 
     def close(self) -> None:
         self.link.close()

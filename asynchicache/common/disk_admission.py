@@ -1,11 +1,12 @@
 """L2 -> L3 admission: which pages are worth a disk write (--disk-admit-hits, --disk-admit-tokens).
 
 One rule for both places that write to disk: the engine's store of L2 pages
-(cache.writes: `hits` is the page's hit count, `tokens` its prompt's length up to
-and including it) and the cache service's promotion of pages read from L4
+(hierarchy.l2.writes: `hits` is the page's hit count, `tokens` its prompt's length up
+to and including it) and the cache service's promotion of pages read from L4
 (storage.service.tiered: a load is one hit, `tokens` the chain's length). Both limits 0
 admits everything; otherwise a page is admitted when it is hot enough or its
-prompt long enough.
+prompt long enough. It lives in common/ because both layers apply it: the hierarchy
+no longer reaches into the disk backend's folder for a policy.
 """
 
 from __future__ import annotations
