@@ -491,13 +491,13 @@ class Engine:
 
     def l2_pages(self) -> dict[bytes, torch.Tensor]:
         """Every READY page in L2, by hash."""
-        from asynchicache.integrations.vllm.l2.host_index import SlotUse
+        from asynchicache.hierarchy.l2.ledger import SlotState
 
         side = self.side
         pool = side.pool.tensor
         out = {}
         for slot in range(side.index.num_slots):
-            if side.index.use(slot) is SlotUse.READY:
+            if side.index.use(slot) is SlotState.READY:
                 out[side.index._slots[slot].page_hash] = pool[slot].clone()
         return out
 

@@ -29,6 +29,7 @@ from settling import wait_until
 
 from asynchicache.common.keys import Namespace
 from asynchicache.hierarchy.hierarchy import HiRadixCache
+from asynchicache.hierarchy.l2.ledger import SlotState
 from asynchicache.hierarchy.l2.slot_tickets import SlotTickets
 from asynchicache.hierarchy.pools import HostPool, KVLayout
 from asynchicache.hierarchy.results import MatchResult
@@ -232,7 +233,7 @@ class Connector:
         return answers[-1]
 
     def start_load(self) -> None:  # as SchedulerSide._read
-        slots = self.host.index.allocate(PAGES)
+        slots = self.host.index.allocate(PAGES, SlotState.LOADING)
         assert slots is not None
         refs = self._refs(slots)
         self.job = self.host.register(Job(JobKind.PREFETCH, "reader", slots, refs, 7))

@@ -46,6 +46,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from asynchicache.hierarchy.l2.ledger import SlotState
 from asynchicache.integrations.vllm.block_lookup import Lookup, Phase, RequestChain, TierSplit
 from asynchicache.integrations.vllm.connector_config import ConnectorConfig
 from asynchicache.integrations.vllm.connector_jobs import Job, JobKind
@@ -196,7 +197,7 @@ class SchedulerSide:
         elif lk.phase is Phase.ROOM:
             self._read(lk, now - lk.loading_since > self.config.prefetch_timeout_s)
         elif lk.phase is Phase.LOADING and now - lk.loading_since > self.config.prefetch_timeout_s:
-            # Give up on it (the slots stay WRITING until the ticket ends) and recompute.
+            # Give up on it (its slots stay the ticket's until it ends) and recompute.
             self.stats.add("prefetch_failures")
             self.host.give_up(lk.load_job)
             self._answer(lk)
@@ -304,7 +305,7 @@ class SchedulerSide:
             self.saves.service_holds(lk.req_id, range(lk.next_page, lk.next_page + pages))
             self._answer(lk)
             return
-        slots = self.index.allocate(room)
+        slots = self.index.allocate(room, SlotState.LOADING)
         assert slots is not None  # room() counts exactly the slots allocate can take
         chain = self._chains[lk.req_id]
         assert isinstance(chain, RequestChain)  # refused requests never ask the service

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asynchicache.integrations.vllm.l2.host_index import HostIndex, SlotUse
+from asynchicache.hierarchy.l2.ledger import SlotState
+from asynchicache.integrations.vllm.l2.host_index import HostIndex
 
 
 def h(i: int) -> bytes:
@@ -35,7 +36,7 @@ def test_pinned_and_writing_slots_are_never_evicted() -> None:
     index.publish(a, h(1))
     index.add_readers([a])
     assert index.allocate(1) is None  # a is read, b is being written
-    assert index.use(b) is SlotUse.WRITING
+    assert index.use(b) is SlotState.WRITING
     index.drop_readers([a])
     assert index.allocate(1) == [a]
     index.check_integrity()
@@ -46,7 +47,7 @@ def test_a_duplicate_page_frees_its_slot_and_bad_transitions_raise() -> None:
     a, b = index.allocate(2)  # type: ignore[misc]
     assert index.publish(a, h(5))
     assert not index.publish(b, h(5))
-    assert index.use(b) is SlotUse.FREE
+    assert index.use(b) is SlotState.FREE
     with pytest.raises(ValueError):
         index.release([a])  # READY, not WRITING
     with pytest.raises(ValueError):
@@ -57,15 +58,27 @@ def test_a_duplicate_page_frees_its_slot_and_bad_transitions_raise() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("apcurx"), st.integers(0, 7)), max_size=60))
+@given(st.lists(st.tuples(st.sampled_from("apcurxlqs"), st.integers(0, 7)), max_size=60))
 def test_any_sequence_of_operations_keeps_the_ledger_whole(ops: list[tuple[str, int]]) -> None:
     index = HostIndex(6)
-    writing: list[int] = []
+    writing: list[int] = []  # WRITING (save copies): published or released later
+    loading: list[int] = []  # LOADING: a read in flight (may end quarantined)
+    quarantined: list[int] = []
     pinned: list[int] = []
     for op, n in ops:
         if op == "a":
             got = index.allocate(n % 4)
             writing += got or []
+        elif op == "l":
+            got = index.allocate(n % 4, SlotState.LOADING)
+            loading += got or []
+        elif op == "q" and loading:  # a read ended unsettled
+            index.quarantine([loading[0]])
+            quarantined.append(loading.pop(0))
+        elif op == "s" and quarantined:  # its Settled
+            index.release([quarantined.pop()])
+        elif op == "p" and loading and n % 2:
+            index.publish(loading.pop(0), h(n))
         elif op == "p" and writing:
             index.publish(writing.pop(0), h(n))
         elif op == "r" and writing:
@@ -82,4 +95,7 @@ def test_any_sequence_of_operations_keeps_the_ledger_whole(ops: list[tuple[str, 
             assert (got is not None) == (room >= 1)  # room() counts what allocate can take
         index.check_integrity()
         for slot in pinned:
-            assert index.use(slot) is SlotUse.READY
+            assert index.use(slot) is SlotState.READY
+        for slot in quarantined:
+            assert index.use(slot) is SlotState.LOAD_QUARANTINED
+        assert index.counts()["quarantined"] == len(quarantined)

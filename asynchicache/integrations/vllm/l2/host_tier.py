@@ -13,7 +13,7 @@ the slots it holds (connector_jobs.py), until the worker or the service reports 
   its readers; a prefetch (L3/L4 -> L2) publishes the pages that landed
   (`Prefetched`) and frees the slots it left empty; a ticket that ended
   unsettled (timed out, or given up by its lookup: `give_up`) keeps its slots
-  quarantined (a load's WRITING, a store's read) until its `Settled`; a given-up
+  quarantined (a load's LOAD_QUARANTINED, a store's read) until its `Settled`; a given-up
   prefetch that lands settled still publishes its pages, for later requests;
   the service's "exists" answers go to the lookup that asked;
 * KV events (kv_events.py) for what L2 and the service now hold.
@@ -26,13 +26,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from asynchicache.hierarchy.l2.ledger import SlotState
 from asynchicache.hierarchy.l2.slot_tickets import SlotTickets
 from asynchicache.hierarchy.pools import HostPool, KVLayout
 from asynchicache.integrations.vllm.connector_config import ConnectorConfig
 from asynchicache.integrations.vllm.connector_jobs import Job, JobKind
 from asynchicache.integrations.vllm.connector_stats import AsynchicacheStats
 from asynchicache.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_STORAGE, KVEventLog
-from asynchicache.integrations.vllm.l2.host_index import HostIndex, SlotUse
+from asynchicache.integrations.vllm.l2.host_index import HostIndex
 from asynchicache.integrations.vllm.l2.service_link import ExistsAnswer, LinkEvent, ServiceLink
 from asynchicache.integrations.vllm.layouts.ranks import ReportTally
 from asynchicache.integrations.vllm.metadata import AsynchicacheWorkerMeta
@@ -206,15 +207,19 @@ class HostTier:
             if slot is not None:
                 ready.append(slot)
         self.announce(job, fresh, MEDIUM_CPU)
-        self.index.release(end.empty)  # quarantined ones stay WRITING until Settled
+        self.index.release(end.empty)
+        self.index.quarantine(end.quarantined)  # the service may still write them
         return Prefetched(job, ready, done)
 
     def check_integrity(self) -> None:
-        """The index's own invariants, and every quarantined slot still WRITING (a load's:
-        never published or reused) or read (a store's: never evicted) until Settled."""
+        """The index's own invariants; the slots of unsettled tickets are exactly the
+        LOAD_QUARANTINED ones (a load's: never published or reused) and read ones (a
+        store's: never evicted) until Settled."""
         self.index.check_integrity()
-        for slot in self.tickets.quarantined(TicketKind.LOAD):
-            assert self.index.use(slot) is SlotUse.WRITING, f"quarantined slot {slot} reused"
+        loads = sorted(self.tickets.quarantined(TicketKind.LOAD))
+        in_ledger = [s for s in range(self.index.num_slots)
+                     if self.index.use(s) is SlotState.LOAD_QUARANTINED]  # fmt: skip
+        assert loads == in_ledger, f"quarantined: tickets {loads}, ledger {in_ledger}"
         for slot in self.tickets.quarantined(TicketKind.STORE):
             assert self.index.readers(slot) > 0, f"slot {slot} of a late store is not held"
 
