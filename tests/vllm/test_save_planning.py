@@ -8,10 +8,10 @@ counted. (Under vLLM's real schedulers: test_scheduling_modes.py.)
 
 from __future__ import annotations
 
+from asynchicache.hierarchy.l2.host_index import HostIndex
 from asynchicache.integrations.vllm.block_lookup import RequestChain
 from asynchicache.integrations.vllm.connector_jobs import Job
 from asynchicache.integrations.vllm.connector_stats import AsynchicacheStats
-from asynchicache.integrations.vllm.l2.host_index import HostIndex
 from asynchicache.integrations.vllm.saves import SavePlanner, saveable_tokens
 
 PAGE, PER_BLOCK = 16, 2

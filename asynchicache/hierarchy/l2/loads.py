@@ -164,7 +164,7 @@ class PageLoads:
         job.op = None
         slots = job.slots
         end = p.tickets.read_done(c, slots)
-        if end.quarantined:
+        if not end.settled:
             # The service may still write these slots: none of them is read or reused.
             job.read_settled = False
             p.host.move(end.quarantined, SlotState.LOADING, SlotState.LOAD_QUARANTINED)

@@ -58,6 +58,7 @@ class ReadEnd:
     landed: list[int]  # leading slots read and verified: the owner adopts them
     empty: list[int]  # slots the read did not fill and nobody touches: free now
     quarantined: list[int]  # the service may still write them: untouched until Settled
+    settled: bool = True  # False: every slot is quarantined, until the ticket's Settled
     late: bool = False  # unsettled though nobody gave it up (a timeout)
 
 
@@ -110,7 +111,7 @@ class SlotTickets(Generic[J, H]):
         slots = list(slots)
         if not c.settled:
             self.unsettled[c.ticket] = Unsettled(TicketKind.LOAD, slots, hold)
-            return ReadEnd([], [], slots, late=not given_up)
+            return ReadEnd([], [], slots, settled=False, late=not given_up)
         k = max(0, min(c.pages_ok, len(slots)))
         return ReadEnd(slots[:k], slots[k:], [])
 

@@ -30,10 +30,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from asynchicache.hierarchy.l2.host_index import HostIndex
 from asynchicache.integrations.vllm.block_lookup import RequestChain
 from asynchicache.integrations.vllm.connector_jobs import Job, JobKind
 from asynchicache.integrations.vllm.connector_stats import AsynchicacheStats
-from asynchicache.integrations.vllm.l2.host_index import HostIndex
 from asynchicache.integrations.vllm.metadata import CopyJob
 from asynchicache.storage.base import PageRef
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from asynchicache.hierarchy.l2.host_index import HostIndex
 from asynchicache.hierarchy.l2.ledger import SlotState
-from asynchicache.integrations.vllm.l2.host_index import HostIndex
 
 
 def h(i: int) -> bytes:

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from asynchicache.hierarchy.l2.host_index import HostIndex
 from asynchicache.hierarchy.l2.ledger import SlotState
 from asynchicache.hierarchy.l2.slot_tickets import SlotTickets
 from asynchicache.hierarchy.pools import HostPool, KVLayout
@@ -33,7 +34,6 @@ from asynchicache.integrations.vllm.connector_config import ConnectorConfig
 from asynchicache.integrations.vllm.connector_jobs import Job, JobKind
 from asynchicache.integrations.vllm.connector_stats import AsynchicacheStats
 from asynchicache.integrations.vllm.kv_events import MEDIUM_CPU, MEDIUM_STORAGE, KVEventLog
-from asynchicache.integrations.vllm.l2.host_index import HostIndex
 from asynchicache.integrations.vllm.l2.service_link import ExistsAnswer, LinkEvent, ServiceLink
 from asynchicache.integrations.vllm.layouts.ranks import ReportTally
 from asynchicache.integrations.vllm.metadata import AsynchicacheWorkerMeta

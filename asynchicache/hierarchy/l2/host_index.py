@@ -1,4 +1,8 @@
-"""The L2 segment's slots as the scheduler side sees them: what each holds, who touches it.
+"""`HostIndex`: L2 slots indexed by page hash, for a user of L2 without our radix tree.
+
+The vLLM connector's scheduler side keeps its L2 segment here (our hierarchy keeps
+its slots in its tree's nodes): what each slot holds, who touches it. Its states,
+ledger and storage tickets are the hierarchy's own (ledger.py, slot_tickets.py).
 
 Invariants (`check_integrity` makes them executable):
 
