@@ -98,7 +98,9 @@ class Hierarchy:
         self.proc = ServiceProcess(tmp_path / "kv", address).start()
         self.pool = HostPool.create(self.LAYOUT, 8)
         page = PageLayout("float32", self.LAYOUT.page_shape)
-        self.client = StorageClient(ClientConfig(address, self.NS.encode(), self.pool.name, page))
+        # Lookups may wait (a test on a busy host), unlike an engine's step.
+        client = ClientConfig(address, self.NS.encode(), self.pool.name, page, exists_timeout_s=5)
+        self.client = StorageClient(client)
         cfg = CacheConfig(
             page_size=PAGE,
             device_cache_tokens=8 * PAGE,
@@ -144,9 +146,9 @@ class Hierarchy:
         assert host is not None
         return host.free
 
-    def served(self) -> int:
-        found = self.cache.lookup(TOKENS)
-        return (found["device"] + found["host"]) // PAGE
+    def served(self) -> int:  # from the tree alone: a lookup would ask the frozen service
+        nodes = [n for n in self.cache.tree.iter_nodes() if not n.is_root]
+        return sum(n.num_pages for n in nodes if n.device is not None or n.host is not None)
 
     def check(self) -> None:
         self.cache.check_integrity()

@@ -108,12 +108,12 @@ class SlotTickets(Generic[J, H]):
         """A load ticket's Completion over its `slots` (in page order)."""
         given_up = c.ticket in self._given_up
         self._given_up.discard(c.ticket)
-        slots = list(slots)
+        owned = list(slots)
         if not c.settled:
-            self.unsettled[c.ticket] = Unsettled(TicketKind.LOAD, slots, hold)
-            return ReadEnd([], [], slots, settled=False, late=not given_up)
-        k = max(0, min(c.pages_ok, len(slots)))
-        return ReadEnd(slots[:k], slots[k:], [])
+            self.unsettled[c.ticket] = Unsettled(TicketKind.LOAD, owned, hold)
+            return ReadEnd([], [], list(owned), settled=False, late=not given_up)
+        k = max(0, min(c.pages_ok, len(owned)))
+        return ReadEnd(owned[:k], owned[k:], [])
 
     def store_done(self, c: Completion, slots: Sequence[int], hold: H | None = None) -> StoreEnd:
         """A store ticket's Completion over its `slots`."""
