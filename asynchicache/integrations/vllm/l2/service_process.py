@@ -37,6 +37,7 @@ from asynchicache.settings.config import CacheConfig, ServiceTuning
 from asynchicache.storage.messages import ServiceSettings
 from asynchicache.storage.service import service_cli
 from asynchicache.storage.service.service_config import (
+    ServiceConfig,
     default_runtime_dir,
     prepare_address,
     prepare_runtime_dir,
@@ -83,10 +84,10 @@ def lock_path(address: str) -> Path:
     return default_runtime_dir() / f"{tag}.lock"
 
 
-def service_args(config: ConnectorConfig) -> list[str]:
-    """The service's own flags for what the connector was configured with: written from
-    the service's flag table (storage.service.config.service_argv), every flag of it."""
-    cache = CacheConfig(
+def _service_cache(config: ConnectorConfig) -> CacheConfig:
+    """The connector's keys as the tier settings of the service it starts: the one place
+    they change form (`service_config` and `service_args` both read this)."""
+    return CacheConfig(
         disk_cache_dir=config.disk_cache_dir,
         disk_cache_gb=config.disk_cache_gb,
         remote_url=config.remote_url,
@@ -94,17 +95,36 @@ def service_args(config: ConnectorConfig) -> list[str]:
         cache_key_file=config.cache_key_file,
         cache_encrypt=config.cache_encrypt,
     )
-    args = ["--disk-cache-dir", str(config.disk_cache_dir), "--socket", config.service_address]
-    args += service_argv(cache, ServiceTuning())
-    args += ["--log-level", config.service_log_level]
-    if not config.direct_io:
-        args.append("--no-direct-io")
-    return args
+
+
+def service_config(config: ConnectorConfig) -> ServiceConfig:
+    """The service this connector starts when none answers at its address, built as
+    `serve` and the service's own command line build theirs
+    (`ServiceConfig.from_configs`). Its `settings` are what the connector's lease asks
+    for (`service_settings`), read by the same property the service reads its own with."""
+    return ServiceConfig.from_configs(
+        _service_cache(config),
+        ServiceTuning(),
+        config.service_address,
+        direct_io=config.direct_io,
+    )
 
 
 def service_settings(config: ConnectorConfig) -> ServiceSettings:
     """The settings of the service this connector would start: what its lease asks for."""
-    return service_cli.config_from_args(service_args(config)).settings
+    return service_config(config).settings
+
+
+def service_args(config: ConnectorConfig) -> list[str]:
+    """The flags that start `service_config(config)` (the child parses them back into an
+    equal config; tests/vllm/parts/test_vllm_service_process.py): written from the
+    service's flag table (storage/service/service_config.py, `service_argv`)."""
+    args = ["--disk-cache-dir", str(config.disk_cache_dir), "--socket", config.service_address]
+    args += service_argv(_service_cache(config), ServiceTuning())
+    args += ["--log-level", config.service_log_level]
+    if not config.direct_io:
+        args.append("--no-direct-io")
+    return args
 
 
 def spawn_service(config: ConnectorConfig) -> subprocess.Popen:
