@@ -16,17 +16,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DiskAdmission:
-    min_hits: int = 0  # --disk-admit-hits (0: hits do not admit)
-    min_tokens: int = 0  # --disk-admit-tokens (0: length does not admit)
+    """CacheConfig's two fields of the same names (one name everywhere, issue 43)."""
+
+    disk_admit_hits: int = 0  # --disk-admit-hits (0: hits do not admit)
+    disk_admit_tokens: int = 0  # --disk-admit-tokens (0: length does not admit)
 
     def __post_init__(self) -> None:
-        if self.min_hits < 0 or self.min_tokens < 0:
+        if self.disk_admit_hits < 0 or self.disk_admit_tokens < 0:
             raise ValueError(
                 f"--disk-admit-hits and --disk-admit-tokens must be >= 0, got "
-                f"{self.min_hits} and {self.min_tokens}"
+                f"{self.disk_admit_hits} and {self.disk_admit_tokens}"
             )
 
     def admits(self, hits: int, tokens: int) -> bool:
-        if self.min_hits == 0 and self.min_tokens == 0:
+        if self.disk_admit_hits == 0 and self.disk_admit_tokens == 0:
             return True
-        return (0 < self.min_hits <= hits) or (0 < self.min_tokens <= tokens)
+        return (0 < self.disk_admit_hits <= hits) or (0 < self.disk_admit_tokens <= tokens)

@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 
 RESYNC_EVERY_S = 1.0  # how often to retry asking the service for its contents
 CONTENTS_TIMEOUT_S = 30.0
-DEFAULT_POOL = "pool:asynchicache"
+DEFAULT_POOL = LaunchConfig.kv_events_pool  # serve's --kv-events-pool: defined there
 
 
 @dataclass(frozen=True)

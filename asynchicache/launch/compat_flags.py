@@ -127,8 +127,8 @@ SGLANG = (
                accepts=("best_effort", "wait_complete", "timeout")),
     CompatFlag(Peer.SGLANG, "--hicache-storage-backend-extra-config",
                "JSON (or @file.json): prefetch_threshold -> --min-load-tokens, "
-               "prefetch_timeout_base -> --prefetch-timeout, prefetch_timeout_per_ki_token -> "
-               "--prefetch-timeout-per-ki-token; hicache_storage_pass_prefix_keys and "
+               "prefetch_timeout_base -> --prefetch-timeout-s, prefetch_timeout_per_ki_token -> "
+               "--prefetch-timeout-per-ki-token-s; hicache_storage_pass_prefix_keys and "
                "direct_io true hold already (pages are named by their whole prefix; O_DIRECT "
                "when aligned); host/port/db/password for redis/valkey", value=str),
     CompatFlag(Peer.SGLANG, "ENV:SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR",

@@ -200,8 +200,8 @@ def _sglang(r: _Resolution, environ: Mapping[str, str]) -> None:
     base = _number(r, extra, "prefetch_timeout_base", float, SGLANG_TIMEOUT_BASE_S)
     per_ki = _number(r, extra, "prefetch_timeout_per_ki_token", float,
                      SGLANG_TIMEOUT_PER_KI_TOKEN_S)  # fmt: skip
-    r.set("prefetch_timeout", float(base) or SGLANG_TIMEOUT_BASE_S, src)
-    r.set("prefetch_timeout_per_ki_token", float(per_ki), src)
+    r.set("prefetch_timeout_s", float(base) or SGLANG_TIMEOUT_BASE_S, src)
+    r.set("prefetch_timeout_per_ki_token_s", float(per_ki), src)
     if "prefetch_threshold" in extra:
         r.set("min_load_tokens", int(_number(r, extra, "prefetch_threshold", int, 0)),
               "prefetch_threshold")  # fmt: skip

@@ -1,6 +1,11 @@
 """`serve --config FILE.yaml`: a YAML mapping of flag names to values, read as the flags'
 defaults (so the command line wins), each value checked as the flag would parse it.
 
+A key is a flag's name without its dashes, `-` or `_` alike (`disk-cache-gb`,
+`disk_cache_gb`: the field's own name), so one setting has one name from flag to YAML to
+config field; a flag's deprecated name (config_flags.DEPRECATED_FLAGS) is read as its new
+one, and a setting given under both names is an error. `accepted_keys` lists them all.
+
 A value must have the flag's type as YAML reads it: a string flag (`api-key`, `host`,
 `model`...) takes a string only, so `api-key: 12345` (a YAML integer; `012345` would
 even be octal) is an error naming the key rather than a key that never matches; an
@@ -11,9 +16,15 @@ integer flag takes an integer (not 80.5, not true); a float flag a finite number
 from __future__ import annotations
 
 import argparse
+import logging
+from collections.abc import Mapping
 from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
+
+from asynchicache.settings.config_flags import DEPRECATED_FLAGS
+
+log = logging.getLogger(__name__)
 
 
 def _typed(action: argparse.Action, value: Any, where: str) -> Any:
@@ -87,22 +98,44 @@ def config_file_defaults(parser: argparse.ArgumentParser, path: Path) -> dict[st
         return {}
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: expected a mapping of flag names to values")
-    # By the flag's name (`no-arrival-prefetch`, `hicache-ratio`), not its dest: ours with
-    # - or _ alike; other servers' flags (dest compat_*) as they spell them, where ours
-    # with the same name in the other spelling wins (LightLLM's disk_cache_dir means ours).
-    actions: dict[str, argparse.Action] = {}
-    for a in parser._actions:
-        for opt in a.option_strings if a.dest not in ("help", "config") else ():
-            theirs = a.dest.startswith("compat_")
-            actions.setdefault(opt.lstrip("-") if theirs else _key(opt), a)
+    actions = accepted_keys(parser)
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}  # dest -> the key that set it
     for key, value in data.items():
         action = actions.get(_key(str(key))) or actions.get(str(key).lstrip("-"))
         if action is None:
-            known = ", ".join(sorted(k.replace("_", "-") for k in actions))
+            old = {_key(flag) for flag in DEPRECATED_FLAGS}  # accepted, not advertised
+            known = ", ".join(sorted(k.replace("_", "-") for k in actions if k not in old))
             raise ValueError(f"--config {path}: unknown flag {key!r}; known: {known}")
+        if action.dest in given:
+            first = given[action.dest]
+            raise ValueError(
+                f"--config {path}: {first!r} and {key!r} set the same flag (one is the other's "
+                "deprecated name); give one"
+            )
+        new = DEPRECATED_FLAGS.get("--" + _key(str(key)).replace("_", "-"))
+        if new is not None:
+            log.warning("--config %s: %s is deprecated: use %s", path, key, new.lstrip("-"))
+        given[action.dest] = str(key)
         out[action.dest] = _file_value(action, str(key), value, path)
     return out
+
+
+def accepted_keys(parser: argparse.ArgumentParser) -> Mapping[str, argparse.Action]:
+    """Every key a `--config` file may hold -> the flag (action) it sets.
+
+    By the flag's name (`no-arrival-prefetch`, `hicache-ratio`), not its dest: ours with
+    - or _ alike (keyed by the `_` spelling); other servers' flags (dest compat_*) as they
+    spell them, where ours with the same name in the other spelling wins (LightLLM's
+    disk_cache_dir means ours). A deprecated name maps to its new flag's action."""
+    actions: dict[str, argparse.Action] = {}
+    flags = parser._option_string_actions
+    for action in parser._actions:
+        for opt in action.option_strings if action.dest not in ("help", "config") else ():
+            theirs = action.dest.startswith("compat_")
+            sets = flags.get(DEPRECATED_FLAGS.get(opt, opt), action)
+            actions.setdefault(opt.lstrip("-") if theirs else _key(opt), sets)
+    return actions
 
 
 def _key(flag: str) -> str:

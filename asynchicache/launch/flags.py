@@ -2,7 +2,10 @@
 
 A flag that sets a config field of the same name is written as one line of a table
 (asynchicache.settings.config_flags): its type and default come from the config's default
-instance. Every other flag is spelled out.
+instance. Every other flag is spelled out. Each flag is its field's name, unit included
+(`--storage-timeout-s` sets `storage_timeout_s`); the names of earlier releases stay as
+hidden, deprecated aliases (config_flags.DEPRECATED_FLAGS; docs/operations.md).
+tests/server/test_config_vocabulary.py walks every flag back to its one field.
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ from asynchicache.settings.config import (
     ServerConfig,
     default_disk_cache_dir,
 )
-from asynchicache.settings.config_flags import WITH_DEFAULT, add_config_flags, finite_float
+from asynchicache.settings.config_flags import (
+    WITH_DEFAULT,
+    add_config_flags,
+    add_deprecated_aliases,
+    finite_float,
+)
 from asynchicache.storage.service.service_config import add_service_flags
 
 API_KEY_ENV = "ASYNCHICACHE_API_KEY"
 ADMIN_API_KEY_ENV = "ASYNCHICACHE_ADMIN_API_KEY"
-DEFAULT_STORAGE_TIMEOUT_S = LaunchConfig.storage_timeout_s
 
 
 def _add_server(p: argparse.ArgumentParser) -> None:
@@ -51,15 +58,15 @@ def _add_server(p: argparse.ArgumentParser) -> None:
         help="log verbosity",
     )
     add_config_flags(g, s, {
-        "--startup-timeout": "seconds to wait for the engine to load the model",
-        "--shutdown-timeout": "at SIGTERM, seconds running requests get to finish (then "
+        "--startup-timeout-s": "seconds to wait for the engine to load the model",
+        "--shutdown-timeout-s": "at SIGTERM, seconds running requests get to finish (then "
         "each ends with an error); each child then gets this long (at least 15 s) to stop "
         "before SIGKILL",
-        "--engine-step-timeout": "seconds the engine may go without answering a health ping "
+        "--engine-step-timeout-s": "seconds the engine may go without answering a health ping "
         "(it answers between two steps); longer, it is taken as hung: its requests end with "
         "an error, it is killed and restarted (raise it where one step of "
         "--max-prefill-tokens may take longer: a big model on a slow CPU)",
-        "--request-timeout": "seconds a generation may take from its start to its last token; "
+        "--request-timeout-s": "seconds a generation may take from its start to its last token; "
         "then it is aborted and answered 504 (an error event on a stream)",
     })  # fmt: skip
 
@@ -149,8 +156,8 @@ def _add_cache(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "--write-policy": "when L1 pages are copied to L2",
         "--write-through-threshold": "hits before write_through_selective copies a page",
         "--prefetch-policy": "how long a request waits for its L3/L4 prefix",
-        "--prefetch-timeout": "seconds the 'timeout' prefetch policy waits",
-        "--prefetch-timeout-per-ki-token": "...plus these seconds per 1,024 tokens of the load",
+        "--prefetch-timeout-s": "seconds the 'timeout' prefetch policy waits",
+        "--prefetch-timeout-per-ki-token-s": "...plus these seconds per 1,024 tokens of the load",
         "--max-quarantine-fraction": "share of L2 slots that timed-out storage work may hold "
         "before new storage loads and stores pause",
     })  # fmt: skip
@@ -163,9 +170,9 @@ def _add_cache(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     )
     g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching entirely")
     g.add_argument(
-        "--storage-timeout",
+        "--storage-timeout-s",
         type=finite_float,
-        default=DEFAULT_STORAGE_TIMEOUT_S,
+        default=LaunchConfig.storage_timeout_s,
         metavar="SECONDS",
         help="how long the engine waits for one L3/L4 load or store of the cache service "
         "before it recomputes instead; a service silent for 3x this long is restarted"
@@ -195,11 +202,11 @@ def _add_kv_events(p: argparse.ArgumentParser) -> None:
         help="answer replay requests (vLLM's protocol: batches from a sequence number on) on "
         "this ZeroMQ ROUTER address (vllm-router's --kv-event-replay-source)",
     )
-    g.add_argument("--kv-events-topic", default="", metavar="TOPIC",
+    g.add_argument("--kv-events-topic", default=LaunchConfig.kv_events_topic, metavar="TOPIC",
                    help="the topic frame of every batch (vLLM's; default: empty)")  # fmt: skip
     g.add_argument(
         "--kv-events-pool",
-        default="pool:asynchicache",
+        default=LaunchConfig.kv_events_pool,
         metavar="NAME",
         help="the `ownership` L4 pages (and a shared L3's) are announced under: a router "
         "credits them to every instance and keeps them when this one restarts",
@@ -220,7 +227,7 @@ def _add_exposure(p: argparse.ArgumentParser) -> None:
         "running at once (the next ones wait their turn, fewest-running key first)",
         "--max-waiting-requests": "requests waiting for a turn; past them a 429 with "
         "Retry-After (a key holding most of the queue gives up its newest place first)",
-        "--header-timeout": "seconds a connection may take to send a whole request head "
+        "--header-timeout-s": "seconds a connection may take to send a whole request head "
         "(after it opens, or after its last answer) before it is closed",
     })  # fmt: skip
     g = p.add_argument_group("KV events: who may read them")
@@ -272,4 +279,5 @@ def build_parser() -> argparse.ArgumentParser:
         add_group(p)
     add_compat_flags(p)  # SGLang's, LightLLM's and the seed's flags (launch/compat_flags.py)
     p.set_defaults(host_cache_tokens=None)  # L2 in tokens: only a compatibility flag sets it
+    add_deprecated_aliases(p)  # the names of earlier releases (--storage-timeout, ...)
     return p

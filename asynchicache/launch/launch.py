@@ -198,7 +198,7 @@ async def _watch(
         if engine.silent_kills > hung and client.down is None:
             await client.engine_lost(
                 f"the engine did not answer for {engine.spec.silent_limit_s:g}s (a step "
-                "past --engine-step-timeout, or hung); it was killed and is being restarted"
+                "past --engine-step-timeout-s, or hung); it was killed and is being restarted"
             )
         if dead is not None:
             log.error(

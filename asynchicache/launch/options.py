@@ -3,6 +3,8 @@
 This module only turns parsed flags into configuration (the flags are in `flags.py`, the
 YAML file in `config_file.py`); the configs themselves, their defaults and their
 validation live in `asynchicache.settings.config`. Every size flag counts GiB (2**30 bytes).
+`to_config` is the one place serve's settings become its processes' configs: each
+flag's dest is the name of the field it sets (tests/server/test_config_vocabulary.py).
 
 Other servers' flags (SGLang HiCache, LightLLM, the seed's hiradix flags) are
 written into ours first, with their meanings (launch/compat_flags.py, compat_resolve.py).
@@ -83,22 +85,12 @@ def to_config(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     server = ServerConfig(**config_kwargs(ServerConfig, args))
     engine = EngineConfig(**config_kwargs(EngineConfig, args, device=_device(args)))
     service = ServiceTuning(**config_kwargs(ServiceTuning, args))
+    # The rest of LaunchConfig (storage_timeout_s, host_cache_tokens, kv_events_*): each
+    # flag's dest is its field's name.
     config = LaunchConfig(
-        server,
-        engine,
-        _cache(args),
-        service,
-        host_cache_tokens=args.host_cache_tokens,
-        storage_timeout_s=args.storage_timeout,
-        kv_events_endpoint=args.kv_events_endpoint,
-        kv_events_replay_endpoint=args.kv_events_replay_endpoint,
-        kv_events_allow_remote=args.kv_events_allow_remote,
-        kv_events_curve_secret_key=args.kv_events_curve_secret_key,
-        kv_events_curve_clients=args.kv_events_curve_clients,
-        kv_events_plaintext=args.kv_events_plaintext,
-        kv_events_topic=args.kv_events_topic,
-        kv_events_pool=args.kv_events_pool,
-        kv_events_shared_disk=args.kv_events_shared_disk,
+        **config_kwargs(
+            LaunchConfig, args, server=server, engine=engine, cache=_cache(args), service=service
+        )
     )
     if config.kv_events_endpoint is not None:  # an address others could reach fails now
         from asynchicache.kv_events.publisher import kv_events_config

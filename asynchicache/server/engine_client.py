@@ -245,7 +245,7 @@ class EngineClient:
         except TimeoutError:
             return RequestTimedOut(
                 f"the request did not finish within {self._request_timeout_s:g}s "
-                "(--request-timeout); it was aborted"
+                "(--request-timeout-s); it was aborted"
             )
 
     async def abort(self, rid: str, index: int | None = None) -> None:

@@ -150,7 +150,7 @@ async def drain(client: EngineClient, timeout_s: float) -> None:
         await asyncio.sleep(DRAIN_POLL_S)
     if client.in_flight:
         log.warning(
-            "%d requests still running after --shutdown-timeout %.0fs; ending them",
+            "%d requests still running after --shutdown-timeout-s %.0fs; ending them",
             client.in_flight,
             timeout_s,
         )

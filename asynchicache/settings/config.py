@@ -57,8 +57,9 @@ def default_disk_cache_dir() -> Path:
 
 
 def flag_of(field_name: str) -> str:
-    """The flag that sets a config field: `foo_bar` or `foo_bar_s` (seconds) -> `--foo-bar`."""
-    return "--" + field_name.removesuffix("_s").replace("_", "-")
+    """The flag that sets a config field, unit suffix and all: `foo_bar_s` -> `--foo-bar-s`
+    (settings/config_flags.py: one name per setting, old names as deprecated aliases)."""
+    return "--" + field_name.replace("_", "-")
 
 
 def check_numbers(config: object, flags: Mapping[str, str] | None = None) -> None:
@@ -113,7 +114,7 @@ def check_max_pinned_fraction(value: float) -> None:
 
 
 def check_disk_cache_bytes(value: int) -> None:
-    """--disk-cache-gb, in bytes (the cache service's capacity_bytes)."""
+    """--disk-cache-gb, in bytes (the cache service's and its disk tier's disk_cache_bytes)."""
     if value <= 0:
         raise ValueError(f"--disk-cache-gb must be positive, got {value} bytes")
 
@@ -167,8 +168,8 @@ class CacheConfig:
         _non_negative("--disk-admit-hits", self.disk_admit_hits)
         _non_negative("--disk-admit-tokens", self.disk_admit_tokens)
         _positive("--write-through-threshold", self.write_through_threshold)
-        _positive("--prefetch-timeout", self.prefetch_timeout_s)
-        _non_negative("--prefetch-timeout-per-ki-token", self.prefetch_timeout_per_ki_token_s)
+        _positive("--prefetch-timeout-s", self.prefetch_timeout_s)
+        _non_negative("--prefetch-timeout-per-ki-token-s", self.prefetch_timeout_per_ki_token_s)
         if self.device_cache_tokens < self.page_size:
             raise ValueError(
                 f"--device-cache-tokens ({self.device_cache_tokens}) must hold at least "
@@ -291,16 +292,16 @@ class ServerConfig:
             raise ValueError("--api-key must not be empty")
         if self.admin_api_key is not None and not self.admin_api_key:
             raise ValueError("--admin-api-key must not be empty")
-        _positive("--startup-timeout", self.startup_timeout_s)
-        _positive("--shutdown-timeout", self.shutdown_timeout_s)
-        _positive("--engine-step-timeout", self.engine_step_timeout_s)
-        _positive("--request-timeout", self.request_timeout_s)
+        _positive("--startup-timeout-s", self.startup_timeout_s)
+        _positive("--shutdown-timeout-s", self.shutdown_timeout_s)
+        _positive("--engine-step-timeout-s", self.engine_step_timeout_s)
+        _positive("--request-timeout-s", self.request_timeout_s)
         _positive("--max-request-bytes", self.max_request_bytes)
         if self.max_request_tokens is not None:
             _positive("--max-request-tokens", self.max_request_tokens)
         _positive("--max-concurrent-requests", self.max_concurrent_requests)
         _non_negative("--max-waiting-requests", self.max_waiting_requests)
-        _positive("--header-timeout", self.header_timeout_s)
+        _positive("--header-timeout-s", self.header_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -318,7 +319,7 @@ class ServiceTuning:
         object.__setattr__(self, "disk_sync", SyncMode(self.disk_sync))
         _positive("--io-threads", self.io_threads)
         _positive("--workers", self.workers)
-        _positive("--client-ttl", self.client_ttl_s)
+        _positive("--client-ttl-s", self.client_ttl_s)
 
 
 @dataclass(frozen=True)
@@ -332,7 +333,7 @@ class LaunchConfig:
     # LightLLM's --hiradix_cache_token_num: the host tier's size in tokens,
     # turned into bytes once the model's KV size per token is known.
     host_cache_tokens: int | None = None
-    # --storage-timeout: how long the engine waits for one cache-service ticket (an
+    # --storage-timeout-s: how long the engine waits for one cache-service ticket (an
     # L3/L4 load or store) before it gives up on it; 3x that, silent, restarts the service.
     storage_timeout_s: float = 10.0
     # --kv-events-endpoint / --kv-events-replay-endpoint (kv_events/publisher.py); None: off.
@@ -368,6 +369,6 @@ class LaunchConfig:
             )
         if not (math.isfinite(self.storage_timeout_s) and self.storage_timeout_s > 0):
             raise ValueError(
-                f"--storage-timeout must be a positive number of seconds, "
+                f"--storage-timeout-s must be a positive number of seconds, "
                 f"got {self.storage_timeout_s}"
             )

@@ -171,4 +171,4 @@ def test_the_vllm_connector_passes_encryption_to_the_service_it_starts(tmp_path:
     extra = {"cache_key_file": str(tmp_path / "keys"), "cache_encrypt": "true",
              "disk_cache_dir": str(tmp_path / "kv")}  # fmt: skip
     service = service_cli.config_from_args(service_args(ConnectorConfig.from_extra(extra)))
-    assert service.key_file == tmp_path / "keys" and service.encrypt
+    assert service.cache_key_file == tmp_path / "keys" and service.cache_encrypt

@@ -126,10 +126,10 @@ def test_admission_limits_promotion(
     assert a.put(refs(hashes, range(8)), pool.array) == 8
     assert a.drain(10.0)
     # 8 pages x 4 tokens = 32 tokens < 64: not admitted to B's disk.
-    b = tiers(redis_server.url, "b", admit_tokens=64, page_tokens=4)
+    b = tiers(redis_server.url, "b", disk_admit_tokens=64, page_tokens=4)
     assert b.load(hashes, list(range(8, 16)), pool.array).pages_from_remote == 8
     assert b.drain(10.0) and b.disk.exists(hashes) == 0
-    c = tiers(redis_server.url, "c", admit_tokens=32, page_tokens=4)
+    c = tiers(redis_server.url, "c", disk_admit_tokens=32, page_tokens=4)
     assert c.load(hashes, list(range(8, 16)), pool.array).pages_from_remote == 8
     assert c.drain(10.0) and c.disk.exists(hashes) == 8
 

@@ -24,7 +24,7 @@ def _serve(tmp_path: Path, flags: list[str]) -> ServiceConfig:
 
 
 def _service_cli(tmp_path: Path, flags: list[str], address: str) -> ServiceConfig:
-    argv = ["--disk-cache-dir", str(tmp_path / "kv"), "--socket", address, *flags]
+    argv = ["--disk-cache-dir", str(tmp_path / "kv"), "--address", address, *flags]
     return config_from_args(argv)
 
 
@@ -32,14 +32,24 @@ def test_serve_and_the_service_command_line_agree_on_every_service_flag(tmp_path
     flags = [
         "--disk-cache-gb", "3.5", "--max-pinned-fraction", "0.25",
         "--disk-admit-hits", "2", "--disk-admit-tokens", "100",
-        "--remote-url", REMOTE, "--remote-ttl", "60",
-        "--disk-sync", "file", "--io-threads", "3", "--workers", "2", "--client-ttl", "30.5",
+        "--remote-url", REMOTE, "--remote-ttl-s", "60",
+        "--disk-sync", "file", "--io-threads", "3", "--workers", "2", "--client-ttl-s", "30.5",
     ]  # fmt: skip
     assert {f for f in flags if f.startswith("--")} >= {*CACHE_FLAGS, *TUNING_FLAGS}
     served = _serve(tmp_path, flags)
     assert served == _service_cli(tmp_path, flags, served.address)
-    assert served.remote is not None and served.remote.admit_hits == 2
-    assert served.capacity_bytes == int(3.5 * 2**30) and served.sync == "file"
+    assert served.remote is not None and served.remote.disk_admit_hits == 2
+    assert served.disk_cache_bytes == int(3.5 * 2**30) and served.disk_sync == "file"
+
+
+def test_the_old_flag_names_still_start_the_same_service(tmp_path: Path) -> None:
+    """--remote-ttl, --client-ttl and the service's --socket: deprecated aliases (issue 43)."""
+    new = ["--remote-url", REMOTE, "--remote-ttl-s", "60", "--client-ttl-s", "30.5"]
+    old = ["--remote-url", REMOTE, "--remote-ttl", "60", "--client-ttl", "30.5"]
+    served = _serve(tmp_path, new)
+    assert _serve(tmp_path, old) == served
+    argv = ["--disk-cache-dir", str(tmp_path / "kv"), "--socket", served.address, *old]
+    assert config_from_args(argv) == served
 
 
 def test_the_vllm_launcher_starts_the_service_serve_would(tmp_path: Path) -> None:
@@ -54,5 +64,5 @@ def test_the_vllm_launcher_starts_the_service_serve_would(tmp_path: Path) -> Non
     )
     launched = config_from_args(service_args(connector))
     served = _serve(tmp_path, ["--disk-cache-gb", "3.5", "--remote-url", REMOTE,
-                               "--remote-ttl", "60"])  # fmt: skip
+                               "--remote-ttl-s", "60"])  # fmt: skip
     assert launched == served

@@ -32,7 +32,7 @@ def test_hot_or_long_is_admitted(
 def test_a_promotion_is_one_hit_of_the_chain_length(
     min_hits: int, min_tokens: int, pages: int
 ) -> None:
-    tiered = TieredConfig(admit_hits=min_hits, admit_tokens=min_tokens, page_tokens=16)
+    tiered = TieredConfig(disk_admit_hits=min_hits, disk_admit_tokens=min_tokens, page_tokens=16)
     rule = DiskAdmission(min_hits, min_tokens)
     assert tiered.admits(pages) is rule.admits(hits=1, tokens=16 * pages)
 

@@ -21,7 +21,7 @@ def test_no_flag_given_is_the_dataclass_default(tmp_path: Path) -> None:
         (["--workers", "0"], "--workers"),
         (["--disk-cache-gb", "0"], "--disk-cache-gb"),
         (["--max-pinned-fraction", "2"], "--max-pinned-fraction"),
-        (["--socket", "tcp://10.1.2.3:5555"], "--socket"),
+        (["--address", "tcp://10.1.2.3:5555"], "--address"),
     ],
 )
 def test_a_bad_value_names_its_flag(tmp_path: Path, argv: list[str], flag: str) -> None:

@@ -98,7 +98,7 @@ def kv_rig(
         file_bytes = DiskConfig(tmp_path / "kv", NS.encode(), PAGE_LAYOUT, 1).page_file_bytes
         service = ServiceConfig(tmp_path / "kv", address=f"ipc://{sock_dir}/svc.sock",
                                 workers=1, io_threads=2,
-                                capacity_bytes=disk_pages * file_bytes)  # fmt: skip
+                                disk_cache_bytes=disk_pages * file_bytes)  # fmt: skip
         client = client_in_thread(
             service, ClientConfig("", NS.encode(), pool.name, PAGE_LAYOUT, events=True)
         )

@@ -128,9 +128,9 @@ def _one_round(folder: Path, pool: np.ndarray, pages: int, opts: DiskBenchOption
         folder / "kv",
         _NAMESPACE,
         DEFAULT_LAYOUT,
-        capacity_bytes=1 << 50,
+        disk_cache_bytes=1 << 50,
         io_threads=opts.io_threads,
-        sync=SyncMode(opts.sync),
+        disk_sync=SyncMode(opts.sync),
         direct_io=not opts.no_direct_io,
         keys=PageKeys((os.urandom(32).hex().encode(),), True) if opts.disk_encrypt else None,
     )

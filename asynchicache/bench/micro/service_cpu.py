@@ -47,7 +47,7 @@ def cpu_seconds(pid: int) -> float:
 def measure(pages: int, batch: int, folder: Path) -> dict[str, Any]:
     address = f"ipc://{folder}/service.sock"
     argv = [sys.executable, "-m", "asynchicache", "service",
-            "--disk-cache-dir", str(folder / "kv"), "--socket", address,
+            "--disk-cache-dir", str(folder / "kv"), "--address", address,
             "--no-direct-io", "--log-level", "WARNING"]  # fmt: skip
     service = subprocess.Popen(argv)
     pool = HostPool.create(LAYOUT, pages, tag="bench")

@@ -141,5 +141,5 @@ def server_flags(setup: Setup, plan: ServerPlan) -> list[str]:
     if setup.remote:
         if plan.remote_url is None:
             raise ValueError(f"setup {setup.name} needs a remote URL")
-        flags += ["--remote-url", plan.remote_url, "--remote-ttl", str(plan.remote_ttl_s)]
+        flags += ["--remote-url", plan.remote_url, "--remote-ttl-s", str(plan.remote_ttl_s)]
     return flags + list(plan.extra)

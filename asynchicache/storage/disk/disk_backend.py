@@ -138,8 +138,8 @@ class DiskBackend(StorageBackend):
         self.layout = config.layout
         self.page_bytes = config.layout.page_bytes
         self._folder = config.folder
-        check_disk_folder(config.root)
-        make_private_dir(config.root)
+        check_disk_folder(config.disk_cache_dir)
+        make_private_dir(config.disk_cache_dir)
         check_disk_folder(self._folder, "a namespace folder of --disk-cache-dir")
         make_private_dir(self._folder)
         write_meta(self._folder, config.namespace, config.layout)
@@ -149,7 +149,12 @@ class DiskBackend(StorageBackend):
         self._files = PageFiles(config.namespace, config.layout, keys)
         self.pins = PinStore(self._folder)
         self._space = DiskSpace(
-            config.root, self._folder, config.capacity_bytes, self._index, self.pins, self._path
+            config.disk_cache_dir,
+            self._folder,
+            config.disk_cache_bytes,
+            self._index,
+            self.pins,
+            self._path,
         )
         self._stats = StatsCounter(BackendStats(capacity_bytes=config.capacity_bytes))
         self._count = self._stats.add
@@ -292,17 +297,17 @@ class DiskBackend(StorageBackend):
             now,
             None if ttl_s is None else now + ttl_s,
         )
-        limit_bytes = int(self.config.max_pinned_fraction * self.config.capacity_bytes)
+        limit_bytes = int(self.config.max_pinned_fraction * self.config.disk_cache_bytes)
         with self._space.ledger.locked():
-            limit = check_limit(self.config.root, self._folder, pin, limit_bytes, now)
+            limit = check_limit(self.config.disk_cache_dir, self._folder, pin, limit_bytes, now)
             self.pins.write(pin)
         self._space.refresh_pins()
         return PinResult(pin, self.exists(pages), limit)
 
     def pin_usage(self) -> PinLimit:
         """The folder's pinned bytes now (every namespace) and what pins may hold."""
-        pinned = folder_pinned_bytes(self.config.root, time.time())
-        return PinLimit(pinned, int(self.config.max_pinned_fraction * self.config.capacity_bytes))
+        pinned = folder_pinned_bytes(self.config.disk_cache_dir, time.time())
+        return PinLimit(pinned, int(self.config.max_pinned_fraction * self.config.disk_cache_bytes))
 
     @property
     def pinned_pages(self) -> int:

@@ -25,30 +25,30 @@ from asynchicache.storage.page_keys import PageKeys
 class DiskConfig:
     """One namespace's disk store."""
 
-    root: Path
+    disk_cache_dir: Path  # the folder (--disk-cache-dir); this namespace is a subfolder
     namespace: bytes
     layout: PageLayout
-    capacity_bytes: int  # the whole folder's, every namespace in it
+    disk_cache_bytes: int  # the whole folder's, every namespace in it (--disk-cache-gb)
     io_threads: int = ServiceTuning.io_threads  # page I/O in flight: disks want a deep queue
-    sync: SyncMode = ServiceTuning.disk_sync
+    disk_sync: SyncMode = ServiceTuning.disk_sync
     direct_io: bool = True  # O_DIRECT when the layout and pool are aligned
     scan_wait_s: float = 0.5  # a start waits this long for the index; larger scans go on behind
-    max_pinned_fraction: float = CacheConfig.max_pinned_fraction  # of capacity_bytes
+    max_pinned_fraction: float = CacheConfig.max_pinned_fraction  # of disk_cache_bytes
     keys: PageKeys | None = None  # --cache-key-file: pages carry a keyed MAC (page_keys.py)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "root", Path(self.root))
-        check_disk_cache_bytes(self.capacity_bytes)
+        object.__setattr__(self, "disk_cache_dir", Path(self.disk_cache_dir))
+        check_disk_cache_bytes(self.disk_cache_bytes)
         if self.io_threads <= 0:
             raise ValueError(f"--io-threads must be positive, got {self.io_threads}")
         if not self.namespace:
             raise ValueError("the disk tier needs a non-empty namespace")
         check_max_pinned_fraction(self.max_pinned_fraction)
-        object.__setattr__(self, "sync", SyncMode(self.sync))
+        object.__setattr__(self, "disk_sync", SyncMode(self.disk_sync))
 
     @property
     def folder(self) -> Path:
-        return self.root / namespace_dir_name(self.namespace)
+        return self.disk_cache_dir / namespace_dir_name(self.namespace)
 
     @property
     def page_file_bytes(self) -> int:

@@ -109,7 +109,7 @@ class PageWriter:
             else:
                 pwritev_all(fd, [memoryview(header), body], 0)
             set_mtime(fd, stamp_ns)
-            if self.config.sync is SyncMode.FILE:
+            if self.config.disk_sync is SyncMode.FILE:
                 os.fdatasync(fd)
         except OSError as exc:
             os.close(fd)
@@ -144,7 +144,7 @@ class PageWriter:
         return open_read(path, direct=False), False
 
     def _sync_barrier(self) -> str | None:
-        if self.config.sync is not SyncMode.BATCH:
+        if self.config.disk_sync is not SyncMode.BATCH:
             return None
         try:
             syncfs(self.folder)

@@ -42,7 +42,7 @@ class RedisConfig:
         if not self.namespace:
             raise ValueError("the remote tier needs a non-empty namespace")
         if self.ttl_s is not None and self.ttl_s <= 0:
-            raise ValueError(f"--remote-ttl must be positive seconds, got {self.ttl_s}")
+            raise ValueError(f"--remote-ttl-s must be positive seconds, got {self.ttl_s}")
         if self.io_threads <= 0 or self.batch_pages <= 0:
             raise ValueError("remote io_threads and batch_pages must be positive")
         timeouts = (self.connect_timeout_s, self.socket_timeout_s, self.control_timeout_s)

@@ -1,6 +1,6 @@
 """The cache service: one process per machine that owns L3 and L4 for its engines.
 
-    asynchicache service --disk-cache-dir DIR [--socket ipc://...]
+    asynchicache service --disk-cache-dir DIR [--address ipc://...]
 
 A ZeroMQ ROUTER (default: `ipc://` in a private 0700 runtime folder) takes
 msgpack messages from `StorageClient`s (DEALER). A client registers its
@@ -161,7 +161,9 @@ class CacheService:
         self._leases = LeaseDesk(config.settings, config.leased_by, time.monotonic())
         # A bad key file stops the start, before anything listens.
         self._keys = (
-            PageKeys.load(config.key_file, config.encrypt) if config.key_file is not None else None
+            PageKeys.load(config.cache_key_file, config.cache_encrypt)
+            if config.cache_key_file is not None
+            else None
         )
         self._workers = ThreadPoolExecutor(config.workers, thread_name_prefix="cache-worker")
         self._lookups = RemoteLookups(self._send, self._send_later, self._count)
@@ -305,9 +307,9 @@ class CacheService:
             cfg.disk_cache_dir,
             namespace,
             layout,
-            cfg.capacity_bytes,
+            cfg.disk_cache_bytes,
             io_threads=cfg.io_threads,
-            sync=cfg.sync,
+            disk_sync=cfg.disk_sync,
             direct_io=cfg.direct_io,
             max_pinned_fraction=cfg.max_pinned_fraction,
             keys=self._keys,

@@ -1,8 +1,10 @@
 """`asynchicache service`: the cache service as a process of its own.
 
-asynchicache service --disk-cache-dir DIR [--socket ipc://...]
+asynchicache service --disk-cache-dir DIR [--address ipc://...]
 
-Every default is written once, in config.py; the flags are storage.service.config's table.
+Every default is written once, in settings/config.py (ServiceConfig's own: service_config.py);
+the flags are service_config.py's table, each the name of the field it sets, and the names of
+earlier releases (`--socket`, `--remote-ttl`, `--client-ttl`) are deprecated aliases.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import signal
 import threading
 from pathlib import Path
 
+from asynchicache.settings.config_flags import add_deprecated_aliases
 from asynchicache.storage.service.server import run_service
 from asynchicache.storage.service.service_config import (
     ServiceConfig,
@@ -27,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
         description="The cache service: L3 disk and L4 remote tiers for the engines of a machine.",
     )
     p.add_argument("--disk-cache-dir", type=Path, required=True)
-    p.add_argument("--socket", default=default_address(), help="ZeroMQ address to bind")
+    p.add_argument("--address", default=default_address(), help="ZeroMQ address to bind")
     add_service_flags(p, p)  # the table `serve` uses too (storage/service/service_config.py)
     p.add_argument("--no-direct-io", action="store_true", help="never use O_DIRECT")
     p.add_argument(
@@ -40,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
         "--curve-secret-key",
         type=Path,
         help="ZeroMQ CURVE certificate of the service (a '.key_secret' file of "
-        "zmq.auth.create_certificates); required with a tcp:// --socket",
+        "zmq.auth.create_certificates); required with a tcp:// --address",
     )
     p.add_argument(
         "--curve-clients",
@@ -48,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         help="folder of the public '.key' files of the clients let in (with --curve-secret-key)",
     )
     p.add_argument("--log-level", default="INFO")
+    add_deprecated_aliases(p)  # --socket, --remote-ttl, --client-ttl
     return p
 
 

@@ -1,10 +1,12 @@
 """The cache service's configuration, its flags, and where it listens.
 
 One flag table (`CACHE_FLAGS`, `TUNING_FLAGS`, plus `add_service_flags`' remote
-flags) serves `asynchicache serve` (launch/flags.py), `python -m
-asynchicache.storage.service.server` (storage/service/__main__) and the vLLM connector's
-launcher, which writes the service's argv from the same table (`service_argv`);
-`ServiceConfig.from_flags` / `from_configs` read it back, so the three cannot drift.
+flags) serves `asynchicache serve` (launch/flags.py), `asynchicache service`
+(storage/service/service_cli.py) and the vLLM connector's launcher, which writes the
+service's argv from the same table (`service_argv`); `ServiceConfig.from_flags` /
+`from_configs` read it back, so the three cannot drift. Each flag is the name of the
+field it sets (CacheConfig's, ServiceTuning's or ServiceConfig's: `--disk-sync` sets
+`disk_sync` in all three places), its default written once, in settings/config.py.
 
 The service trusts whoever connects (it maps their segments, writes their
 pages): it listens on an `ipc://` file in a private (0700) runtime folder, or
@@ -66,7 +68,7 @@ def prepare_runtime_dir(folder: Path) -> None:
     if why is not None:
         raise PermissionError(
             f"the socket folder {folder} {why}: whoever controls it could read or serve this "
-            "cache's pages. Remove it, or set XDG_RUNTIME_DIR (or --socket) to a folder "
+            "cache's pages. Remove it, or set XDG_RUNTIME_DIR (or --address) to a folder "
             "of your own"
         )
 
@@ -76,31 +78,31 @@ class ServiceConfig:
     """The cache service: where pages live, where it listens, how hard it works."""
 
     disk_cache_dir: Path
-    address: str = field(default_factory=default_address)
-    capacity_bytes: int = int(CacheConfig.disk_cache_gb * GIB)  # the whole folder's
+    address: str = field(default_factory=default_address)  # --address (was --socket)
+    disk_cache_bytes: int = int(CacheConfig.disk_cache_gb * GIB)  # the whole folder's
     io_threads: int = ServiceTuning.io_threads
     workers: int = ServiceTuning.workers
-    sync: SyncMode = ServiceTuning.disk_sync
-    direct_io: bool = True
+    disk_sync: SyncMode = ServiceTuning.disk_sync
+    direct_io: bool = True  # --no-direct-io turns it off
     client_ttl_s: float = ServiceTuning.client_ttl_s  # a client silent this long is dropped
     remote: RemoteTierConfig | None = None  # L4 (Redis/Valkey) behind the disk: --remote-url
-    max_pinned_fraction: float = CacheConfig.max_pinned_fraction  # of capacity_bytes
+    max_pinned_fraction: float = CacheConfig.max_pinned_fraction  # of disk_cache_bytes
     # Started for vLLM instances (integrations.vllm.service_process): run while a lease is
     # held (storage.service.leases), and this pid holds the first one until it takes its own.
     leased_by: int | None = None
-    key_file: Path | None = None  # --cache-key-file: pages carry a keyed MAC (page_keys.py)
-    encrypt: bool = False  # --cache-encrypt: pages are AES-GCM encrypted (page_cipher.py)
+    cache_key_file: Path | None = None  # pages carry a keyed MAC (page_keys.py)
+    cache_encrypt: bool = False  # pages are AES-GCM encrypted (page_cipher.py)
     curve: CurveKeys | None = None  # --curve-secret-key / --curve-clients: needed on tcp://
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disk_cache_dir", Path(self.disk_cache_dir))
-        check_disk_cache_bytes(self.capacity_bytes)
+        check_disk_cache_bytes(self.disk_cache_bytes)
         check_max_pinned_fraction(self.max_pinned_fraction)
-        check_cache_encrypt(self.encrypt, self.key_file)
-        ServiceTuning(self.sync, self.io_threads, self.workers, self.client_ttl_s)  # checks them
+        check_cache_encrypt(self.cache_encrypt, self.cache_key_file)
+        ServiceTuning(self.disk_sync, self.io_threads, self.workers, self.client_ttl_s)  # checks
         if "://" not in self.address:
             raise ValueError(
-                f"--socket must be a ZeroMQ address like ipc://PATH, got {self.address}"
+                f"--address must be a ZeroMQ address like ipc://PATH, got {self.address}"
             )
         _check_local(self.address, self.curve)
         if self.curve is not None:
@@ -127,30 +129,30 @@ class ServiceConfig:
             remote = RemoteTierConfig(
                 cache.remote_url,
                 ttl_s=cache.remote_ttl_s,
-                admit_hits=cache.disk_admit_hits,
-                admit_tokens=cache.disk_admit_tokens,
+                disk_admit_hits=cache.disk_admit_hits,
+                disk_admit_tokens=cache.disk_admit_tokens,
             )
         return cls(
             disk_cache_dir=cache.disk_cache_dir,
             address=address,
-            capacity_bytes=cache.disk_cache_bytes,
+            disk_cache_bytes=cache.disk_cache_bytes,
             io_threads=tuning.io_threads,
             workers=tuning.workers,
-            sync=tuning.disk_sync,
+            disk_sync=tuning.disk_sync,
             direct_io=direct_io,
             client_ttl_s=tuning.client_ttl_s,
             remote=remote,
             max_pinned_fraction=cache.max_pinned_fraction,
             leased_by=leased_by,
-            key_file=cache.cache_key_file,
-            encrypt=cache.cache_encrypt,
+            cache_key_file=cache.cache_key_file,
+            cache_encrypt=cache.cache_encrypt,
             curve=curve,
         )
 
     @classmethod
     def from_flags(cls, args: argparse.Namespace) -> ServiceConfig:
         """The service the parsed flags of `add_service_flags` (and the service's own
-        --disk-cache-dir, --socket, --no-direct-io, --leased-by) describe."""
+        --disk-cache-dir, --address, --no-direct-io, --leased-by) describe."""
         cache = CacheConfig(**config_kwargs(CacheConfig, args, disk_cache_dir=args.disk_cache_dir))
         tuning = ServiceTuning(**config_kwargs(ServiceTuning, args))
         secret = getattr(args, "curve_secret_key", None)
@@ -159,7 +161,7 @@ class ServiceConfig:
             raise ValueError("--curve-secret-key and --curve-clients go together")
         curve = CurveKeys(secret, clients, SERVICE_CURVE_FLAGS) if secret and clients else None
         return cls.from_configs(
-            cache, tuning, args.socket, not args.no_direct_io, args.leased_by, curve
+            cache, tuning, args.address, not args.no_direct_io, args.leased_by, curve
         )
 
     @property
@@ -169,11 +171,11 @@ class ServiceConfig:
         remote = self.remote
         return ServiceSettings(
             os.path.realpath(self.disk_cache_dir),
-            self.capacity_bytes,
+            self.disk_cache_bytes,
             remote.url if remote else None,
             remote.ttl_s if remote else None,
-            remote.admit_hits if remote else 0,
-            remote.admit_tokens if remote else 0,
+            remote.disk_admit_hits if remote else 0,
+            remote.disk_admit_tokens if remote else 0,
         )
 
 
@@ -190,7 +192,7 @@ TUNING_FLAGS: Mapping[str, str] = {
     "--disk-sync": "durability of stored pages: one syncfs per store, fdatasync per file, or none",
     "--io-threads": "parallel file reads and writes per namespace",
     "--workers": "cache-service requests (loads, stores) served at once",
-    "--client-ttl": "seconds after which the service forgets a silent engine",
+    "--client-ttl-s": "seconds after which the service forgets a silent engine",
 }
 
 
@@ -203,7 +205,10 @@ def add_service_flags(
         "--remote-url", help="L4 Redis/Valkey URL, e.g. redis://127.0.0.1:6379/0 (default: off)"
     )
     cache.add_argument(
-        "--remote-ttl", type=int, help="L4 value expiry in seconds (default: the server evicts)"
+        "--remote-ttl-s",
+        type=int,
+        default=CacheConfig.remote_ttl_s,
+        help="L4 value expiry in seconds (default: the server evicts)",
     )
     cache.add_argument(
         "--cache-key-file",
@@ -229,7 +234,7 @@ def service_argv(cache: CacheConfig, tuning: ServiceTuning) -> list[str]:
     if cache.remote_url is not None:
         argv += ["--remote-url", cache.remote_url]
     if cache.remote_ttl_s is not None:
-        argv += ["--remote-ttl", str(cache.remote_ttl_s)]
+        argv += ["--remote-ttl-s", str(cache.remote_ttl_s)]
     if cache.cache_key_file is not None:
         argv += ["--cache-key-file", str(cache.cache_key_file)]
     if cache.cache_encrypt:
@@ -251,12 +256,12 @@ def _check_local(address: str, curve: CurveKeys | None) -> None:
         loopback = False
     if scheme != "tcp" or not loopback:
         raise ValueError(
-            f"--socket must be ipc://PATH or tcp://127.0.0.1:PORT (the service trusts its "
+            f"--address must be ipc://PATH or tcp://127.0.0.1:PORT (the service trusts its "
             f"clients: it stays on this machine), got {address}"
         )
     if curve is None:
         raise ValueError(
-            f"--socket {address}: any local user can connect to a loopback port, so the "
+            f"--address {address}: any local user can connect to a loopback port, so the "
             "service's tcp:// needs ZeroMQ CURVE (--curve-secret-key and --curve-clients); "
             "or use ipc://PATH in a private folder (the default)"
         )

@@ -79,24 +79,24 @@ class TieredConfig:
 
     write_remote: bool = True  # every page stored on disk is also uploaded to L4
     promote_to_disk: bool = True  # pages read only from L4 are written to disk too
-    # The engine's L2 -> L3 admission (CacheConfig.disk_admit_hits / _tokens), applied to
+    # The engine's L2 -> L3 admission (CacheConfig's fields of the same names), applied to
     # promotions: a load is one hit; its chain is at least `pages * page_tokens` long.
-    admit_hits: int = 0
-    admit_tokens: int = 0
+    disk_admit_hits: int = 0
+    disk_admit_tokens: int = 0
     page_tokens: int = 16
     staging_bytes: int = 1 << 30  # private copies awaiting background writes, per direction
     close_timeout_s: float = 30.0
     remote_jobs: int = 2  # loads reading L4 at once (the service: half its workers)
 
     def __post_init__(self) -> None:
-        if self.admit_hits < 0 or self.admit_tokens < 0 or self.page_tokens <= 0:
+        if self.disk_admit_hits < 0 or self.disk_admit_tokens < 0 or self.page_tokens <= 0:
             raise ValueError("admission limits must be >= 0 and page_tokens positive")
         if self.staging_bytes <= 0 or self.remote_jobs <= 0:
             raise ValueError("staging_bytes and remote_jobs must be positive")
 
     def admits(self, pages: int) -> bool:
         """Whether a chain of `pages` pages read from L4 may be written to disk (one hit)."""
-        rule = DiskAdmission(self.admit_hits, self.admit_tokens)
+        rule = DiskAdmission(self.disk_admit_hits, self.disk_admit_tokens)
         return rule.admits(hits=1, tokens=pages * self.page_tokens)
 
 
@@ -105,19 +105,19 @@ class RemoteTierConfig:
     """The cache service's L4 settings, shared by every namespace it serves."""
 
     url: str  # --remote-url: redis[s][+cluster]://[user:password@]host[:port][/db]
-    ttl_s: int | None = None  # --remote-ttl; None: the server's maxmemory-policy evicts
+    ttl_s: int | None = None  # --remote-ttl-s; None: the server's maxmemory-policy evicts
     cluster: bool | None = None  # None: from the URL
     write_remote: bool = True
     promote_to_disk: bool = True
-    admit_hits: int = 0  # CacheConfig.disk_admit_hits
-    admit_tokens: int = 0  # CacheConfig.disk_admit_tokens
+    disk_admit_hits: int = 0  # CacheConfig.disk_admit_hits
+    disk_admit_tokens: int = 0  # CacheConfig.disk_admit_tokens
 
     def __post_init__(self) -> None:
         from asynchicache.storage.remote.topology import parse_remote_url
 
         parse_remote_url(self.url, self.cluster)  # a bad URL fails at start, naming the flag
         if self.ttl_s is not None and self.ttl_s <= 0:
-            raise ValueError(f"--remote-ttl must be positive seconds, got {self.ttl_s}")
+            raise ValueError(f"--remote-ttl-s must be positive seconds, got {self.ttl_s}")
 
 
 def open_tiered(
@@ -145,8 +145,8 @@ def open_tiered(
     tiered = TieredConfig(
         write_remote=remote.write_remote,
         promote_to_disk=remote.promote_to_disk,
-        admit_hits=remote.admit_hits,
-        admit_tokens=remote.admit_tokens,
+        disk_admit_hits=remote.disk_admit_hits,
+        disk_admit_tokens=remote.disk_admit_tokens,
         page_tokens=disk.layout.shape[2],  # [layers, 2, page_size, kv_heads, head_dim]
         remote_jobs=remote_jobs,
     )

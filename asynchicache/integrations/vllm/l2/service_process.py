@@ -1,7 +1,7 @@
 """Starting a cache service for vLLM when none answers at the configured address.
 
     python -m asynchicache.integrations.vllm.l2.service_process --lock PATH --parent-pid PID \
-        -- --disk-cache-dir DIR --socket ipc://...
+        -- --disk-cache-dir DIR --address ipc://...
 
 One service per address: the child takes an exclusive `flock` on `PATH` before
 it binds, so when two vLLM instances start at once only one service runs (the
@@ -119,7 +119,7 @@ def service_args(config: ConnectorConfig) -> list[str]:
     """The flags that start `service_config(config)` (the child parses them back into an
     equal config; tests/vllm/parts/test_vllm_service_process.py): written from the
     service's flag table (storage/service/service_config.py, `service_argv`)."""
-    args = ["--disk-cache-dir", str(config.disk_cache_dir), "--socket", config.service_address]
+    args = ["--disk-cache-dir", str(config.disk_cache_dir), "--address", config.service_address]
     args += service_argv(_service_cache(config), ServiceTuning())
     args += ["--log-level", config.service_log_level]
     if not config.direct_io:
