@@ -124,15 +124,16 @@ def add_deprecated_aliases(parser: argparse.ArgumentParser) -> None:
         action = parser._option_string_actions.get(new)
         if action is None or old in parser._option_string_actions:
             continue
+        typed: dict[str, Any] = {} if action.type is None else {"type": action.type}
         parser.add_argument(
             old,
             action=_DeprecatedAlias,
             new=action,
             dest=action.dest,
             nargs=0 if action.nargs == 0 else None,
-            type=action.type,
             choices=action.choices,
             metavar=action.metavar,
             default=argparse.SUPPRESS,
             help=argparse.SUPPRESS,
+            **typed,
         )

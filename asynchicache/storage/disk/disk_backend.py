@@ -156,7 +156,7 @@ class DiskBackend(StorageBackend):
             self.pins,
             self._path,
         )
-        self._stats = StatsCounter(BackendStats(capacity_bytes=config.capacity_bytes))
+        self._stats = StatsCounter(BackendStats(capacity_bytes=config.disk_cache_bytes))
         self._count = self._stats.add
         self._io = _Pool(config.io_threads, thread_name_prefix="disk-io")
         self._scratch = Scratch()
