@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from asynchicache.common.disk_admission import DiskAdmission
 from asynchicache.integrations.vllm.connector_config import (
     OLD_KEYS,
     SERVE_SETTINGS,
@@ -40,7 +41,6 @@ from asynchicache.settings.config import (
     ServiceTuning,
 )
 from asynchicache.settings.config_flags import DEPRECATED_FLAGS
-from asynchicache.storage.disk.disk_admission import DiskAdmission
 from asynchicache.storage.disk.disk_config import DiskConfig
 from asynchicache.storage.service.service_cli import _parser as service_parser
 from asynchicache.storage.service.service_config import ServiceConfig
