@@ -171,3 +171,18 @@ def test_no_two_files_share_a_basename() -> None:
             seen.setdefault(path.name, []).append(str(path.relative_to(PKG)))
     shared = {name: paths for name, paths in seen.items() if len(paths) > 1}
     assert shared == {}, f"basenames in more than one folder: {shared}"
+
+
+def test_no_layer_imports_the_tools_above_it() -> None:
+    """bench/, tools/, fleet/ and the command line drive the layers; a layer that imported
+    them would pull a benchmark's or a tool's dependencies into the server."""
+    above = ("bench", "tools", "fleet", "cli", "__main__")
+    wrong = []
+    for layer in RANK:
+        for path in (PKG / layer).rglob("*.py"):
+            wrong += [
+                f"{path.relative_to(PKG)} imports {name}"
+                for name in _imports(path)
+                if name.split(".")[:2][-1] in above and name.startswith("asynchicache.")
+            ]
+    assert wrong == [], "\n".join(wrong)
