@@ -27,7 +27,7 @@ KV_LAYOUT_VERSION = 2
 # Our engine's marker. Pages computed by another engine (the vLLM connector's) carry
 # another marker, so the two never share a page even for the same model and dtype.
 ENGINE = "asynchicache"
-# The version of our engine's K/V arithmetic (engine/models: norms, rotary, attention
+# The version of our engine's K/V arithmetic (model/: norms, rotary, attention
 # inputs, weight dequantization). Bump it whenever the K/V a prompt produces changes;
 # tests/engine/test_numerics.py fails when the reference K/V moved without a bump.
 #   1: one-pass RMSNorm, in-place rotary (the first versioned numerics)

@@ -17,7 +17,7 @@ from asynchicache.storage.client.probe import ServiceProbe
 
 
 class IncrementalText(Protocol):
-    """Token ids in, newly completed text out (see `engine.tokenizer.IncrementalDecoder`)."""
+    """Token ids in, newly completed text out (see `model.tokenizer.IncrementalDecoder`)."""
 
     def push(self, token_ids: Sequence[int]) -> str: ...
 
@@ -25,7 +25,7 @@ class IncrementalText(Protocol):
 
 
 class TextTokenizer(Protocol):
-    """What the HTTP process uses of `engine.tokenizer.Tokenizer`."""
+    """What the HTTP process uses of `model.tokenizer.Tokenizer`."""
 
     @property
     def eos_token_ids(self) -> Collection[int]: ...
