@@ -151,11 +151,21 @@ def running(spec: FleetSpec, arm: Arm, folder: Path) -> Iterator[Fleet]:
         workers = [Worker(s.url, w.events, w.replay) for s, w in zip(servers, workers, strict=True)]
         config = RouterConfig(policy=arm.policy, credits=arm.credits)
         fleet = Fleet(servers, VllmRouter(config, workers, folder / "router.log"), workers)
-        fleet.router.start()
-        time.sleep(SUBSCRIBE_S)
-        yield fleet
+        yield start_router(fleet)
     finally:
-        if fleet is not None:  # the router in front now: an arm may have restarted it
-            fleet.router.stop()
-        with ThreadPoolExecutor(len(servers)) as pool:
-            list(pool.map(lambda s: s.stop(), servers))
+        stop_fleet(fleet, servers)
+
+
+def start_router(fleet: Fleet) -> Fleet:
+    """The fleet's router started, its SUB sockets given time to take hold."""
+    fleet.router.start()
+    time.sleep(SUBSCRIBE_S)
+    return fleet
+
+
+def stop_fleet(fleet: Fleet | None, servers: Sequence[BenchServer]) -> None:
+    """The router in front now (an arm may have restarted it), then every instance."""
+    if fleet is not None:
+        fleet.router.stop()
+    with ThreadPoolExecutor(len(servers)) as pool:
+        list(pool.map(lambda s: s.stop(), servers))

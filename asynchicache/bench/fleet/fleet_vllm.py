@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -34,7 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from asynchicache.bench.clients.pressure_client import SERVED_NAME
-from asynchicache.bench.fleet.fleet_arms import SUBSCRIBE_S, Arm, Counters, Fleet, FleetSpec
+from asynchicache.bench.fleet.fleet_arms import (
+    Arm,
+    Counters,
+    Fleet,
+    FleetSpec,
+    start_router,
+    stop_fleet,
+)
 from asynchicache.bench.fleet.fleet_router import RouterConfig, VllmRouter, Worker
 from asynchicache.bench.processes.server_process import BenchServer, free_port
 from asynchicache.bench.processes.vllm_process import (
@@ -175,14 +181,9 @@ def running_vllm(
             workers,
             counters_of=vllm_counters,
         )
-        fleet.router.start()
-        time.sleep(SUBSCRIBE_S)
-        yield fleet
+        yield start_router(fleet)
     finally:
-        if fleet is not None:  # the router in front now: an arm may have restarted it
-            fleet.router.stop()
-        with ThreadPoolExecutor(len(servers)) as pool:
-            list(pool.map(lambda s: s.stop(), servers))
+        stop_fleet(fleet, servers)
 
 
 @dataclass(frozen=True)

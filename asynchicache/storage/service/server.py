@@ -9,12 +9,12 @@ segment (zero-copy numpy view) and moves pages between the disk and L2 slots.
 Only hashes, slot numbers and statuses cross the socket.
 
 `Exists` is answered from the in-memory index on the loop thread (an index
-miss looks at the folder: storage.disk.backend); the loop never talks to
+miss looks at the folder: storage.disk.disk_backend); the loop never talks to
 Redis: when L4 may hold the rest of the chain, a lookup thread asks it and
 replies (storage.service.remote_lookups: bounded, a slow Redis degrades to
 misses).
 Loads, stores, clears, pins and
-contents run on a worker pool (storage.service.jobs) and reply when done; workers hand their
+contents run on a worker pool (storage.service.service_jobs) and reply when done; workers hand their
 replies back through a queue and a wake-up pipe, because a ZeroMQ socket
 belongs to one thread. A client that vanished costs nothing: its replies are
 dropped (counted). A worker that fails logs, counts and replies with an error;
@@ -46,8 +46,9 @@ its vLLM starter stops once none is held and no work is in flight. A client
 dropped because its pool's owner died gets its segment unlinked (a SIGKILLed
 vLLM engine core never removes its own).
 
-Configuration: storage.service.config; the process's command line:
-storage.service.cli.
+Configuration: storage.service.service_config; the process's command line:
+storage.service.service_cli (`asynchicache service`); mapped L2 segments:
+storage.service.segments.
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ import zmq
 
 from asynchicache.common.curve import CurveGuard
 from asynchicache.common.deadline import Deadline
-from asynchicache.common.liveness import ProcessIdentity, pid_alive
-from asynchicache.common.shm import SHM_DIR, SharedSegment, owner_pid
+from asynchicache.common.liveness import pid_alive
+from asynchicache.common.shm import owner_pid
 from asynchicache.common.sockets import queued
 from asynchicache.common.tiers import TierEvent
 from asynchicache.storage.admin_messages import StorageEvents
@@ -95,6 +96,7 @@ from asynchicache.storage.messages import (
 from asynchicache.storage.page_keys import PageKeys
 from asynchicache.storage.service.leases import LeaseDesk
 from asynchicache.storage.service.remote_lookups import RemoteLookups
+from asynchicache.storage.service.segments import MappedSegments
 from asynchicache.storage.service.service_config import (
     ServiceConfig,
     default_address,
@@ -151,7 +153,7 @@ class CacheService:
         self.config = config
         self.stop = stop or threading.Event()
         self._clients: dict[bytes, _Client] = {}
-        self._segments: dict[str, tuple[SharedSegment, int]] = {}
+        self._segments = MappedSegments()
         self._backends: dict[tuple[bytes, PageLayout], TieredBackend] = {}
         self._running: dict[tuple[bytes, int], _Job] = {}
         # Tickets cancelled before they arrived (per client): refused if they still do.
@@ -265,13 +267,13 @@ class CacheService:
             return RegisterReply(msg.req_id, old.pool.shape[0], None, os.getpid(), self._seq(old))
         try:
             backend = self._backend(msg.namespace, msg.layout)
-            segment = self._attach(msg.segment)
+            segment = self._segments.attach(msg.segment)
         except (OSError, ValueError) as exc:
             log.warning("cache service: cannot register %s: %s", msg.segment, exc)
             return RegisterReply(msg.req_id, 0, str(exc), os.getpid())
         slots = segment.size // msg.layout.page_bytes
         if slots == 0:
-            self._detach(msg.segment)
+            self._segments.detach(msg.segment)
             return RegisterReply(msg.req_id, 0, "segment smaller than one page", os.getpid())
         pool = segment.as_array()[: slots * msg.layout.page_bytes].reshape(slots, -1)
         if old is not None:
@@ -315,29 +317,9 @@ class CacheService:
             keys=self._keys,
         )
 
-    def _attach(self, name: str) -> SharedSegment:
-        if "/" in name or name.startswith("."):
-            raise ValueError(f"bad segment name {name!r}")
-        segment, users = self._segments.get(name) or (SharedSegment.attach(name), 0)
-        self._segments[name] = (segment, users + 1)
-        return segment
-
-    def _detach(self, name: str) -> None:
-        segment, users = self._segments[name]
-        if users > 1:
-            self._segments[name] = (segment, users - 1)
-            return
-        del self._segments[name]
-        segment.close()  # running workers keep their views; the mapping goes with them
-
     def _drop_client(self, ident: bytes) -> None:
         client = self._clients.pop(ident)
-        self._detach(client.segment)
-        # A vLLM engine core is SIGKILLed at shutdown: nobody else removes its L2 segment.
-        pid = owner_pid(client.segment)
-        gone = pid is not None and not ProcessIdentity.of(pid).alive()  # a zombie is gone
-        if gone and client.segment not in self._segments:
-            (SHM_DIR / client.segment).unlink(missing_ok=True)
+        self._segments.detach(client.segment)
 
     def _sweep_clients(self) -> None:
         """Forget clients that stopped talking or whose pool's owner died."""
