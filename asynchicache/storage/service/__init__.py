@@ -4,7 +4,8 @@ server.py is the process (`CacheService`, `run_service`); service_config.py its
 configuration and its flag table (the one `serve`, `asynchicache service` and the vLLM
 launcher use); service_cli.py its command line; tiered.py chains disk and remote;
 service_jobs.py runs requests on its workers; remote_lookups.py asks L4 off the workers;
-leases.py keeps it alive for the engines that lease it; in_thread.py runs it in a thread
+leases.py keeps it alive for the engines that lease it; segments.py maps the clients'
+L2 segments; in_thread.py runs it in a thread
 of this process behind a client (tests, small deployments); offline_clear.py clears a
 folder (and its L4 keys) with no service running.
 
