@@ -31,6 +31,14 @@ building at once never load half a file.
 Without a compiler (or when the build fails) `load()` returns None and logs
 why once; the engine then attends with torch (`attention.py`). The calls go
 through ctypes, which releases the GIL while the kernel runs.
+
+Who runs a call's parts: torch's own OpenMP threads (`kernels/team.c`, built with
+-fopenmp; its libgomp is the one torch loaded, `team_of`), so the row kernels and the
+attention run on the threads that run the matmuls. Before, a Python worker thread ran the
+other part beside OpenMP's threads; on 2 cores they took each other's core at every op
+of a prefill (docs/benchmarks.md: torch's ops won whole prefills though ours won each op
+alone). Without OpenMP the Python threads still share calls (`KernelThreads.share`).
+Either way every row and task is one thread's: the numbers do not depend on the split.
 """
 
 from __future__ import annotations
@@ -54,11 +62,16 @@ import torch
 log = logging.getLogger(__name__)
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = (KERNELS / "paged_attention.c", KERNELS / "row_ops.c")
+SOURCES = (KERNELS / "paged_attention.c", KERNELS / "row_ops.c", KERNELS / "team.c")
 HEADERS = (KERNELS / "vec.h",)
 MAX_Q = 96  # query vectors per block (the C source's MAX_Q)
 MAX_D = 256  # largest head_dim (MAX_D)
 FLAGS = ("-O3", "-fPIC", "-shared", "-fno-math-errno")
+# The kernels' calls run on torch's OpenMP threads (kernels/team.c); a compiler without
+# OpenMP builds them without (each call then shared by Python threads, `KernelThreads`).
+OPENMP_FLAGS = ("-fopenmp",)
+# The OpenMP runtimes' libraries: two of them loaded are two pools of threads.
+OPENMP_LIBS = ("libgomp", "libiomp", "libomp")
 # Tests set it to build into a fresh folder; operators to a shared one.
 DIR_ENV = "ASYNCHICACHE_KERNEL_DIR"
 # Forces an instruction set (a name of ISAS) the CPU has, e.g. avx2 on an AVX-512 host.
@@ -156,8 +169,16 @@ def chosen_isa() -> Isa:
 
 
 def _build(cc: str, folder: Path, isa: Isa | None = None) -> Path:
-    isa = isa or host_isa()
-    flags = (*FLAGS, *isa.flags)
+    """The library of `isa` for this source and compiler, with OpenMP where `cc` has it."""
+    try:
+        return _build_with(cc, folder, isa or host_isa(), OPENMP_FLAGS)
+    except RuntimeError as exc:
+        log.warning("the kernels built without OpenMP (%s): Python threads share calls", exc)
+        return _build_with(cc, folder, isa or host_isa(), ())
+
+
+def _build_with(cc: str, folder: Path, isa: Isa, extra: tuple[str, ...]) -> Path:
+    flags = (*FLAGS, *extra, *isa.flags)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     source = b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
     key = hashlib.sha256(source + version.encode() + " ".join(flags).encode()).hexdigest()[:20]
@@ -188,37 +209,49 @@ class RowKernels:
 
     lib: ctypes.CDLL
 
+    # `threads`: 0 runs rows [r0, r1) on this thread; n > 0 shares them among n of torch's
+    # OpenMP threads (kernels/team.c; only where the library has a team, `team_of`).
+    def _call(self, name: str, threads: int, *args: object) -> None:
+        if threads:
+            getattr(self.lib, f"{name}_team")(*args, threads)
+        else:
+            getattr(self.lib, name)(*args)
+
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, eps: float,
-                 r0: int, r1: int) -> None:  # fmt: skip
-        self.lib.rms_norm_f32(x.data_ptr(), x.stride(0), w.data_ptr(), out.data_ptr(),
-                              out.stride(0), x.shape[1], eps, r0, r1)  # fmt: skip
+                 r0: int, r1: int, threads: int = 0) -> None:  # fmt: skip
+        self._call("rms_norm_f32", threads, x.data_ptr(), x.stride(0), w.data_ptr(),
+                   out.data_ptr(), out.stride(0), x.shape[1], eps, r0, r1)  # fmt: skip
 
     def add_rms_norm(self, res: torch.Tensor, delta: torch.Tensor, w: torch.Tensor,
-                     out: torch.Tensor, eps: float, r0: int, r1: int) -> None:  # fmt: skip
-        self.lib.add_rms_norm_f32(res.data_ptr(), res.stride(0), delta.data_ptr(),
-                                  delta.stride(0), w.data_ptr(), out.data_ptr(), out.stride(0),
-                                  res.shape[1], eps, r0, r1)  # fmt: skip
+                     out: torch.Tensor, eps: float, r0: int, r1: int,
+                     threads: int = 0) -> None:  # fmt: skip
+        self._call("add_rms_norm_f32", threads, res.data_ptr(), res.stride(0),
+                   delta.data_ptr(), delta.stride(0), w.data_ptr(), out.data_ptr(),
+                   out.stride(0), res.shape[1], eps, r0, r1)  # fmt: skip
 
-    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor, r0: int, r1: int) -> None:
-        self.lib.silu_mul_f32(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(),
-                              out.stride(0), out.shape[1], r0, r1)  # fmt: skip
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor, r0: int, r1: int,
+                 threads: int = 0) -> None:  # fmt: skip
+        self._call("silu_mul_f32", threads, gate_up.data_ptr(), gate_up.stride(0),
+                   out.data_ptr(), out.stride(0), out.shape[1], r0, r1)  # fmt: skip
 
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, r0: int,
-               r1: int) -> None:  # fmt: skip
+               r1: int, threads: int = 0) -> None:  # fmt: skip
         """x [T, heads, head_dim] (heads contiguous in a row); cos/sin [T, head_dim / 2]."""
-        self.lib.rotary_f32(x.data_ptr(), x.stride(0), x.shape[1], x.shape[2], cos.data_ptr(),
-                            sin.data_ptr(), cos.stride(0), r0, r1)  # fmt: skip
+        self._call("rotary_f32", threads, x.data_ptr(), x.stride(0), x.shape[1], x.shape[2],
+                   cos.data_ptr(), sin.data_ptr(), cos.stride(0), r0, r1)  # fmt: skip
 
     def scatter_rows(self, pool: torch.Tensor, src: torch.Tensor, pages: torch.Tensor,
-                     offsets: torch.Tensor, r0: int, r1: int) -> None:  # fmt: skip
+                     offsets: torch.Tensor, r0: int, r1: int,
+                     threads: int = 0) -> None:  # fmt: skip
         """pool: a layer's K or V view [pages, page_size, kv_heads, hd]; src [T, kv_heads, hd]."""
-        self.lib.scatter_rows_f32(pool.data_ptr(), pool.stride(0), pool.stride(1),
-                                  src.data_ptr(), src.stride(0), src.shape[1] * src.shape[2],
-                                  pages.data_ptr(), offsets.data_ptr(), r0, r1)  # fmt: skip
+        self._call("scatter_rows_f32", threads, pool.data_ptr(), pool.stride(0),
+                   pool.stride(1), src.data_ptr(), src.stride(0), src.shape[1] * src.shape[2],
+                   pages.data_ptr(), offsets.data_ptr(), r0, r1)  # fmt: skip
 
     @staticmethod
     def bind(lib: ctypes.CDLL) -> RowKernels:
-        """Declare the row kernels' ctypes signatures (every one returns nothing)."""
+        """Declare the row kernels' ctypes signatures, each with its team's (every one
+        returns nothing)."""
         signatures = {
             "rms_norm_f32": [_ptr, _i64, _ptr, _ptr, _i64, _i64, _f32, _i64, _i64],
             "add_rms_norm_f32": [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64, _f32, _i64, _i64],
@@ -227,10 +260,30 @@ class RowKernels:
             "scatter_rows_f32": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i64],
         }
         for name, argtypes in signatures.items():
-            fn = getattr(lib, name)
-            fn.restype = None
-            fn.argtypes = argtypes
+            for fn, types in ((getattr(lib, name), argtypes),
+                              (getattr(lib, f"{name}_team"), [*argtypes, _i32])):  # fmt: skip
+                fn.restype = None
+                fn.argtypes = types
         return RowKernels(lib)
+
+
+def team_of(lib: ctypes.CDLL) -> bool:
+    """Whether `lib`'s calls may run on OpenMP teams (kernels/team.c): it was built with
+    OpenMP, and the process has one OpenMP runtime (torch's: a second one would be a
+    second pool of threads beside torch's, the contention the teams are there to end)."""
+    built = lib.kernel_team
+    built.restype, built.argtypes = _i32, []
+    if not built():
+        return False
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    runtimes = {line.split()[-1] for line in maps.splitlines()
+                if Path(line.split()[-1]).name.startswith(OPENMP_LIBS)}  # fmt: skip
+    if len(runtimes) != 1:
+        log.warning("OpenMP runtimes %s: Python threads share the kernels' calls", runtimes)
+    return len(runtimes) == 1
 
 
 @dataclass(frozen=True)
@@ -243,9 +296,11 @@ class PagedAttentionKernel:
     rows: RowKernels
     isa: str = "native"  # the build that runs (a name of ISAS)
     lanes: int = 16  # of its vectors: they order its sums (the pages' numerics version)
+    team: bool = False  # calls run on torch's OpenMP threads (`team_of`)
 
     def __call__(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
-                 work: KernelWork, window: int, part: int = 0, parts: int = 1) -> None:  # fmt: skip
+                 work: KernelWork, window: int, part: int = 0, parts: int = 1,
+                 threads: int = 0) -> None:  # fmt: skip
         """Attention of `work` over one layer, in place into `out`.
 
         k, v: the layer's [pages, page_size, kv_heads, head_dim] views of the pool
@@ -253,14 +308,19 @@ class PagedAttentionKernel:
         [T, heads, head_dim] float32 with contiguous rows of heads x head_dim (a view of
         the fused projection is fine); out: [T, heads, head_dim] contiguous; window: keys
         a row sees back from itself (0: all). Threads
-        share a layer by `part` of `parts` (tasks strided, see the C source)."""
+        share a layer by `part` of `parts` (tasks strided, see the C source), or, with
+        `threads` > 0, that many of torch's OpenMP threads share the whole call (`team`)."""
         _, page_size, kv_heads, head_dim = k.shape
         heads = q.shape[1]
-        rc = self.fn(
+        args = (
             k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), heads, kv_heads, head_dim,
             page_size, window, work.scale, q.data_ptr(), q.stride(0), out.data_ptr(),
-            work.tables.data_ptr(), work.items.data_ptr(), work.items.shape[0], part, parts,
+            work.tables.data_ptr(), work.items.data_ptr(), work.items.shape[0],
         )  # fmt: skip
+        if threads:
+            rc = self.rows.lib.paged_attention_f32_team(*args, threads)
+        else:
+            rc = self.fn(*args, part, parts)
         if rc != 0:
             raise ValueError(
                 f"paged attention kernel: unsupported shape (heads {heads}, kv heads "
@@ -288,16 +348,18 @@ class KernelWork:
 
 @dataclass(frozen=True)
 class KernelThreads:
-    """The native kernel and the threads that share each of its calls: the calling
+    """The native kernel and the threads that share each of its calls: torch's OpenMP
+    threads where the kernel has a team (`PagedAttentionKernel.team`), else the calling
     thread and `workers` (ctypes releases the GIL, so they run at once)."""
 
     kernel: PagedAttentionKernel
     workers: Executor | None = None
 
     def parts(self) -> int:
-        """Threads a call may be split among: the calling one and the workers (at most
-        torch's thread count, which the engine's governor sets)."""
-        return torch.get_num_threads() if self.workers is not None else 1
+        """Threads a call may be split among: torch's thread count (which the engine's
+        governor sets), where a team or workers share calls; else 1."""
+        shared = self.kernel.team or self.workers is not None
+        return torch.get_num_threads() if shared else 1
 
     def share(self, call: Callable[[int, int], object], parts: int) -> None:
         """call(part, parts) for each part: part 0 on this thread, the others on the
@@ -313,10 +375,11 @@ class KernelThreads:
     def run(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
             work: KernelWork, window: int) -> None:  # fmt: skip
         """Attention of `work` over one layer, its tasks shared by the threads."""
-        self.share(
-            lambda part, parts: self.kernel(k, v, q, out, work, window, part, parts),
-            min(self.parts(), work.tasks),
-        )
+        parts = min(self.parts(), work.tasks)
+        if self.kernel.team and parts > 1:
+            self.kernel(k, v, q, out, work, window, threads=parts)
+            return
+        self.share(lambda part, n: self.kernel(k, v, q, out, work, window, part, n), parts)
 
 
 def supports(dtype: torch.dtype, device: torch.device, head_dim: int, group: int) -> bool:
@@ -370,11 +433,16 @@ def _load(isa: Isa) -> PagedAttentionKernel | None:
     lanes = lib.kernel_lanes
     lanes.restype, lanes.argtypes = _i32, []
     fn = lib.paged_attention_f32
-    fn.restype = _i32
-    fn.argtypes = [_ptr, _ptr, _i64, _i64, _i32, _i32, _i32, _i32, _i64, _f32, _ptr, _i64,
-                   _ptr, _ptr, _ptr, _i64, _i64, _i64]  # fmt: skip
-    log.info("native kernels: the %s build (%d lanes), %s", isa.name, lanes(), path.name)
-    return PagedAttentionKernel(path, fn, RowKernels.bind(lib), isa.name, lanes())
+    team_fn = lib.paged_attention_f32_team
+    fn.restype = team_fn.restype = _i32
+    args: list[type[ctypes._SimpleCData]] = [
+        _ptr, _ptr, _i64, _i64, _i32, _i32, _i32, _i32, _i64, _f32, _ptr, _i64, _ptr, _ptr,
+        _ptr, _i64]  # fmt: skip
+    fn.argtypes, team_fn.argtypes = [*args, _i64, _i64], [*args, _i32]
+    team = team_of(lib)
+    log.info("native kernels: the %s build (%d lanes), %s, calls on %s", isa.name, lanes(),
+             path.name, "OpenMP's threads" if team else "Python threads")  # fmt: skip
+    return PagedAttentionKernel(path, fn, RowKernels.bind(lib), isa.name, lanes(), team)
 
 
 def main() -> int:

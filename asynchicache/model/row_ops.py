@@ -76,7 +76,7 @@ class NativeRowOps(RowOps):
         if x.dim() != 2 or not _fits(x, weight):
             return super().rms_norm(x, weight, eps)
         out = torch.empty(x.shape, dtype=x.dtype)
-        self._rows(x, lambda r0, r1: self.kernels.rms_norm(x, weight, out, eps, r0, r1))
+        self._rows(x, lambda r0, r1, t: self.kernels.rms_norm(x, weight, out, eps, r0, r1, t))
         return out
 
     def add_rms_norm(
@@ -86,14 +86,15 @@ class NativeRowOps(RowOps):
         if x.dim() != 2 or x.shape != delta.shape or not _fits(x, delta, weight):
             return super().add_rms_norm(x, delta, weight, eps)
         out = torch.empty(x.shape, dtype=x.dtype)
-        self._rows(x, lambda r0, r1: self.kernels.add_rms_norm(x, delta, weight, out, eps, r0, r1))
+        k = self.kernels
+        self._rows(x, lambda r0, r1, t: k.add_rms_norm(x, delta, weight, out, eps, r0, r1, t))
         return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if gate_up.dim() != 2 or gate_up.shape[1] % 2 or not _fits(gate_up):
             return super().silu_mul(gate_up)
         out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
-        self._rows(gate_up, lambda r0, r1: self.kernels.silu_mul(gate_up, out, r0, r1))
+        self._rows(gate_up, lambda r0, r1, t: self.kernels.silu_mul(gate_up, out, r0, r1, t))
         return out
 
     def rotary_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -102,7 +103,7 @@ class NativeRowOps(RowOps):
         if not (heads_contiguous and _fits(cs, sn) and _fits(x[:, 0])):
             super().rotary_(x, cos, sin)
             return
-        self._rows(x, lambda r0, r1: self.kernels.rotary(x, cs, sn, r0, r1))
+        self._rows(x, lambda r0, r1, t: self.kernels.rotary(x, cs, sn, r0, r1, t))
 
     def scatter_(
         self, pool: torch.Tensor, rows: torch.Tensor, pages: torch.Tensor, offsets: torch.Tensor
@@ -113,13 +114,18 @@ class NativeRowOps(RowOps):
             super().scatter_(pool, rows, pages, offsets)
             return
         k = self.kernels
-        self._rows(rows, lambda r0, r1: k.scatter_rows(pool, rows, pages, offsets, r0, r1))
+        self._rows(rows, lambda r0, r1, t: k.scatter_rows(pool, rows, pages, offsets, r0, r1, t))
 
-    def _rows(self, x: torch.Tensor, call: Callable[[int, int], None]) -> None:
-        """call(r0, r1) over x's rows, shared by the kernel's threads when worth it."""
+    def _rows(self, x: torch.Tensor, call: Callable[[int, int, int], None]) -> None:
+        """call(r0, r1, threads) over x's rows, shared by the kernel's threads when worth
+        it: one call on an OpenMP team of `threads` (the kernel's team), else a call per
+        Python thread over its part of the rows (threads 0)."""
         n = x.shape[0]
         parts = min(self.threads.parts(), x.numel() // MIN_PART_FLOATS, n)
-        self.threads.share(lambda i, p: call(n * i // p, n * (i + 1) // p), parts)
+        if self.threads.kernel.team and parts > 1:
+            call(0, n, parts)
+            return
+        self.threads.share(lambda i, p: call(n * i // p, n * (i + 1) // p, 0), parts)
 
 
 def _fits(*tensors: torch.Tensor) -> bool:

@@ -68,7 +68,9 @@ def attention_kernel(
     if kernel is None:
         return None
     cores = len(os.sched_getaffinity(0))
-    workers = ThreadPoolExecutor(cores - 1, thread_name_prefix="attention") if cores > 1 else None
+    if kernel.team or cores == 1:  # its calls run on torch's OpenMP threads (native.py)
+        return KernelThreads(kernel)
+    workers = ThreadPoolExecutor(cores - 1, thread_name_prefix="attention")
     return KernelThreads(kernel, workers)
 
 

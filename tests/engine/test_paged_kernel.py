@@ -6,7 +6,8 @@ within a sliding window). The kernel reads the pool in place: page
 boundaries, page sizes that are not a multiple of its 16-key chunks, several
 sequences in one call, decode rows next to prefill chunks, grouped-query
 attention, query rows that are views of a wider projection, and threads that
-split the work must all give the reference's numbers within float32 noise.
+split the work (Python's or an OpenMP team) must all give the reference's numbers within
+float32 noise.
 """
 
 from __future__ import annotations
@@ -101,6 +102,11 @@ def test_the_kernel_matches_plain_attention(
     for part in range(3):
         kernel(k, v, q, split, work, window, part, 3)
     assert torch.equal(split, out)
+    # ... and so does an OpenMP team (torch's threads, kernels/team.c).
+    assert kernel.team, "gcc has OpenMP and torch's libgomp is the process's only runtime"
+    team = torch.full(q.shape, float("nan"))
+    kernel(k, v, q, team, work, window, threads=3)
+    assert torch.equal(team, out)
 
 
 def test_shapes_it_cannot_take_go_to_torch(kernel: PagedAttentionKernel) -> None:

@@ -2,12 +2,14 @@
 
 Each step (RMSNorm, residual add + RMSNorm, SiLU * up, rotary, the K/V copy into pages)
 must give torch's numbers within float32 noise at widths that are and are not a multiple
-of the kernels' 16 lanes, on row views of wider tensors, and when threads split the rows;
-what the kernels do not take (another dtype, a non-contiguous row) goes to torch.
+of the kernels' 16 lanes, on row views of wider tensors, and when threads split the rows
+(torch's OpenMP team or Python threads: bitwise the numbers of one thread); what the kernels
+do not take (another dtype, a non-contiguous row) goes to torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,15 +23,25 @@ from asynchicache.model.row_ops import MIN_PART_FLOATS, NativeRowOps, RowOps
 TORCH = RowOps()
 
 
-@pytest.fixture(scope="module", params=native.runnable_isas())
+@pytest.fixture(
+    scope="module",
+    params=[(isa, team) for isa in native.runnable_isas() for team in (True, False)],
+    ids=lambda p: f"{p[0]}-{'team' if p[1] else 'python-threads'}",
+)
 def ops(request: pytest.FixtureRequest) -> Iterator[NativeRowOps]:
-    """Every build this CPU runs (on an AVX-512 host, the AVX2 one too)."""
-    kernel = native.load(request.param)
+    """Every build this CPU runs (on an AVX-512 host, the AVX2 one too), its calls shared
+    by torch's OpenMP threads (the library's team) and by Python threads."""
+    isa, team = request.param
+    kernel = native.load(isa)
     assert kernel is not None, "this machine has a C compiler: the kernels must build"
+    assert kernel.team, "gcc has OpenMP and torch's libgomp is the process's only runtime"
     with ThreadPoolExecutor(1) as workers:
         previous = torch.get_num_threads()
         torch.set_num_threads(2)  # two parts where a call is long enough
-        yield NativeRowOps(KernelThreads(kernel, workers))
+        if team:
+            yield NativeRowOps(KernelThreads(kernel))
+        else:
+            yield NativeRowOps(KernelThreads(dataclasses.replace(kernel, team=False), workers))
         torch.set_num_threads(previous)
 
 
@@ -91,14 +103,37 @@ def test_new_rows_land_in_their_pages_and_slots(ops: NativeRowOps) -> None:
 
 
 def test_long_calls_are_split_between_threads(ops: NativeRowOps) -> None:
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, int, int]] = []
     x = rows(1000, 96, 9)
-    ops._rows(x, lambda r0, r1: seen.append((r0, r1)))
+    ops._rows(x, lambda r0, r1, t: seen.append((r0, r1, t)))
     assert x.numel() >= 2 * MIN_PART_FLOATS
-    assert sorted(seen) == [(0, 500), (500, 1000)]
+    if ops.threads.kernel.team:  # one call, its rows cut by the C side (kernels/team.c)
+        assert seen == [(0, 1000, 2)]
+    else:
+        assert sorted(seen) == [(0, 500, 0), (500, 1000, 0)]
     seen.clear()
-    ops._rows(rows(8, 576, 9), lambda r0, r1: seen.append((r0, r1)))  # a decode batch
-    assert seen == [(0, 8)]
+    ops._rows(rows(8, 576, 9), lambda r0, r1, t: seen.append((r0, r1, t)))  # a decode batch
+    assert seen == [(0, 8, 0)]
+
+
+def test_a_split_call_gives_the_numbers_of_one_thread(ops: NativeRowOps) -> None:
+    """Every row is one thread's whatever the split: two threads give bitwise what one
+    gives (the pages' numerics do not depend on the thread count)."""
+    x, delta = rows(1000, 96, 12), rows(1000, 96, 13)
+    weight = 1 + 0.1 * rows(1, 96, 14)[0]
+    gate_up = rows(700, 2 * 48, 15)
+    split = [ops.rms_norm(x, weight, 1e-6), ops.silu_mul(gate_up)]
+    res_split = x.clone()
+    split.append(ops.add_rms_norm(res_split, delta, weight, 1e-6))
+    torch.set_num_threads(1)
+    try:
+        one = [ops.rms_norm(x, weight, 1e-6), ops.silu_mul(gate_up)]
+        res_one = x.clone()
+        one.append(ops.add_rms_norm(res_one, delta, weight, 1e-6))
+    finally:
+        torch.set_num_threads(2)
+    assert all(torch.equal(a, b) for a, b in zip(split, one, strict=True))
+    assert torch.equal(res_split, res_one)
 
 
 def test_what_the_kernels_do_not_take_goes_to_torch(ops: NativeRowOps) -> None:
