@@ -12,6 +12,7 @@ float32 noise.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from pathlib import Path
 
@@ -133,3 +134,15 @@ def test_the_build_is_cached_by_source_and_compiler(
     assert native._build(cc, tmp_path) != first  # other flags: another library
     for isa in native.runnable_isas():  # each build its own library
         assert native._build(cc, tmp_path, native.ISAS[isa]).name.startswith(f"kernels-{isa}-")
+
+
+def test_a_compiler_without_openmp_builds_the_kernels_without_a_team(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where -fopenmp fails the library is built without it; its calls then run on one
+    thread each (`team_of` False: Python threads share them, as before the teams)."""
+    cc = native._compiler()
+    assert cc is not None
+    monkeypatch.setattr(native, "OPENMP_FLAGS", ("-fno-such-openmp-flag",))
+    lib = ctypes.CDLL(str(native._build(cc, tmp_path)))
+    assert not native.team_of(lib)
