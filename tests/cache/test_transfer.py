@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -107,3 +108,19 @@ def test_an_urgent_copy_goes_before_background_ones(engine: TransferEngine) -> N
     for t in unfinished:
         assert engine.wait(t).ok
     assert big_dst.eq(1).all()
+
+
+def test_an_urgent_copy_is_done_when_submit_returns(engine: TransferEngine) -> None:
+    """A load's L2 -> L1 copy does not wait for the copy thread to be scheduled (issue 41:
+    on busy cores the thread came too late for the step that admitted the hit, which then
+    waited a whole step): it is copied by the caller, while a background copy is in flight."""
+    gate = threading.Event()
+    busy = engine._worker.submit([lambda: gate.wait(10)])  # a stalled write
+    try:
+        src, dst = _pools()
+        load = engine.submit(src, [3, 4], dst, [0, 1], urgent=True)
+        assert [d.ticket for d in engine.poll()] == [load]
+        assert torch.equal(dst[:2], src[3:5])
+    finally:
+        gate.set()
+    busy.result(timeout=10)

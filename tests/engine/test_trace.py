@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from asynchicache.engine.engine import Engine
@@ -79,6 +81,28 @@ def test_an_l2_hit_shows_its_load(engine: Engine) -> None:
     assert hit.queue_s + hit.load_s + hit.wait_s + hit.step_s + hit.overhead_s == pytest.approx(
         hit.ttft_s, abs=1e-6
     )
+
+
+def test_an_l2_hit_joins_its_step_while_the_copy_thread_is_busy(engine: Engine) -> None:
+    """Issue 41: a hit's L2 -> L1 copy lands in the step that admitted it with the
+    production bound on the wait, even when the copy thread is held (busy cores, a long
+    write-through): the load's copy does not wait for that thread."""
+    prompt = list(range(1, 65))
+    engine.generate([prompt], GREEDY)
+    engine.cache.drain()
+    engine.cache.evict(engine.cache.stats().device.total)  # the prompt is on L2 alone now
+    gate = threading.Event()
+    stalled = engine.cache.transfer._worker
+    assert stalled is not None
+    busy = stalled.submit([lambda: gate.wait(30)])
+    try:
+        steps = engine.steps
+        engine.generate([prompt], GREEDY)
+        assert engine.steps - steps == 3  # three tokens, three steps: no step lost to the load
+    finally:
+        gate.set()
+    busy.result(timeout=30)
+    assert engine.tracer.traces()[-1].cached.get("host") == 63
 
 
 def test_quick_load_budget() -> None:

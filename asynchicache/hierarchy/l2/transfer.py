@@ -4,11 +4,21 @@ CPU: one worker thread copies runs of consecutive pages as slices. Measured on
 the default model's pages (368 KiB each), a slice `copy_` per run moves
 ~13 GB/s, about the speed of one large `copy_`, while `index_select` +
 `index_copy_` reaches only ~2 GB/s (it gathers into a temporary first).
-Urgent copies (loads: a request waits for them, `submit(urgent=True)`) go
-before the others (write-through: nobody waits), and a long background copy
-yields to them every `YIELD_PAGES` pages: under memory pressure every miss
-writes its ~60 pages (45 MB) through to L2, and a hit's load queued behind
-that missed the step it could have joined.
+Urgent copies (loads: a request waits for them, `submit(urgent=True)`) are
+copied by the caller, inside `submit`, and are done when it returns; the
+others (write-through, write-back: nobody waits) go to the thread, in order.
+A hit's load used to go to the thread too, first in its queue (a long copy
+yielded to it every `YIELD_PAGES` pages): under memory pressure every miss
+writes its ~60 pages through to L2, and a load queued behind that missed the
+step it could have joined; and even first in line, on two busy
+cores (the forward's OpenMP threads, the HTTP process, a benchmark client)
+the thread was often not scheduled within the step's bounded wait for it
+(engine/scheduling/prefill_policy.py's `QuickLoads`, 20 ms at most): in a
+16-client `bench pressure` run (2026-12-07, load 1-3) half of the L2 hits (39
+of 78) were collected a step late, 0.4 s each on average, up to 1.1 s. The
+copy itself is a memory copy of ~4-9 ms for a 1,000-token prefix (45 MB at
+5-13 GB/s), much less than waiting for a starved thread can cost, so the
+scheduler's thread copies: it is no I/O wait.
 CUDA: copies run on a side stream that first waits for the compute stream; a
 ticket is finished only once its event has completed, so nothing is published
 before its bytes have landed.
@@ -29,7 +39,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-YIELD_PAGES = 16  # a background copy checks for urgent ones this often (~12 MB here)
+YIELD_PAGES = 16  # pages of one slice copy (~6 MB here)
 
 
 @dataclass(frozen=True)
@@ -95,59 +105,56 @@ def _copy_slice(src: torch.Tensor, dst: torch.Tensor, s: int, d: int, k: int) ->
     dst[d : d + k].copy_(src[s : s + k])
 
 
+def copied_now(pieces: list[Callable[[], None]]) -> Future[None]:
+    """Run `pieces` on this thread; a done future, with the error if one raised."""
+    future: Future[None] = Future()
+    try:
+        for piece in pieces:
+            piece()
+    except Exception as exc:  # reported through the ticket, as the worker would
+        future.set_exception(exc)
+    else:
+        future.set_result(None)
+    return future
+
+
 @dataclass
 class _Work:
     pieces: list[Callable[[], None]]
     future: Future[None] = field(default_factory=Future)
-    done: int = 0  # pieces copied
 
 
 class _CopyWorker:
-    """One thread copying pages: urgent work first, background work a piece at a time."""
+    """One thread copying background work (write-through, write-back), in order."""
 
     def __init__(self) -> None:
-        self._urgent: deque[_Work] = deque()
-        self._background: deque[_Work] = deque()
+        self._queue: deque[_Work] = deque()
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="kv-transfer", daemon=True)
         self._thread.start()
 
-    def submit(self, pieces: list[Callable[[], None]], urgent: bool) -> Future[None]:
+    def submit(self, pieces: list[Callable[[], None]]) -> Future[None]:
         work = _Work(pieces)
         with self._cond:
-            (self._urgent if urgent else self._background).append(work)
+            self._queue.append(work)
             self._cond.notify()
         return work.future
 
-    def _next(self) -> tuple[_Work, bool] | None:
-        """The work to do next and whether it is urgent; None once stopped and idle."""
+    def _next(self) -> _Work | None:
+        """The work to do next; None once stopped and idle."""
         with self._cond:
-            while not (self._urgent or self._background or self._stopping):
+            while not (self._queue or self._stopping):
                 self._cond.wait()
-            if self._urgent:
-                return self._urgent[0], True
-            return (self._background[0], False) if self._background else None
+            return self._queue.popleft() if self._queue else None
 
     def _run(self) -> None:
-        while (next_work := self._next()) is not None:
-            work, urgent = next_work
-            try:  # urgent work whole; background work one piece, then look again
-                for _ in range(len(work.pieces) - work.done if urgent else 1):
-                    if work.done < len(work.pieces):
-                        work.pieces[work.done]()
-                    work.done += 1
-                finished = work.done >= len(work.pieces)
-                error = None
-            except Exception as exc:  # reported through the ticket; the worker goes on
-                finished, error = True, exc
-            if finished:
-                with self._cond:
-                    (self._urgent if urgent else self._background).popleft()
-                if error is None:
-                    work.future.set_result(None)
-                else:
-                    work.future.set_exception(error)
+        while (work := self._next()) is not None:
+            done = copied_now(work.pieces)  # an error is reported through the ticket
+            if (error := done.exception()) is None:
+                work.future.set_result(None)
+            else:
+                work.future.set_exception(error)
 
     def close(self) -> None:
         with self._cond:
@@ -192,7 +199,7 @@ class TransferEngine:
         urgent: bool = False,
     ) -> int:
         """Start copying `src[src_pages[i]]` to `dst[dst_pages[i]]`; returns a ticket at once.
-        `urgent`: someone waits for it (a load); it goes before the others (CPU)."""
+        `urgent`: someone waits for it (a load); on CPU it is copied now, on this thread."""
         src_pages, dst_pages = list(src_pages), list(dst_pages)
         if len(src_pages) != len(dst_pages):
             raise ValueError(f"{len(src_pages)} source pages but {len(dst_pages)} destinations")
@@ -208,7 +215,7 @@ class TransferEngine:
             else:
                 assert self._worker is not None
                 pieces = copy_pieces(src, src_pages, dst, dst_pages)
-                job.future = self._worker.submit(pieces, urgent)
+                job.future = copied_now(pieces) if urgent else self._worker.submit(pieces)
         except Exception as exc:  # a bad submit reports as a failed ticket, not a crash
             log.exception("page copy submit failed")
             job.error = f"{type(exc).__name__}: {exc}"
