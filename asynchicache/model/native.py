@@ -420,7 +420,12 @@ def _load(isa: Isa) -> PagedAttentionKernel | None:
         return None
     try:
         path = _build(cc, _cache_dir(), isa)
-        lib = ctypes.CDLL(str(path))
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as exc:  # built with OpenMP, but no runtime of it to load
+            log.warning("the kernels' OpenMP build did not load (%s); built without", exc)
+            path = _build_with(cc, _cache_dir(), isa, ())
+            lib = ctypes.CDLL(str(path))
     except (OSError, RuntimeError) as exc:
         log.warning("paged attention kernel not built (%s); using torch", exc)
         return None

@@ -146,3 +146,20 @@ def test_a_compiler_without_openmp_builds_the_kernels_without_a_team(
     monkeypatch.setattr(native, "OPENMP_FLAGS", ("-fno-such-openmp-flag",))
     lib = ctypes.CDLL(str(native._build(cc, tmp_path)))
     assert not native.team_of(lib)
+
+
+def test_an_openmp_build_that_does_not_load_is_built_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host with a compiler but no OpenMP runtime to load keeps the native kernels."""
+    monkeypatch.setenv(native.DIR_ENV, str(tmp_path))
+    real = ctypes.CDLL
+
+    def no_runtime(path: str) -> ctypes.CDLL:
+        if native._build(native._compiler() or "cc", tmp_path) == Path(path):
+            raise OSError("libgomp.so.1: cannot open shared object file")
+        return real(path)
+
+    monkeypatch.setattr(native.ctypes, "CDLL", no_runtime)
+    kernel = native._load.__wrapped__(native.chosen_isa())
+    assert kernel is not None and not kernel.team
