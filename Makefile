@@ -13,8 +13,9 @@ STAMP := $(VENV)/.installed
 # wheels that break `import torch` here), so a fresh machine gets the same set.
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_DEPS := $(VLLM_VENV)/.packages-installed
 
-.PHONY: serve test test-vllm lint install install-vllm clean
+.PHONY: serve test test-vllm lint install install-vllm vllm-packages clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,12 +31,21 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-$(VLLM_STAMP): pyproject.toml Makefile requirements-vllm.txt
+# The vLLM venv in two steps: its pinned packages (no file of this checkout is written, so
+# scripts/test.sh runs this beside the main venv's install), then our package in it
+# (`pip install -e .` writes asynchicache.egg-info here, as the main venv's install does:
+# never both at once).
+$(VLLM_DEPS): requirements-vllm.txt
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q --no-deps -r requirements-vllm.txt
-	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(VLLM_DEPS)
+
+vllm-packages: $(VLLM_DEPS)
+
+$(VLLM_STAMP): $(VLLM_DEPS) pyproject.toml Makefile
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
 	$(VLLM_VENV)/bin/python -c "import torch, vllm, asynchicache.integrations.vllm"
 	touch $(VLLM_STAMP)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,50 +16,10 @@ import pytest
 import scheduler_rig
 import torch
 from engine_fixtures import checked_engines
+from tiny_specs import TINY, TINY_SPECS
 
 from asynchicache.engine.engine import Engine
 from asynchicache.model.loader import LoadedModel, default_model_path, load_model
-
-TINY = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 1024,
-}
-
-LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "rope_theta": 500000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 16,
-}
-
-
-@dataclass(frozen=True)
-class TinySpec:
-    """One tiny architecture to build: a transformers config class and its extras."""
-
-    config_class: str
-    extra: dict[str, Any]
-
-
-TINY_SPECS = {
-    "llama3-rope-tied": TinySpec(
-        "LlamaConfig", {"rope_parameters": LLAMA3_ROPE, "tie_word_embeddings": True}
-    ),
-    "llama-untied-bias": TinySpec(
-        "LlamaConfig", {"tie_word_embeddings": False, "attention_bias": True, "mlp_bias": True}
-    ),
-    "mistral-window": TinySpec(
-        "MistralConfig", {"sliding_window": 16, "tie_word_embeddings": False}
-    ),
-    "qwen2": TinySpec("Qwen2Config", {"tie_word_embeddings": True}),
-    "qwen3": TinySpec("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": False}),
-}
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:

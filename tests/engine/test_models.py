@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import TINY_SPECS
 from engine_helpers import make_pool
 from hf_reference import hf_logits, hf_model
+from tiny_specs import TINY_SPECS
 
 from asynchicache.model import native
 from asynchicache.model.loader import LoadedModel, load_model

@@ -105,11 +105,16 @@ def test_a_request_past_its_deadline_is_aborted_and_the_engine_left_alone(
         engine = server.pids()["engine"]
         os.kill(engine, signal.SIGSTOP)  # slow, not hung: well within the step timeout
         try:
+            # The plain request and the stream side by side: each meets its own deadline
+            # (one after the other they waited it out twice).
+            first, events = threading.Event(), []
+            stream = threading.Thread(target=_stream_events, args=(server, first, events))
+            stream.start()
             t0 = time.monotonic()
             r = httpx.post(server.url + "/v1/completions", json=GREEDY, timeout=scaled(60))
             waited = time.monotonic() - t0
-            first, events = threading.Event(), []
-            _stream_events(server, first, events)
+            stream.join(scaled(60))
+            assert not stream.is_alive(), f"the stream still runs:\n{server.log_tail()}"
         finally:
             os.kill(engine, signal.SIGCONT)
         assert r.status_code == 504, r.text
