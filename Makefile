@@ -56,8 +56,9 @@ serve: $(STAMP)
 	@echo "  curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}]}'"
 	$(BIN)/asynchicache serve $(ARGS)
 
-# ruff, the main suite, then tests/vllm in .venv-vllm (installed meanwhile: scripts/test.sh).
-test: $(STAMP)
+# The installs (scripts/test.sh runs `make install` with the vLLM venv's packages beside
+# it), ruff, then the whole suite: tests/vllm in .venv-vllm, the rest in .venv.
+test:
 	MAKE="$(MAKE)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test.sh
 
 # The tests under a real vLLM alone (they also run in `make test`).
