@@ -5,8 +5,9 @@ PyPI wheels). A pool thread that finished its share of a region spins before
 it sleeps (libgomp: up to ~300,000 turns, about a millisecond), hoping for the
 next region. On a machine whose cores are all the engine's that is free; here
 they are not: the HTTP process, the cache service and the clients run on the
-same two cores, and the attention kernel runs on the engine's own worker
-threads beside OpenMP's (model/attention.py). A spinning pool thread
+same two cores (our native kernels now run on OpenMP's own threads,
+model/native.py; when this was measured they ran on a Python worker beside
+them). A spinning pool thread
 then takes the core another of our threads needs, and a descheduled one holds
 every other at the region's closing barrier. Measured in one process, one
 512-token chunk over 512 cached tokens, best of 6, other processes' load ~4
