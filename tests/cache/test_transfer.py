@@ -93,7 +93,7 @@ def test_failed_copy_is_reported_and_the_worker_survives(engine: TransferEngine)
 
 def test_an_urgent_copy_goes_before_background_ones(engine: TransferEngine) -> None:
     """A load (urgent) overtakes write-throughs queued before it, even mid-copy."""
-    big_src = torch.ones(256, 64, 1024)  # 64 MiB: 16 pieces of YIELD_PAGES pages
+    big_src = torch.ones(256, 64, 1024)  # 64 MiB: 16 pieces of SLICE_PAGES pages
     big_dst = torch.zeros(256, 64, 1024)
     writes = [engine.submit(big_src, list(range(256)), big_dst, list(range(256))) for _ in range(3)]
     src, dst = _pools()

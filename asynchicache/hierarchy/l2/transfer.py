@@ -8,7 +8,7 @@ Urgent copies (loads: a request waits for them, `submit(urgent=True)`) are
 copied by the caller, inside `submit`, and are done when it returns; the
 others (write-through, write-back: nobody waits) go to the thread, in order.
 A hit's load used to go to the thread too, first in its queue (a long copy
-yielded to it every `YIELD_PAGES` pages): under memory pressure every miss
+yielded to it every 16 pages): under memory pressure every miss
 writes its ~60 pages through to L2, and a load queued behind that missed the
 step it could have joined; and even first in line, on two busy
 cores (the forward's OpenMP threads, the HTTP process, a benchmark client)
@@ -39,7 +39,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-YIELD_PAGES = 16  # pages of one slice copy (~6 MB here)
+SLICE_PAGES = 16  # pages of one slice copy (~6 MB here)
 
 
 @dataclass(frozen=True)
@@ -92,11 +92,11 @@ def copy_pages(
 def copy_pieces(
     src: torch.Tensor, src_pages: Sequence[int], dst: torch.Tensor, dst_pages: Sequence[int]
 ) -> list[Callable[[], None]]:
-    """The slice copies of `copy_pages`, at most `YIELD_PAGES` pages each."""
+    """The slice copies of `copy_pages`, at most `SLICE_PAGES` pages each."""
     pieces: list[Callable[[], None]] = []
     for s, d, n in page_runs(src_pages, dst_pages):
-        for i in range(0, n, YIELD_PAGES):
-            k = min(YIELD_PAGES, n - i)
+        for i in range(0, n, SLICE_PAGES):
+            k = min(SLICE_PAGES, n - i)
             pieces.append(partial(_copy_slice, src, dst, s + i, d + i, k))
     return pieces
 
@@ -105,9 +105,12 @@ def _copy_slice(src: torch.Tensor, dst: torch.Tensor, s: int, d: int, k: int) ->
     dst[d : d + k].copy_(src[s : s + k])
 
 
-def copied_now(pieces: list[Callable[[], None]]) -> Future[None]:
-    """Run `pieces` on this thread; a done future, with the error if one raised."""
-    future: Future[None] = Future()
+def copied_now(
+    pieces: list[Callable[[], None]], future: Future[None] | None = None
+) -> Future[None]:
+    """Run `pieces` on this thread; `future` (a new one by default) done, with the error
+    if one raised."""
+    future = Future() if future is None else future
     try:
         for piece in pieces:
             piece()
@@ -150,11 +153,7 @@ class _CopyWorker:
 
     def _run(self) -> None:
         while (work := self._next()) is not None:
-            done = copied_now(work.pieces)  # an error is reported through the ticket
-            if (error := done.exception()) is None:
-                work.future.set_result(None)
-            else:
-                work.future.set_exception(error)
+            copied_now(work.pieces, work.future)  # an error is reported through the ticket
 
     def close(self) -> None:
         with self._cond:
